@@ -1,0 +1,3 @@
+from playground.cli import main
+
+raise SystemExit(main())

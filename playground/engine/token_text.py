@@ -1,0 +1,56 @@
+"""Token ids to display text, without breaking multi-byte characters or leading spaces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """Turns a growing id sequence into text deltas.
+
+    A token's text is the text of ``ids[:n+1]`` minus the text of ``ids[:n]``, decoded over a short window so the
+    cost stays flat. When a token ends in the middle of a multi-byte character its delta is held back ("") and comes
+    out with the token that completes it.
+    """
+
+    def __init__(self, tokenizer: Any, context_ids: list[int] | tuple[int, ...] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = list(context_ids)
+        self._read = len(self._ids)
+        self._prefix = max(0, self._read - 6)
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=False)
+        after = decode(self._ids[self._prefix :], skip_special_tokens=False)
+        if len(after) > len(before) and not after.endswith(REPLACEMENT):
+            delta = after[len(before) :]
+            self._prefix = max(self._read, len(self._ids) - 6)
+            self._read = len(self._ids)
+            return delta
+        return ""
+
+    def fork(self) -> IncrementalDecoder:
+        twin = IncrementalDecoder.__new__(IncrementalDecoder)
+        twin._tokenizer, twin._ids, twin._read, twin._prefix = self._tokenizer, list(self._ids), self._read, self._prefix
+        return twin
+
+
+class TokenTextCache:
+    """Display text of single tokens (for candidate lists), decoded once per id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            if REPLACEMENT in text:  # a lone byte of a multi-byte character: show the raw token instead
+                text = str(self._tokenizer.convert_ids_to_tokens(token_id))
+            self._texts[token_id] = text
+        return text

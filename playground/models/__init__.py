@@ -1,0 +1,1 @@
+"""Finding, fetching, converting and loading models; device and dtype choice."""

@@ -1,0 +1,41 @@
+"""A loaded model with what the engine needs to know about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers causal LM in eval mode
+    tokenizer: Any
+    name: str  # short display name
+    path: str  # where it was loaded from
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def context_length(self) -> int:
+        config = self.model.config
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 2048
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """EOS ids from the generation config (may be several), else the tokenizer's."""
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
