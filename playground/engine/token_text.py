@@ -50,7 +50,31 @@ class TokenTextCache:
         text = self._texts.get(token_id)
         if text is None:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False)
-            if REPLACEMENT in text:  # a lone byte of a multi-byte character: show the raw token instead
-                text = str(self._tokenizer.convert_ids_to_tokens(token_id))
+            if REPLACEMENT in text:  # part of a multi-byte character: show its bytes, e.g. <0xE2>
+                text = _byte_repr(str(self._tokenizer.convert_ids_to_tokens(token_id)))
             self._texts[token_id] = text
         return text
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _byte_repr(token: str) -> str:
+    """``<0xE2><0x80>`` for a byte-level token; the token itself for other vocabularies (e.g. ``<0xE2>``)."""
+    if token and all(ch in _UNICODE_TO_BYTE for ch in token):
+        return "".join(f"<0x{_UNICODE_TO_BYTE[ch]:02X}>" for ch in token)
+    return token

@@ -1,0 +1,43 @@
+# One virtual environment at .venv, created and reused; every target sets up what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch that lies on disk on our machines; override for a CUDA build, e.g. TORCH_SPEC=torch.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+MODEL_STAMP := $(VENV)/.default-model
+export OMP_WAIT_POLICY ?= PASSIVE
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: setup model run test lint shot bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@# torch first, pinned, so the project's range is already satisfied and no multi-GB CUDA build is pulled.
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/playground fetch-model
+
+run: model
+	$(VENV)/bin/playground
+
+test: model
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check playground tests benchmarks
+
+shot: model
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/playground shot --out docs/screenshot.png
+
+bench: model
+	$(PY) benchmarks/bench_greedy.py
+
+clean:
+	rm -rf $(VENV)

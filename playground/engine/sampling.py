@@ -1,0 +1,125 @@
+"""Greedy decoding and sampling, one token per step over the model's KV cache, every intermediate recorded.
+
+Prefill runs the whole prompt once and fills the cache; each later step feeds only the newest token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from playground.config import RunSettings
+from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.processors import NamedTransform, build_pipeline
+from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.step_analysis import StepAnalysis, analyse_step
+from playground.engine.stop_strings import StopStringWatch
+from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.events import Event, PrefillDone, RunFinished, RunStarted
+from playground.models.loaded import LoadedModel
+
+
+def sample_next_token(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from ``probs`` ([1, vocab], rows sum to 1) with an explicit generator."""
+    return int(torch.multinomial(probs, num_samples=1, generator=generator).item())
+
+
+def make_generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _sync(device: torch.device) -> None:
+    # Timings must include the device's queued work, not just the launch.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def run_sampling(
+    lm: LoadedModel, settings: RunSettings, should_stop: Callable[[], bool] | None = None
+) -> Iterator[Event]:
+    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events."""
+    settings.validate()
+    prompt_ids, prompt_text = encode_prompt(lm, settings)
+    check_fits_context(lm, len(prompt_ids), settings)
+    sampling = settings.strategy == "sample"
+    pipeline = build_pipeline(settings, sampling=sampling)
+    generator = make_generator(lm.device, settings.seed)
+    eos_ids = set(lm.eos_token_ids)
+    token_text = TokenTextCache(lm.tokenizer)
+    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
+    stop_watch = StopStringWatch(settings.stop_strings)
+    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
+
+    yield RunStarted(
+        strategy=settings.strategy, prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
+        forced_token_ids=tuple(settings.forced_token_ids), model_name=lm.name, model_path=lm.path,
+        device=str(lm.device), dtype=lm.dtype_name, settings=settings.as_plain_dict(),
+    )
+
+    generated: list[int] = []
+    decode_ms = 0.0
+    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
+        cache = DynamicCache(config=lm.model.config)
+        start = time.perf_counter()
+        logits = lm.model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1, :].float()  # [1, vocab]
+        _sync(lm.device)
+        prefill_ms = (time.perf_counter() - start) * 1000
+        yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
+
+        for step in range(max_steps):
+            if should_stop is not None and should_stop():
+                stop_reason = "stopped"
+                break
+            start = time.perf_counter()
+            if step > 0:
+                logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
+            forced = step < len(settings.forced_token_ids)
+            analysis = _choose(pipeline, ids, logits, settings, sampling, generator,
+                               settings.forced_token_ids[step] if forced else None)
+            token_id = analysis.token_id
+            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
+            _sync(lm.device)
+            step_ms = (time.perf_counter() - start) * 1000
+            decode_ms += step_ms
+
+            text = decoder.push(token_id)
+            generated.append(token_id)
+            yield analysis.to_event(step=step, text=text, forced=forced, step_ms=step_ms,
+                                    kv_bytes=kv_cache_bytes(cache), token_text=token_text)
+            if token_id in eos_ids:
+                stop_reason = "eos"
+                break
+            if stop_watch.hit(text):
+                stop_reason = "stop_string"
+                break
+
+    yield RunFinished(
+        token_ids=tuple(generated), text=lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason=stop_reason,
+        tokens_per_s=len(generated) / (decode_ms / 1000) if decode_ms > 0 else 0.0,
+        prefill_ms=prefill_ms, decode_ms=decode_ms, prompt_tokens=len(prompt_ids), model_name=lm.name,
+        model_path=lm.path, device=str(lm.device), dtype=lm.dtype_name,
+    )
+
+
+def _choose(
+    pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, settings: RunSettings,
+    sampling: bool, generator: torch.Generator, forced_id: int | None,
+) -> StepAnalysis:
+    """Run the processors, pick the token (forced, argmax or a draw) and record what each processor did."""
+    analysis = analyse_step(pipeline, ids, logits, settings.num_candidates)
+    if forced_id is not None:
+        token_id = forced_id
+    elif sampling:
+        token_id = sample_next_token(analysis.processed_probs, generator)
+    else:
+        token_id = int(analysis.processed_logits.argmax(dim=-1).item())
+    analysis.token_id = token_id
+    return analysis
+

@@ -1,0 +1,96 @@
+"""What a decoding step looked like: raw vs processed distribution, top candidates, what each processor did.
+
+Computed on the model's device with a handful of reductions, converted to plain values once per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from playground.engine.processors import NamedTransform
+from playground.events import Candidate, ProcessorEffect, TokenStep
+
+LN2 = math.log(2)
+
+
+@dataclass
+class StepAnalysis:
+    raw_logits: torch.Tensor  # [1, vocab]
+    raw_logprobs: torch.Tensor  # [1, vocab]
+    stage_logits: list[tuple[str, torch.Tensor]]  # after each processor, [1, vocab] each
+    processed_logits: torch.Tensor  # [1, vocab], after the whole pipeline
+    processed_probs: torch.Tensor  # [1, vocab]
+    top_ids: list[int]  # top candidates by raw probability
+    token_id: int = -1  # set once the strategy has chosen
+    extra: dict = field(default_factory=dict)
+
+    def to_event(
+        self, *, step: int, text: str, forced: bool, step_ms: float, kv_bytes: int,
+        token_text: Callable[[int], str],
+    ) -> TokenStep:
+        chosen = self.token_id
+        shown = self.top_ids if chosen in self.top_ids else [*self.top_ids, chosen]
+        index = torch.tensor(shown, device=self.raw_logits.device)
+        # stages: [n_processors + 1, shown] logits of the shown tokens before/after each processor
+        stages = torch.stack([self.raw_logits[0, index]] + [s[0, index] for _, s in self.stage_logits])
+        raw_logprobs = self.raw_logprobs[0, index]
+        processed = self.processed_probs[0, index]
+        raw_rank = int((self.raw_logits[0] > self.raw_logits[0, chosen]).sum().item()) + 1
+        raw_p_all = self.raw_logprobs.exp()
+        entropy = float(-(raw_p_all * self.raw_logprobs).nan_to_num(0.0).sum().item()) / LN2
+        processed_entropy = float(torch.special.entr(self.processed_probs).sum().item()) / LN2
+
+        stage_values = stages.tolist()
+        logprob_values = raw_logprobs.tolist()
+        processed_values = processed.tolist()
+        effects, cut_by = _processor_effects([name for name, _ in self.stage_logits], stage_values, shown)
+        candidates = tuple(
+            Candidate(token_id=tid, text=token_text(tid), raw_prob=math.exp(lp), processed_prob=pp,
+                      raw_rank=(i + 1) if i < len(self.top_ids) else raw_rank, cut_by=cut_by.get(tid))
+            for i, (tid, lp, pp) in enumerate(zip(shown, logprob_values, processed_values, strict=True))
+        )
+        chosen_i = shown.index(chosen)
+        return TokenStep(
+            step=step, token_id=chosen, text=text, prob=processed_values[chosen_i],
+            raw_prob=math.exp(logprob_values[chosen_i]), logprob=logprob_values[chosen_i], raw_rank=raw_rank,
+            entropy=entropy, processed_entropy=processed_entropy, candidates=candidates,
+            shown_raw_mass=sum(math.exp(lp) for lp in logprob_values[: len(self.top_ids)]),
+            effects=effects, forced=forced, step_ms=step_ms, kv_cache_bytes=kv_bytes,
+        )
+
+
+def analyse_step(
+    pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, num_candidates: int
+) -> StepAnalysis:
+    """Run ``pipeline`` over ``logits`` ([1, vocab]) keeping every stage, and pick the raw top candidates."""
+    stage_logits = []
+    processed = logits
+    for transform in pipeline:
+        processed = transform.apply(ids, processed)
+        stage_logits.append((transform.name, processed))
+    raw_logprobs = logits.log_softmax(dim=-1)
+    top_ids = torch.topk(logits[0], min(num_candidates, logits.shape[-1])).indices.tolist()
+    return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
+                        processed_logits=processed, processed_probs=processed.softmax(dim=-1), top_ids=top_ids)
+
+
+def _processor_effects(
+    names: list[str], stage_values: list[list[float]], shown: list[int]
+) -> tuple[tuple[ProcessorEffect, ...], dict[int, str]]:
+    effects = []
+    cut_by: dict[int, str] = {}
+    for s, name in enumerate(names, start=1):
+        before, after = stage_values[s - 1], stage_values[s]
+        removed, reweighted = [], []
+        for tid, b, a in zip(shown, before, after, strict=True):
+            if math.isfinite(b) and not math.isfinite(a):
+                removed.append(tid)
+                cut_by.setdefault(tid, name)
+            elif math.isfinite(a) and a != b:
+                reweighted.append(tid)
+        effects.append(ProcessorEffect(name=name, removed=tuple(removed), reweighted=tuple(reweighted)))
+    return tuple(effects), cut_by

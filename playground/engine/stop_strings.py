@@ -1,0 +1,17 @@
+"""Stop strings: end a run once the generated text contains one of them."""
+
+from __future__ import annotations
+
+
+class StopStringWatch:
+    def __init__(self, stop_strings: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stop_strings if s)
+        self._keep = max((len(s) for s in self._stops), default=0)
+        self._tail = ""
+
+    def hit(self, new_text: str) -> bool:
+        """Feed the newest text; True once any stop string has appeared (possibly across token boundaries)."""
+        if not self._stops:
+            return False
+        self._tail = (self._tail + new_text)[-(self._keep + len(new_text)) :]
+        return any(s in self._tail for s in self._stops)

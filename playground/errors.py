@@ -1,0 +1,15 @@
+"""The error types whose message is meant for the user (shown as is, no traceback)."""
+
+from __future__ import annotations
+
+from playground.config import ConfigError
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from playground.models.default_model import FetchError
+    from playground.models.loading import ModelLoadError
+
+    return (ConfigError, ModelLoadError, FetchError)
+
+
+USER_ERRORS = _user_errors()

