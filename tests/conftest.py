@@ -8,7 +8,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +24,14 @@ def tiny_lm_eos():
     from playground.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=1, eos_bias=2.5)
+
+
+@pytest.fixture(scope="session")
+def default_lm():
+    """The real default model (SmolLM2-135M-Instruct), fetched and converted once into the user cache."""
+    from playground.config import ModelSettings
+    from playground.models.default_model import fetch_default_model
+    from playground.models.loading import load_model
+
+    fetch_default_model()
+    return load_model(ModelSettings(device="cpu", dtype="float32"))
