@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check playground tests benchmarks
 
 shot: model
-	QT_QPA_PLATFORM=offscreen $(VENV)/bin/playground shot --out docs/screenshot.png
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/playground shot --out resources/screenshots/greedy.png
 
 bench: model
 	$(PY) benchmarks/bench_greedy.py

@@ -68,7 +68,7 @@ def run_sampling(
         ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
         cache = DynamicCache(config=lm.model.config)
         start = time.perf_counter()
-        logits = lm.model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1, :].float()  # [1, vocab]
+        logits = lm.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
         _sync(lm.device)
         prefill_ms = (time.perf_counter() - start) * 1000
         yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
