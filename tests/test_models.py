@@ -107,3 +107,20 @@ def test_default_model_missing_says_how_to_fetch(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(ModelLoadError, match="fetch-model"):
         load_model(ModelSettings())
+
+
+def test_model_id_from_the_local_hf_cache(monkeypatch, tmp_path, saved_tiny):
+    """A model already in the HF cache layout (refs/main -> snapshots/<rev>) loads by its id, offline."""
+    repo = tmp_path / "hub" / "models--someone--tiny-llama"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    for item in saved_tiny.iterdir():
+        (snapshot / item.name).write_bytes(item.read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    lm = load_model(ModelSettings(path="someone/tiny-llama"))
+    assert lm.name == "someone/tiny-llama" and lm.path == str(snapshot)

