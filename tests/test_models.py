@@ -124,3 +124,25 @@ def test_model_id_from_the_local_hf_cache(monkeypatch, tmp_path, saved_tiny):
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     lm = load_model(ModelSettings(path="someone/tiny-llama"))
     assert lm.name == "someone/tiny-llama" and lm.path == str(snapshot)
+
+
+class _Exploit:
+    """A pickle that would create a file when unpickled without weights_only."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_pickled_checkpoint_is_never_unpickled_arbitrarily(tmp_path, saved_tiny):
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((saved_tiny / name).read_bytes())
+    marker = tmp_path / "exploit-ran"
+    torch.save({"model.embed_tokens.weight": _Exploit(str(marker))}, folder / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError):
+        load_model(ModelSettings(path=str(folder)))
+    assert not marker.exists(), "loading ran code from a pickle"
