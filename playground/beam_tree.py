@@ -1,0 +1,218 @@
+"""Qt-free: folds beam-search events into the tree the beam view draws.
+
+Every candidate a step examined becomes a node (the top ``K = 2 x width`` continuations, as transformers examines
+them), whether it survived as a running beam, was pruned, or ended as a finished hypothesis. Nodes are laid out in
+columns, one per step (x = step), and within a column grouped under their parent, parents in the order of the
+previous column, siblings best first: edges never cross, so 16 beams x 64 steps stay readable when zoomed.
+
+Re-ranking with another length penalty re-scores the recorded finished hypotheses from their sum of log-probs and
+length; nothing is regenerated (a new run with that penalty could also have kept different beams alive).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
+
+SURVIVING = "surviving"
+PRUNED = "pruned"
+FINISHED = "finished"
+ROOT = "prompt"
+
+GROUP_GAP = 0.6  # extra vertical space between sibling groups of different parents, in rows
+
+
+@dataclass
+class TreeNode:
+    id: int
+    step: int  # 0 = first generated token; -1 for the root (the prompt)
+    token_id: int
+    text: str  # the token's own text (raw: spaces and newlines as they are)
+    token_logprob: float  # log-prob of the token given its beam (after penalties, if any)
+    cum_logprob: float  # sum of token log-probs from the first generated token to this one
+    state: str  # "surviving" | "pruned" | "finished" | "prompt"
+    parent: int | None
+    rank: int  # 1 = best-scoring continuation of its step
+    x: float = 0.0
+    y: float = 0.0
+    finished_score: float | None = None  # length-normalised score the run gave it, if finished
+    returned_rank: int | None = None  # 1 = the run's best returned sequence
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.token_logprob)
+
+    @property
+    def length(self) -> int:
+        """Generated tokens up to and including this one (forced prefix excluded, as the scores count them)."""
+        return self.step + 1
+
+    def normalised_score(self, length_penalty: float) -> float:
+        """Score as if the hypothesis ended here: cumulative log-prob / length ** length_penalty."""
+        if self.length <= 0:
+            return 0.0
+        return self.cum_logprob / self.length**length_penalty
+
+
+@dataclass(frozen=True)
+class RankedHypothesis:
+    node_id: int
+    text: str
+    length: int
+    sum_logprobs: float
+    score: float  # sum_logprobs / length ** length_penalty
+    run_rank: int | None  # rank among the sequences the run returned (None: not returned)
+
+
+class BeamTree:
+    """The growing tree of one beam-search run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.nodes: list[TreeNode] = []
+        self.columns: list[list[int]] = []  # node ids of each step, top to bottom
+        self.width = 0
+        self.length_penalty = 1.0
+        self.processed = False  # penalties changed the log-probs (so they are not the raw model's)
+        self.forced_token_ids: tuple[int, ...] = ()
+        self.best_path: list[int] = []
+        self.stop_reason: str | None = None
+        self.kv_cache_bytes = 0
+        self.prompt_tokens = 0
+        self._beam_nodes: list[int] = []  # node id of each running beam, in the engine's beam order
+
+    # --- folding events -------------------------------------------------------------------------------------
+    def apply(self, event: Event) -> bool:
+        """Fold one event in; True when the tree changed."""
+        if isinstance(event, RunStarted):
+            self._start(event)
+        elif isinstance(event, PrefillDone):
+            self.prompt_tokens = event.prompt_tokens
+            self.kv_cache_bytes = event.kv_cache_bytes
+        elif isinstance(event, BeamStep):
+            self._add_step(event)
+        elif isinstance(event, RunFinished):
+            self._finish(event)
+        else:
+            return False
+        return True
+
+    def _start(self, event: RunStarted) -> None:
+        self.reset()
+        settings = event.settings
+        self.width = int(settings.get("num_beams", 1))
+        self.length_penalty = float(settings.get("length_penalty", 1.0))
+        self.processed = (float(settings.get("repetition_penalty", 1.0)) != 1.0
+                          or int(settings.get("no_repeat_ngram_size", 0)) > 0)
+        self.forced_token_ids = tuple(event.forced_token_ids)
+        self.prompt_tokens = len(event.prompt_token_ids)
+        self._ensure_root()
+
+    def _ensure_root(self) -> None:
+        if not self.nodes:
+            self.nodes.append(TreeNode(id=0, step=-1, token_id=-1, text="", token_logprob=0.0, cum_logprob=0.0,
+                                       state=ROOT, parent=None, rank=1, x=-1.0))
+            self._beam_nodes = [0]
+
+    def _add_step(self, event: BeamStep) -> None:
+        self._ensure_root()  # a view fed without RunStarted still works
+        self.width = max(self.width, len(event.parents))
+        self.kv_cache_bytes = event.kv_cache_bytes
+        column: list[int] = []
+        survivors: dict[tuple[int, int], int] = {}
+        for rank, c in enumerate(event.candidates, start=1):
+            parent = self._beam_nodes[c.beam] if c.beam < len(self._beam_nodes) else 0
+            state = FINISHED if c.finished else SURVIVING if c.survived else PRUNED
+            node = TreeNode(id=len(self.nodes), step=event.step, token_id=c.token_id, text=c.text,
+                            token_logprob=c.token_logprob, cum_logprob=c.score, state=state, parent=parent,
+                            rank=rank, x=float(event.step), finished_score=c.finished_score)
+            self.nodes.append(node)
+            column.append(node.id)
+            if c.survived:
+                survivors[(c.beam, c.token_id)] = node.id
+        self._layout_column(column)
+        self.columns.append(column)
+        if event.parents:
+            self._beam_nodes = [survivors[(p, t)] for p, t in zip(event.parents, event.token_ids, strict=True)]
+
+    def _layout_column(self, column: list[int]) -> None:
+        """Order a new column by (parent's y, rank) and space sibling groups apart."""
+        nodes = self.nodes
+        column.sort(key=lambda i: (nodes[nodes[i].parent].y, nodes[i].rank))
+        y, previous_parent = 0.0, None
+        for i in column:
+            node = nodes[i]
+            if previous_parent is not None and node.parent != previous_parent:
+                y += GROUP_GAP
+            node.y = y
+            y += 1.0
+            previous_parent = node.parent
+        if len(self.columns) == 0:  # centre the prompt on the first column
+            nodes[0].y = (y - 1.0) / 2 if column else 0.0
+
+    def _finish(self, event: RunFinished) -> None:
+        self.stop_reason = event.stop_reason
+        forced = len(self.forced_token_ids)
+        for rank, seq in enumerate(event.sequences, start=1):
+            node_id = self._find_sequence(tuple(seq.token_ids[forced:]), prefer_finished=event.stop_reason != "stopped")
+            if node_id is not None:
+                self.nodes[node_id].returned_rank = rank
+                if rank == 1:
+                    self.best_path = self.path(node_id)
+
+    def _find_sequence(self, token_ids: tuple[int, ...], prefer_finished: bool) -> int | None:
+        step = len(token_ids) - 1
+        if not 0 <= step < len(self.columns):
+            return None
+        matches = [i for i in self.columns[step] if self.path_tokens(i) == token_ids]
+        finished = [i for i in matches if self.nodes[i].state == FINISHED]
+        pool = finished if prefer_finished and finished else matches
+        return pool[0] if pool else None
+
+    # --- reading the tree -----------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        return len(self.columns)
+
+    def path(self, node_id: int) -> list[int]:
+        """Node ids from the root to ``node_id``."""
+        ids: list[int] = []
+        current: int | None = node_id
+        while current is not None:
+            ids.append(current)
+            current = self.nodes[current].parent
+        return ids[::-1]
+
+    def path_tokens(self, node_id: int) -> tuple[int, ...]:
+        return tuple(self.nodes[i].token_id for i in self.path(node_id)[1:])
+
+    def path_text(self, node_id: int) -> str:
+        return "".join(self.nodes[i].text for i in self.path(node_id)[1:])
+
+    def edges(self) -> list[tuple[int, int]]:
+        """(parent id, child id) for every node but the root."""
+        return [(n.parent, n.id) for n in self.nodes if n.parent is not None]
+
+    def finished_nodes(self) -> list[TreeNode]:
+        return [n for n in self.nodes if n.state == FINISHED]
+
+    def count(self, state: str) -> int:
+        return sum(1 for n in self.nodes if n.state == state)
+
+    def rerank(self, length_penalty: float) -> list[RankedHypothesis]:
+        """The recorded finished hypotheses re-scored with another length penalty, best first (no regeneration)."""
+        ranked = [
+            RankedHypothesis(node_id=n.id, text=self.path_text(n.id), length=n.length, sum_logprobs=n.cum_logprob,
+                             score=n.normalised_score(length_penalty), run_rank=n.returned_rank)
+            for n in self.finished_nodes()
+        ]
+        ranked.sort(key=lambda h: (-h.score, h.node_id))
+        return ranked
+
+    @property
+    def kv_bytes_per_beam(self) -> float:
+        return self.kv_cache_bytes / self.width if self.width else 0.0

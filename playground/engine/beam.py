@@ -1,0 +1,372 @@
+"""Beam search, step by step, with every beam expanded in one batched forward pass.
+
+The algorithm is transformers' own ``_beam_search`` (generation/utils.py, 5.x) for one prompt, so sequences and
+``sequences_scores`` match ``model.generate(num_beams=...)`` exactly:
+
+1. log-softmax of the raw logits, then the processors (repetition penalty, no-repeat-n-gram) on the log-probs;
+2. add each beam's running score and take the top ``K = max(2, 1 + n_eos) * num_beams`` continuations over
+   ``beams x vocab`` (K > num_beams so that enough beams survive when some of them pick EOS);
+3. a continuation that hits EOS or the length limit is a *finished hypothesis* candidate if it ranks among the
+   first ``num_beams``; its score is ``sum_logprobs / generated_length ** length_penalty`` and it enters the
+   ``num_beams`` best finished hypotheses if it beats the worst of them;
+4. the best ``num_beams`` continuations that did not finish are the next step's running beams; the KV cache rows
+   are reordered to follow their parents;
+5. stop when no continuation is possible (length limit), when ``early_stopping`` is ``"true"`` and ``num_beams``
+   hypotheses are finished, or when the best running beam can no longer beat the worst finished hypothesis
+   (``"false"``: judged at the current length; ``"never"``: at the longest possible length when
+   ``length_penalty > 0``).
+
+The prompt is prefilled once (batch 1); the first step's selection reorders the cache from 1 row to
+``num_beams`` rows, which is the same as transformers' prefill of ``num_beams`` identical rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from playground.config import ConfigError, RunSettings
+from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
+from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.token_text import TokenTextCache
+from playground.events import BeamCandidate, BeamSequence, BeamStep, Event, PrefillDone, RunFinished, RunStarted
+from playground.models.loaded import LoadedModel
+
+StopCheck = Callable[[], bool]
+
+MASKED = -1.0e9  # transformers' "never pick this" score
+
+
+@dataclass
+class Hypotheses:
+    """A fixed-size set of beams: the running ones, or the ``num_beams`` best finished ones.
+
+    Rows are sorted best first (every update goes through ``torch.topk``).
+    """
+
+    sequences: torch.Tensor  # [rows, max_length] prompt + generated ids, padded
+    scores: torch.Tensor  # [rows] running: cumulative log-prob; finished: length-normalised score
+    sum_logprobs: torch.Tensor  # [rows] cumulative log-prob
+    lengths: torch.Tensor  # [rows] generated tokens
+    done: torch.Tensor  # [rows] bool: a real finished hypothesis (finished set only)
+
+    def take(self, rows: torch.Tensor) -> Hypotheses:
+        return Hypotheses(self.sequences[rows], self.scores[rows], self.sum_logprobs[rows], self.lengths[rows],
+                          self.done[rows])
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The top K continuations of one step, best first."""
+
+    scores: torch.Tensor  # [K] cumulative log-prob (running score + token log-prob)
+    token_logprobs: torch.Tensor  # [K] processed log-prob of the token given its beam
+    parents: torch.Tensor  # [K] row of the parent beam
+    tokens: torch.Tensor  # [K] token ids
+    hits_stop: torch.Tensor  # [K] bool: ends with EOS or reaches the length limit
+
+
+@dataclass(frozen=True)
+class SearchShape:
+    num_beams: int
+    keep: int  # K continuations examined per step
+    prompt_len: int
+    max_length: int  # prompt + generated tokens at most
+    length_penalty: float
+    early_stopping: bool | str  # True | False | "never", as transformers spells it
+
+
+def parse_early_stopping(value: str) -> bool | str:
+    return {"true": True, "false": False, "never": "never"}[value]
+
+
+def expand_beams(
+    log_probs: torch.Tensor, running: Hypotheses, cur_len: int, shape: SearchShape, eos: torch.Tensor
+) -> Expansion:
+    """Top K continuations over all beams (``_get_top_k_continuations`` plus the stopping criteria)."""
+    vocab = log_probs.shape[-1]  # log_probs: [rows, vocab], processed
+    accumulated = (log_probs + running.scores[:, None]).reshape(-1)  # [rows * vocab]
+    scores, flat = torch.topk(accumulated, k=min(shape.keep, accumulated.numel()))  # [K]
+    parents = flat // vocab
+    tokens = flat % vocab
+    hits = torch.isin(tokens, eos) | (cur_len + 1 >= shape.max_length)
+    return Expansion(scores, log_probs.reshape(-1)[flat], parents, tokens, hits)
+
+
+def extend_sequences(running: Hypotheses, exp: Expansion, cur_len: int) -> torch.Tensor:
+    sequences = running.sequences[exp.parents].clone()  # [K, max_length]
+    sequences[:, cur_len] = exp.tokens
+    return sequences
+
+
+def choose_running(exp: Expansion, num_beams: int) -> torch.Tensor:
+    """Rows of the expansion that continue: the best ``num_beams`` that did not finish."""
+    live = exp.scores + exp.hits_stop.to(torch.float32) * MASKED  # [K]
+    return torch.topk(live, k=num_beams).indices  # [num_beams]
+
+
+def merge_finished(
+    finished: Hypotheses,
+    exp: Expansion,
+    sequences: torch.Tensor,
+    cur_len: int,
+    shape: SearchShape,
+    improvable: bool,
+) -> tuple[Hypotheses, torch.Tensor]:
+    """``_update_finished_beams``: keep the ``num_beams`` best finished hypotheses.
+
+    Returns the new set and, for each expansion row, whether it entered the set this step.
+    """
+    keep = exp.scores.shape[0]
+    gen_len = cur_len + 1 - shape.prompt_len
+    normalised = exp.scores / (gen_len**shape.length_penalty)  # [K]
+    # Only the first num_beams rows may finish (the rest are spares that keep enough beams running); nothing
+    # enters once early stopping is satisfied or (early_stopping=True) the set is full.
+    full = bool(finished.done.all()) and shape.early_stopping is True
+    in_top = torch.arange(keep, device=exp.scores.device) < shape.num_beams
+    eligible = exp.hits_stop & in_top  # [K]
+    if full or not improvable:
+        eligible = torch.zeros_like(eligible)
+    candidate_scores = torch.where(eligible, normalised, torch.full_like(normalised, MASKED))
+    merged = Hypotheses(
+        sequences=torch.cat((finished.sequences, sequences)),
+        scores=torch.cat((finished.scores, candidate_scores)),
+        sum_logprobs=torch.cat((finished.sum_logprobs, exp.scores)),
+        lengths=torch.cat((finished.lengths, torch.full_like(exp.parents, gen_len))),
+        done=torch.cat((finished.done, eligible)),
+    )
+    picked = torch.topk(merged.scores, k=shape.num_beams).indices  # [num_beams]
+    entered = torch.zeros(keep, dtype=torch.bool, device=exp.scores.device)
+    new_rows = picked[picked >= shape.num_beams] - shape.num_beams
+    entered[new_rows] = eligible[new_rows]
+    return merged.take(picked), entered
+
+
+def still_improvable(running: Hypotheses, finished: Hypotheses, cur_len: int, shape: SearchShape) -> bool:
+    """``_check_early_stop_heuristic``: can the best running beam still beat the worst finished hypothesis?"""
+    if shape.early_stopping == "never" and shape.length_penalty > 0.0:
+        best_length = shape.max_length - shape.prompt_len
+    else:
+        best_length = cur_len - shape.prompt_len
+    best_possible = running.scores[:1] / (best_length**shape.length_penalty)  # [1]
+    worst_finished = torch.where(finished.done, finished.scores.min(), torch.full_like(finished.scores, MASKED))
+    return bool((best_possible > worst_finished).any())
+
+
+def initial_state(prompt: torch.Tensor, shape: SearchShape, pad: int) -> tuple[Hypotheses, Hypotheses]:
+    """One running beam (the prompt) and ``num_beams`` empty finished slots."""
+    device = prompt.device
+    sequences = torch.full((1, shape.max_length), pad, dtype=torch.long, device=device)
+    sequences[0, : shape.prompt_len] = prompt
+    zeros = torch.zeros(1, device=device)
+    running = Hypotheses(sequences, zeros, zeros, torch.zeros(1, dtype=torch.long, device=device),
+                         torch.zeros(1, dtype=torch.bool, device=device))
+    n = shape.num_beams
+    finished = Hypotheses(
+        sequences=sequences.expand(n, -1).clone(),
+        scores=torch.full((n,), MASKED, device=device),
+        sum_logprobs=torch.full((n,), MASKED, device=device),
+        lengths=torch.zeros(n, dtype=torch.long, device=device),
+        done=torch.zeros(n, dtype=torch.bool, device=device),
+    )
+    return running, finished
+
+
+def process_log_probs(logits: torch.Tensor, ids: torch.Tensor, pipeline: tuple[NamedTransform, ...]) -> torch.Tensor:
+    """Raw logits [rows, vocab] -> processed log-probs, in float32 as transformers computes them."""
+    log_probs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    return run_pipeline(pipeline, ids, log_probs)
+
+
+def step_candidates(exp: Expansion, survivors: torch.Tensor, entered: torch.Tensor, normalised: list[float],
+                    text: TokenTextCache) -> tuple[BeamCandidate, ...]:
+    survived = torch.zeros_like(entered)
+    survived[survivors] = True
+    rows = zip(exp.parents.tolist(), exp.tokens.tolist(), exp.token_logprobs.tolist(), exp.scores.tolist(),
+               survived.tolist(), entered.tolist(), normalised, strict=True)
+    return tuple(
+        BeamCandidate(beam=parent, token_id=token, text=text(token), token_logprob=logprob, score=score,
+                      survived=alive, finished=fin, finished_score=norm if fin else None)
+        for parent, token, logprob, score, alive, fin, norm in rows
+    )
+
+
+def best_so_far(running: Hypotheses, finished: Hypotheses, cur_len: int, shape: SearchShape) -> Hypotheses:
+    """For a stopped run: finished hypotheses plus the running beams scored as if they ended now."""
+    gen_len = cur_len - shape.prompt_len
+    if gen_len <= 0:
+        return finished.take(finished.done.nonzero().flatten())
+    as_finished = Hypotheses(running.sequences, running.scores / (gen_len**shape.length_penalty),
+                             running.sum_logprobs, torch.full_like(running.lengths, gen_len),
+                             torch.ones_like(running.done))
+    real = finished.done.nonzero().flatten()
+    pool = Hypotheses(
+        torch.cat((finished.sequences[real], as_finished.sequences)),
+        torch.cat((finished.scores[real], as_finished.scores)),
+        torch.cat((finished.sum_logprobs[real], as_finished.sum_logprobs)),
+        torch.cat((finished.lengths[real], as_finished.lengths)),
+        torch.cat((finished.done[real], as_finished.done)),
+    )
+    return pool.take(torch.argsort(pool.scores, descending=True, stable=True))
+
+
+def to_sequences(hyps: Hypotheses, count: int, prompt_len: int, forced: list[int], tokenizer: Any,
+                 ) -> tuple[BeamSequence, ...]:
+    """The best ``count`` hypotheses as plain values: generated ids (forced prefix first), text, scores."""
+    result = []
+    for row in range(min(count, hyps.scores.shape[0])):
+        length = int(hyps.lengths[row])
+        ids = (*forced, *hyps.sequences[row, prompt_len : prompt_len + length].tolist())
+        result.append(BeamSequence(token_ids=ids, text=tokenizer.decode(list(ids), skip_special_tokens=True),
+                                   score=float(hyps.scores[row]), sum_logprobs=float(hyps.sum_logprobs[row])))
+    return tuple(result)
+
+
+def prefill(model, prompt: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+    """The prompt [1, prompt_len] through the model once; returns last-position logits [1, vocab] and the cache."""
+    cache = DynamicCache(config=model.config)
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out = model(input_ids=prompt, cache=cache, use_cache=True, **extra)
+    return out.logits[:, -1, :], out.cache
+
+
+def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+    """Beam search as a generator of events: RunStarted, PrefillDone, BeamStep..., RunFinished.
+
+    ``should_stop`` is polled before each step; a stopped run still reports its best hypotheses so far (finished
+    ones, and running beams scored as if they ended there). Forced tokens (branching) are a fixed prefix that
+    every beam starts from: they go through the prefill with the prompt, count towards ``max_new_tokens``, start
+    every returned sequence, and are not part of the scores. Settings and prompt are checked before the
+    generator is returned (``ConfigError``).
+    """
+    settings.validate()
+    prompt_ids, prompt_text = encode_prompt(lm, settings)
+    forced = list(settings.forced_token_ids)
+    check_fits_context(lm, len(prompt_ids) + len(forced), settings)
+    if len(forced) >= settings.max_new_tokens:
+        raise ConfigError(f"{len(forced)} forced tokens leave no room for beam search within max_new_tokens="
+                          f"{settings.max_new_tokens}: raise max_new_tokens")
+    return _beam_search(lm, settings, prompt_ids, prompt_text, should_stop or (lambda: False))
+
+
+def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
+                 should_stop: StopCheck) -> Iterator[Event]:
+    model, tokenizer = lm.model, lm.tokenizer
+    forced = list(settings.forced_token_ids)
+    prompt_len = len(prompt_ids) + len(forced)  # the search starts after the forced prefix
+    wanted_length = len(prompt_ids) + settings.max_new_tokens
+    shape = SearchShape(
+        num_beams=settings.num_beams,
+        keep=max(2, 1 + len(lm.eos_token_ids)) * settings.num_beams,
+        prompt_len=prompt_len,
+        max_length=min(wanted_length, lm.context_length),
+        length_penalty=settings.length_penalty,
+        early_stopping=parse_early_stopping(settings.early_stopping),
+    )
+    yield RunStarted(strategy="beam", prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
+                     forced_token_ids=tuple(forced), model_name=lm.name, model_path=lm.path, device=str(lm.device),
+                     dtype=lm.dtype_name, settings=settings.as_plain_dict())
+    pipeline = build_pipeline(settings, sampling=False)
+    text = TokenTextCache(tokenizer)
+    device = lm.device
+    eos = torch.tensor(lm.eos_token_ids, dtype=torch.long, device=device)
+    pad = _pad_id(lm)
+    with torch.inference_mode():
+        prompt = torch.tensor([prompt_ids + forced], dtype=torch.long, device=device)  # [1, prompt_len]
+        start = time.perf_counter()
+        logits, cache = prefill(model, prompt)  # logits: [1, vocab]
+        _sync(device)
+        prefill_ms = (time.perf_counter() - start) * 1000
+        yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
+
+        running, finished = initial_state(prompt[0], shape, pad)
+        cur_len, improvable, stopped, decode_s = prompt_len, True, False, 0.0
+        while True:
+            if should_stop():
+                stopped = True
+                break
+            step_start = time.perf_counter()
+            if cur_len > prompt_len:  # the first step uses the prefill's logits
+                out = model(input_ids=running.sequences[:, cur_len - 1 : cur_len], cache=cache, use_cache=True)
+                logits = out.logits[:, -1, :]  # [beams, vocab]
+            log_probs = process_log_probs(logits, running.sequences[:, :cur_len], pipeline)  # [rows, vocab]
+            exp = expand_beams(log_probs, running, cur_len, shape, eos)
+            sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
+            finished, entered = merge_finished(finished, exp, sequences, cur_len, shape, improvable)
+            can_continue = not bool(exp.hits_stop.all())
+            survivors = choose_running(exp, shape.num_beams) if can_continue else exp.parents[:0]
+            if can_continue:
+                running = Hypotheses(sequences[survivors], exp.scores[survivors], exp.scores[survivors],
+                                     torch.full_like(survivors, cur_len + 1 - prompt_len),
+                                     torch.zeros_like(survivors, dtype=torch.bool))
+                cache.reorder_cache(exp.parents[survivors])
+            cur_len += 1
+            improvable = improvable and can_continue and still_improvable(running, finished, cur_len, shape)
+            all_done = bool(finished.done.all()) and shape.early_stopping is True
+            _sync(device)
+            step_s = time.perf_counter() - step_start
+            decode_s += step_s
+            normalised = (exp.scores / ((cur_len - prompt_len) ** shape.length_penalty)).tolist()
+            yield BeamStep(
+                step=cur_len - 1 - prompt_len,
+                parents=tuple(exp.parents[survivors].tolist()),
+                token_ids=tuple(exp.tokens[survivors].tolist()),
+                scores=tuple(exp.scores[survivors].tolist()),
+                candidates=step_candidates(exp, survivors, entered, normalised, text),
+                step_ms=step_s * 1000,
+                kv_cache_bytes=kv_cache_bytes(cache),
+            )
+            if not (improvable and not all_done and can_continue):
+                break
+
+    best = best_so_far(running, finished, cur_len, shape) if stopped else finished
+    sequences_out = to_sequences(best, settings.num_return_sequences, prompt_len, forced, tokenizer)
+    top = sequences_out[0] if sequences_out else BeamSequence((), "", float("nan"), float("nan"))
+    steps = cur_len - prompt_len
+    yield RunFinished(
+        token_ids=top.token_ids,
+        text=top.text,
+        stop_reason=_stop_reason(top, lm.eos_token_ids, stopped, shape.max_length < wanted_length),
+        tokens_per_s=steps / decode_s if decode_s > 0 else 0.0,
+        prefill_ms=prefill_ms,
+        decode_ms=decode_s * 1000,
+        prompt_tokens=len(prompt_ids),
+        model_name=lm.name,
+        model_path=lm.path,
+        device=str(lm.device),
+        dtype=lm.dtype_name,
+        sequences=sequences_out,
+    )
+
+
+def _stop_reason(best: BeamSequence, eos_ids: tuple[int, ...], stopped: bool, capped: bool) -> str:
+    if stopped:
+        return "stopped"
+    if best.token_ids and best.token_ids[-1] in eos_ids:
+        return "eos"
+    return "context_full" if capped else "max_new_tokens"
+
+
+def _sync(device: torch.device) -> None:
+    # Timings must include the device's queued work, not just the launch.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _pad_id(lm: LoadedModel) -> int:
+    """The fill value transformers uses for unfinished positions: pad id, else the first EOS id."""
+    pad = getattr(lm.model.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = lm.tokenizer.pad_token_id
+    if pad is None:
+        pad = lm.eos_token_ids[0] if lm.eos_token_ids else 0
+    return int(pad)
