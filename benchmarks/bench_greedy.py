@@ -16,13 +16,13 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from playground.config import ModelSettings, RunSettings  # noqa: E402
-from playground.engine.strategies import run_strategy  # noqa: E402
-from playground.events import RunFinished  # noqa: E402
-from playground.models.default_model import fetch_default_model  # noqa: E402
-from playground.models.loading import load_model  # noqa: E402
+from playground.config import ModelSettings, RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events import RunFinished
+from playground.models.default_model import fetch_default_model
+from playground.models.loading import load_model
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."
 
@@ -36,7 +36,7 @@ def bare_generate(lm, prompt_ids: list[int], new_tokens: int) -> tuple[int, floa
 
 def instrumented(lm, settings: RunSettings) -> tuple[int, float]:
     start = time.perf_counter()
-    done = [e for e in run_strategy(lm, settings) if isinstance(e, RunFinished)][0]
+    done = next(e for e in run_strategy(lm, settings) if isinstance(e, RunFinished))
     return len(done.token_ids), time.perf_counter() - start
 
 

@@ -80,7 +80,7 @@ class RunSettings:
             (1 <= self.num_beams <= 16, f"num_beams must be 1-16 (got {self.num_beams})"),
             (self.early_stopping in EARLY_STOPPING,
              f"early_stopping must be one of {', '.join(EARLY_STOPPING)} (got {self.early_stopping!r})"),
-            (1 <= self.num_return_sequences <= self.num_beams,
+            (self.strategy != "beam" or 1 <= self.num_return_sequences <= self.num_beams,
              f"num_return_sequences must be between 1 and num_beams={self.num_beams} "
              f"(got {self.num_return_sequences})"),
             (all(self.stop_strings), "stop strings must not be empty"),

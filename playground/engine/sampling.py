@@ -101,7 +101,8 @@ def run_sampling(
                 break
 
     yield RunFinished(
-        token_ids=tuple(generated), text=lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason=stop_reason,
+        token_ids=tuple(generated), text=lm.tokenizer.decode(generated, skip_special_tokens=True),
+        stop_reason=stop_reason,
         tokens_per_s=len(generated) / (decode_ms / 1000) if decode_ms > 0 else 0.0,
         prefill_ms=prefill_ms, decode_ms=decode_ms, prompt_tokens=len(prompt_ids), model_name=lm.name,
         model_path=lm.path, device=str(lm.device), dtype=lm.dtype_name,

@@ -33,11 +33,6 @@ class IncrementalDecoder:
             return delta
         return ""
 
-    def fork(self) -> IncrementalDecoder:
-        twin = IncrementalDecoder.__new__(IncrementalDecoder)
-        twin._tokenizer, twin._ids, twin._read, twin._prefix = self._tokenizer, list(self._ids), self._read, self._prefix
-        return twin
-
 
 class TokenTextCache:
     """Display text of single tokens (for candidate lists), decoded once per id."""

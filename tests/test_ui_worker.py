@@ -1,0 +1,93 @@
+"""The background job: ordered batches, failures as messages, stop, and always a finished signal."""
+
+from __future__ import annotations
+
+import time
+
+from playground.config import ConfigError, RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events import RunFinished, RunStarted, TokenStep
+from playground.ui.worker import GeneratorJob, describe_error
+
+
+def _collect(job: GeneratorJob) -> dict:
+    seen: dict = {"items": [], "batches": 0, "failed": [], "progress": [], "finished": 0}
+
+    def on_items(batch):
+        seen["items"].extend(batch)
+        seen["batches"] += 1
+
+    job.items.connect(on_items)
+    job.failed.connect(seen["failed"].append)
+    job.progress.connect(lambda m, f: seen["progress"].append((m, f)))
+    job.finished.connect(lambda: seen.__setitem__("finished", seen["finished"] + 1))
+    return seen
+
+
+def test_items_arrive_in_order_in_batches(qtbot):
+    def body(should_stop, progress):
+        progress("counting", 0.5)
+        yield from range(200)
+
+    job = GeneratorJob(body)
+    seen = _collect(job)
+    with qtbot.waitSignal(job.finished, timeout=5000):
+        job.start()
+    assert seen["items"] == list(range(200))
+    assert seen["batches"] < 200  # drained per frame, not per item
+    assert seen["progress"] == [("counting", 0.5)]
+    assert seen["failed"] == [] and seen["finished"] == 1 and not job.is_running()
+    assert job.thread.isFinished()
+
+
+def test_a_failure_becomes_a_message_and_finished_still_comes(qtbot):
+    def body(should_stop, progress):
+        yield 1
+        raise ConfigError("top_p must be in (0, 1]")
+
+    job = GeneratorJob(body)
+    seen = _collect(job)
+    with qtbot.waitSignal(job.finished, timeout=5000):
+        job.start()
+    assert seen["items"] == [1]
+    assert seen["failed"] == ["top_p must be in (0, 1]"] and seen["finished"] == 1
+
+
+def test_stop_ends_the_engine_run_with_its_final_event(qtbot, tiny_lm):
+    settings = RunSettings(strategy="sample", max_new_tokens=200, prompt="Hello")
+    job = GeneratorJob(lambda should_stop, progress: run_strategy(tiny_lm, settings, should_stop))
+    seen = _collect(job)
+    job.start()
+    qtbot.waitUntil(lambda: sum(isinstance(e, TokenStep) for e in seen["items"]) >= 3, timeout=10000)
+    job.stop()
+    qtbot.waitUntil(lambda: seen["finished"] == 1, timeout=10000)
+    assert isinstance(seen["items"][0], RunStarted)
+    final = seen["items"][-1]
+    assert isinstance(final, RunFinished) and final.stop_reason == "stopped"
+    assert len(final.token_ids) < 200
+
+
+def test_stop_closes_a_generator_that_ignores_it(qtbot):
+    closed = []
+
+    def body(should_stop, progress):
+        try:
+            while True:
+                time.sleep(0.002)
+                yield 0
+        finally:
+            closed.append(True)
+
+    job = GeneratorJob(body)
+    seen = _collect(job)
+    job.start()
+    qtbot.waitUntil(lambda: len(seen["items"]) > 0, timeout=5000)
+    job.stop()
+    assert job.wait(5000)
+    assert closed == [True] and seen["finished"] == 1
+
+
+def test_error_messages_say_what_happened():
+    assert describe_error(ConfigError("shorten the prompt")) == "shorten the prompt"
+    assert describe_error(RuntimeError("kaput")) == "RuntimeError: kaput"
+    assert "out of memory" in describe_error(MemoryError())
