@@ -9,7 +9,7 @@ MODEL_STAMP := $(VENV)/.default-model
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup model run test lint shot bench clean
+.PHONY: setup model gui-deps run test lint shot bench clean
 
 setup: $(STAMP)
 
@@ -24,7 +24,11 @@ $(STAMP): pyproject.toml
 model: $(STAMP)
 	$(VENV)/bin/playground fetch-model
 
-run: model
+# Qt's X11 plugin needs a few system libraries pip cannot install (libxcb-cursor0 and friends): add them if missing.
+gui-deps: $(STAMP)
+	-$(PY) -m playground.ui.system_libs --install
+
+run: model gui-deps
 	$(VENV)/bin/playground
 
 test: model

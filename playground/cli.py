@@ -157,9 +157,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     _prepare_environment()
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in {"app", "trace", "shot", "fetch-model", "-h", "--help"}:
+        argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["app", *(argv if argv is not None else sys.argv[1:])])
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "fetch-model": cmd_fetch}
     from playground.errors import USER_ERRORS
 

@@ -8,8 +8,30 @@ import sys
 from playground.config import ModelSettings, RunSettings
 
 
+def display_problem() -> str | None:
+    """Why Qt could not open a window here (it would abort the process), or None if it can."""
+    if os.environ.get("QT_QPA_PLATFORM") or not sys.platform.startswith("linux"):
+        return None
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        return ("no display found (neither DISPLAY nor WAYLAND_DISPLAY is set). Run the app in a desktop session, "
+                "or render a view headless with `playground shot --out view.png`")
+    if not os.environ.get("WAYLAND_DISPLAY"):
+        from playground.ui.system_libs import debian_package, missing_libraries
+
+        missing = missing_libraries()
+        if missing:
+            packages = " ".join(sorted({debian_package(s) for s in missing}))
+            return (f"Qt's X11 plugin needs system libraries that are missing ({', '.join(missing)}). Install them "
+                    f"(Debian/Ubuntu: sudo apt-get install {packages}), or run `make run`, which does")
+    return None
+
+
 def launch(model_settings: ModelSettings, run_settings: RunSettings) -> int:
     """Show the window and run the Qt event loop; returns the exit code."""
+    problem = display_problem()
+    if problem is not None:
+        print(f"playground: error: {problem}", file=sys.stderr)
+        return 2
     if "torch" not in sys.modules:
         # torch's OpenMP threads spin-wait by default and starve next to a GUI thread (30x slower decoding).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -59,7 +59,7 @@ class CandidatesPanel(QWidget):
         self.legend.setWordWrap(True)
         self.legend.setText(
             f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
-            f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (what was drawn from)<br>"
+            f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (what the token was picked from)<br>"
             f"<span style='color:{CUT_COLOR}'>▨</span> cut by a processor &nbsp; ▶ chosen token &nbsp; "
             "<i>double-click a bar to continue from that token</i>")
 
@@ -104,6 +104,7 @@ class CandidatesPanel(QWidget):
         for label in self._labels:
             label.setVisible(False)
         self.plot.getPlotItem().getAxis("left").setTicks([[]])
+        self.plot.getPlotItem().setXRange(0, 100, padding=0)  # an empty chart still reads in percent
 
     def _label(self, index: int) -> pg.TextItem:
         while len(self._labels) <= index:
