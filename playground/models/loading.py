@@ -26,6 +26,10 @@ class ModelLoadError(ValueError):
     """A model could not be loaded; the message is meant for the user."""
 
 
+class RemoteCodeRefused(ModelLoadError):
+    """The model ships Python code and the user has not allowed it to run (they may, for this model)."""
+
+
 def resolve_model_source(path: str | None) -> tuple[Path, str | None, str]:
     """(folder, gguf file name or None, display name) for a user-given path, model id, or None (default)."""
     if path is None:
@@ -69,7 +73,7 @@ def _check_remote_code(folder: Path, settings: ModelSettings) -> None:
     except (OSError, json.JSONDecodeError):
         return  # a broken config is reported by transformers' own loader below
     if isinstance(config, dict) and config.get("auto_map") and not settings.trust_remote_code:
-        raise ModelLoadError(
+        raise RemoteCodeRefused(
             f"{folder.name} ships its own Python code (auto_map in config.json). It is not run by default; "
             "turn on trust_remote_code for this model only if you trust its author")
 

