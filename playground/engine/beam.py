@@ -22,16 +22,15 @@ The prompt is prefilled once (batch 1); the first step's selection reorders the 
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from playground.config import ConfigError, RunSettings
+from playground.engine.forward import prefill, sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
@@ -229,14 +228,6 @@ def to_sequences(hyps: Hypotheses, count: int, prompt_len: int, forced: list[int
     return tuple(result)
 
 
-def prefill(model, prompt: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
-    """The prompt [1, prompt_len] through the model once; returns last-position logits [1, vocab] and the cache."""
-    cache = DynamicCache(config=model.config)
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(input_ids=prompt, cache=cache, use_cache=True, **extra)
-    return out.logits[:, -1, :], out.cache
-
-
 def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
     """Beam search as a generator of events: RunStarted, PrefillDone, BeamStep..., RunFinished.
 
@@ -282,7 +273,7 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
         prompt = torch.tensor([prompt_ids + forced], dtype=torch.long, device=device)  # [1, prompt_len]
         start = time.perf_counter()
         logits, cache = prefill(model, prompt)  # logits: [1, vocab]
-        _sync(device)
+        sync_device(device)
         prefill_ms = (time.perf_counter() - start) * 1000
         yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
 
@@ -310,7 +301,7 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
             cur_len += 1
             improvable = improvable and can_continue and still_improvable(running, finished, cur_len, shape)
             all_done = bool(finished.done.all()) and shape.early_stopping is True
-            _sync(device)
+            sync_device(device)
             step_s = time.perf_counter() - step_start
             decode_s += step_s
             normalised = (exp.scores / ((cur_len - prompt_len) ** shape.length_penalty)).tolist()
@@ -352,14 +343,6 @@ def _stop_reason(best: BeamSequence, eos_ids: tuple[int, ...], stopped: bool, ca
     if best.token_ids and best.token_ids[-1] in eos_ids:
         return "eos"
     return "context_full" if capped else "max_new_tokens"
-
-
-def _sync(device: torch.device) -> None:
-    # Timings must include the device's queued work, not just the launch.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def _pad_id(lm: LoadedModel) -> int:

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-from transformers import DynamicCache
 
 from playground.config import RunSettings
+from playground.engine.forward import prefill, sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
@@ -29,14 +29,6 @@ def sample_next_token(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def _sync(device: torch.device) -> None:
-    # Timings must include the device's queued work, not just the launch.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def run_sampling(
@@ -66,10 +58,10 @@ def run_sampling(
     stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
-        cache = DynamicCache(config=lm.model.config)
         start = time.perf_counter()
-        logits = lm.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :].float()
-        _sync(lm.device)
+        logits, cache = prefill(lm.model, ids)
+        logits = logits.float()  # [1, vocab]
+        sync_device(lm.device)
         prefill_ms = (time.perf_counter() - start) * 1000
         yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
 
@@ -85,7 +77,7 @@ def run_sampling(
                                settings.forced_token_ids[step] if forced else None)
             token_id = analysis.token_id
             ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
-            _sync(lm.device)
+            sync_device(lm.device)
             step_ms = (time.perf_counter() - start) * 1000
             decode_ms += step_ms
 
