@@ -40,6 +40,7 @@ from playground.ui.token_view import TokenView
 from playground.ui.worker import GeneratorJob, JobBody
 
 CLOSE_WAIT_MS = 3000
+LIVE_CHART_MS = 200
 PAGE_TOKENS, PAGE_BEAM = 0, 1
 
 
@@ -82,6 +83,13 @@ class MainWindow(QMainWindow):
         self.job_kind = ""
         self.chart_index: int | None = None  # step shown in the chart (of the selected run)
         self.follow_live = True  # chart follows the newest step until the user picks one
+        # While a run streams, the chart redraws at most every LIVE_CHART_MS: its repaint costs more than a token
+        # view update, and on a 2-core CPU every GUI millisecond is taken from the model's threads.
+        self._live_chart_timer = QTimer(self)
+        self._live_chart_timer.setSingleShot(True)
+        self._live_chart_timer.setInterval(LIVE_CHART_MS)
+        self._live_chart_timer.timeout.connect(self._show_pending_live_step)
+        self._live_chart_pending = False
         self._pending: list[tuple[RunSettings, Branch | None]] = []  # a branch asked for while a run was live
         self._close_when_idle = False
 
@@ -344,6 +352,20 @@ class MainWindow(QMainWindow):
         self.chart.show_step(run.steps[index], len(run.steps))
         self.token_view.text.mark_step(index)
 
+    def _show_live_step(self) -> None:
+        if self._live_chart_timer.isActive():
+            self._live_chart_pending = True
+            return
+        run = self.session.selected
+        if run is not None and run.steps:
+            self.show_chart_step(len(run.steps) - 1, follow=True)
+        self._live_chart_pending = False
+        self._live_chart_timer.start()
+
+    def _show_pending_live_step(self) -> None:
+        if self._live_chart_pending and self.follow_live:
+            self._show_live_step()
+
     def step_chart(self, delta: int) -> None:
         run = self.session.selected
         if run is None or not run.steps:
@@ -405,7 +427,7 @@ class MainWindow(QMainWindow):
         if new_steps:
             self.token_view.append_steps(new_steps)
             if self.follow_live:
-                self.show_chart_step(len(run.steps) - 1, follow=True)
+                self._show_live_step()
         if run.finished is not None and self.follow_live and run.steps:
             # Done: show the most telling step rather than the trailing EOS.
             target = most_interesting_step(run.steps)
