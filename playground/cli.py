@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     shot.add_argument("--out", type=Path, required=True, help="PNG file to write")
     shot.add_argument("--width", type=int, default=1500)
     shot.add_argument("--height", type=int, default=950)
+    shot.add_argument("--hover", action=argparse.BooleanOptionalAction, default=True,
+                      help="draw the hover tooltip of the charted token into the picture")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
     return parser
@@ -135,7 +137,8 @@ def cmd_shot(args: argparse.Namespace) -> int:
     _ensure_default_model(model_settings)
     from playground.ui.screenshot import render_screenshot
 
-    path = render_screenshot(model_settings, run_settings, args.out, width=args.width, height=args.height)
+    path = render_screenshot(model_settings, run_settings, args.out, width=args.width, height=args.height,
+                             hover=args.hover)
     print(path)
     return 0
 

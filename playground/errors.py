@@ -5,11 +5,15 @@ from __future__ import annotations
 from playground.config import ConfigError
 
 
+class ScreenshotError(RuntimeError):
+    """A headless screenshot could not be made (the run failed); the message says why."""
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     from playground.models.default_model import FetchError
     from playground.models.loading import ModelLoadError
 
-    return (ConfigError, ModelLoadError, FetchError)
+    return (ConfigError, ModelLoadError, FetchError, ScreenshotError)
 
 
 USER_ERRORS = _user_errors()

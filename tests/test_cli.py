@@ -39,3 +39,15 @@ def test_no_display_is_a_message_not_an_abort(monkeypatch):
 ])
 def test_debian_package_names(soname, package):
     assert debian_package(soname) == package
+
+
+def test_shot_failures_are_messages(qapp, tmp_path, capsys, tiny_lm):
+    assert main(["shot", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x.png")]) == 2
+    assert "no model at" in capsys.readouterr().err
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    assert main(["shot", "--model", str(folder), "--prompt", "capital " * 400, "--out", str(tmp_path / "x.png")]) == 2
+    assert "the run failed" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+    assert main(["shot", "--model", str(folder), "--max-new-tokens", "4", "--out", str(tmp_path / "ok.png")]) == 0
+    assert (tmp_path / "ok.png").stat().st_size > 10_000

@@ -9,12 +9,15 @@ import time
 from pathlib import Path
 
 from playground.config import ModelSettings, RunSettings
+from playground.errors import ScreenshotError
 from playground.models.loaded import LoadedModel
 
 
 def _ensure_platform() -> None:
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
+        os.environ.setdefault("QT_LOGGING_RULES", "qt.qpa.*=false")  # offscreen's harmless size-hint chatter
     if "torch" not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -27,7 +30,7 @@ def wait_until_idle(window, timeout_s: float) -> None:
     while window.busy:
         if time.monotonic() > deadline:
             window.stop()
-            raise TimeoutError(f"the window's {window.job_kind} job did not finish within {timeout_s:.0f} s")
+            raise ScreenshotError(f"the window's {window.job_kind} job did not finish within {timeout_s:.0f} s")
         QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
         time.sleep(0.005)
     QCoreApplication.processEvents()
@@ -69,7 +72,7 @@ def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, 
     The chart shows the run's least certain step; with ``hover`` the picture also shows the tooltip a user sees
     when hovering that token (tooltips are separate windows that a window grab would miss).
 
-    Raises ``RuntimeError`` with the window's message when the model cannot be loaded or the run fails.
+    Raises ``ModelLoadError`` when the model cannot be loaded and ``ScreenshotError`` when the run fails.
     """
     _ensure_platform()
     from PySide6.QtCore import QCoreApplication, QSettings
@@ -84,20 +87,17 @@ def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, 
         try:
             window.resize(width, height)
             window.show()
-            if lm is not None:
-                window.set_model(lm)
-            else:
-                if model_settings.path is None and not window._default_model_ready():
-                    raise RuntimeError("the default model is not fetched yet: run `playground fetch-model` first")
-                window.load_model(model_settings)
-                wait_until_idle(window, timeout_s)
-                if window.lm is None:
-                    raise RuntimeError(window.banner.label.text() or "the model did not load")
+            if lm is None:
+                from playground.models.loading import load_model
+
+                lm = load_model(model_settings)  # headless: load here, and let its error speak for itself
+            window.set_model(lm)
             window.generate()
             wait_until_idle(window, timeout_s)
             run = window.session.selected
             if run is None or run.error is not None:
-                raise RuntimeError(run.error if run is not None else window.banner.label.text())
+                message = run.error if run is not None else window.banner.label.text()
+                raise ScreenshotError(f"the run failed: {message.removeprefix('<b>Error:</b> ')}")
             window._flush_beam_panel()
             for _ in range(5):  # let layouts and the plot settle
                 app.processEvents()
@@ -107,7 +107,7 @@ def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, 
             if hover:
                 _paint_hover_tooltip(window, pixmap)
             if not pixmap.save(str(out)):
-                raise RuntimeError(f"could not write {out}")
+                raise ScreenshotError(f"could not write {out}")
             return out
         finally:
             window.close()
