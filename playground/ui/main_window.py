@@ -244,7 +244,7 @@ class MainWindow(QMainWindow):
         def body(should_stop, progress) -> Iterator[Any]:
             from playground.models.default_model import fetch_default_model
 
-            yield fetch_default_model(progress)
+            yield fetch_default_model(progress, should_stop=should_stop)
 
         self.status.showMessage("Fetching the default model…")
         self._start_job(body, "fetch")
@@ -478,7 +478,7 @@ class MainWindow(QMainWindow):
     def _update_buttons(self) -> None:
         busy = self.busy
         self.generate_button.setEnabled(not busy and self.lm is not None)
-        self.stop_button.setEnabled(busy and self.job_kind == "run")
+        self.stop_button.setEnabled(busy and self.job_kind in ("run", "fetch"))
         self.picker.set_busy(busy)
         if busy and self.job_kind != "run":
             self.picker.progress.show()
