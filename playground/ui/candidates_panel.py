@@ -59,7 +59,7 @@ class CandidatesPanel(QWidget):
         self.legend.setWordWrap(True)
         self.legend.setText(
             f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
-            f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (what the token was picked from)<br>"
+            f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (picked from)<br>"
             f"<span style='color:{CUT_COLOR}'>▨</span> cut by a processor &nbsp; ▶ chosen token &nbsp; "
             "<i>double-click a bar to continue from that token</i>")
 
