@@ -27,12 +27,34 @@ LOGPROB_FLOOR = math.log(1e-3)
 REST_OF_VOCAB = "(rest of vocabulary)"
 
 
+# Characters that change how the *following* text is laid out (bidi overrides, zero-width marks) or draw nothing:
+# shown as a visible escape so a token cannot reverse or hide its neighbours.
+_FORMAT_CHARS = {*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF}
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x20:
+        return chr(0x2400 + code)  # Unicode's "control pictures": ␀ ␁ … ␟
+    if code == 0x7F:
+        return "␡"
+    if code in _FORMAT_CHARS:
+        return f"⟨U+{code:04X}⟩"
+    return ch
+
+
+def flowing_token_text(text: str) -> str:
+    """Token text for the output document: line breaks shown as ↵ and kept, other invisibles escaped."""
+    text = text.replace("\r\n", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
+    return "".join("↵\n" if ch == "\n" else "\t" if ch == "\t" else _escape_char(ch) for ch in text)
+
+
 def visible_token_text(text: str) -> str:
-    """Token text with invisible characters made visible, for axis labels and lists."""
+    """Token text on one line with invisible characters made visible, for axis labels and lists."""
     if text == "":
         return "∅"
-    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
-    return shown
+    marks = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\u2028": "↵", "\u2029": "↵"}
+    return "".join(marks.get(ch) or _escape_char(ch) for ch in text)
 
 
 def shade_fraction(prob: float) -> float:
@@ -132,14 +154,19 @@ class Run:
             return "running"
         return self.finished.stop_reason
 
+    def count_label(self) -> str:
+        """How far the run got: tokens for greedy/sampling, steps for beam search (each step grows every beam)."""
+        if self.settings.strategy == "beam":
+            return f"{len(self.beam_steps)} steps"
+        return f"{len(self.steps)} tokens"
+
     def label(self) -> str:
         """One line for the runs list."""
-        count = len(self.steps) or len(self.beam_steps)
         head = f"#{self.index + 1} {self.settings.strategy}"
         if self.branch is not None:
             head += (f" · branch of #{self.branch.parent + 1} at step {self.branch.step}"
                      f" → {visible_token_text(self.branch.token_text)}")
-        return f"{head} · {count} tokens · {self.status}"
+        return f"{head} · {self.count_label()} · {self.status}"
 
     def decode_ms_per_token(self) -> float | None:
         timed = [s.step_ms for s in self.steps if not s.forced] or [s.step_ms for s in self.beam_steps]
@@ -193,12 +220,13 @@ def chart_rows(step: TokenStep, limit: int | None = None) -> list[ChartRow]:
     return rows
 
 
-def cut_summary(step: TokenStep) -> dict[str, int]:
-    """How many of the shown candidates each processor removed."""
+def cut_summary(rows: list[ChartRow] | TokenStep) -> dict[str, int]:
+    """How many of the shown rows (or all of a step's recorded candidates) each processor removed."""
+    items = rows.candidates if isinstance(rows, TokenStep) else rows
     counts: dict[str, int] = {}
-    for candidate in step.candidates:
-        if candidate.cut_by:
-            counts[candidate.cut_by] = counts.get(candidate.cut_by, 0) + 1
+    for item in items:
+        if item.cut_by:
+            counts[item.cut_by] = counts.get(item.cut_by, 0) + 1
     return counts
 
 

@@ -10,7 +10,7 @@ from PySide6.QtCore import QPoint, QPointF, QSettings, Qt
 from PySide6.QtGui import QImage, QTextCursor
 
 from playground.config import ModelSettings, RunSettings
-from playground.state import chart_rows
+from playground.state import chart_rows, flowing_token_text
 from playground.ui.candidates_panel import MAX_ROWS
 from playground.ui.main_window import PAGE_BEAM, PAGE_TOKENS, MainWindow
 from playground.ui.model_picker import recent_models
@@ -67,7 +67,7 @@ def test_generate_fills_token_view_chart_and_status(qtbot, window):
     assert w.token_view.steps == run.steps and len(run.steps) == len(run.finished.token_ids)
     doc = w.token_view.text.toPlainText()
     assert doc.startswith(run.started.prompt_text)
-    assert all(s.text.replace("\n", "↵\n") in doc for s in run.steps)
+    assert all(flowing_token_text(s.text) in doc for s in run.steps)
 
     step = w.chart.step
     assert step in run.steps
@@ -268,7 +268,17 @@ def test_beam_runs_go_to_the_beam_view(qtbot, window):
     run = w.session.runs[0]
     assert run.error is None and run.beam_steps and run.finished.sequences
     assert w.pages.currentIndex() == PAGE_BEAM and w.pages.currentWidget() is w.beam_panel
-    assert "tokens/s" in w.status.labels["speed"].text() and "—" not in w.status.labels["speed"].text()
+    assert "steps/s" in w.status.labels["speed"].text() and "—" not in w.status.labels["speed"].text()
+    assert f"{len(run.beam_steps)} steps ·" in w.runs_list.item(0).text()
+
+    # Preparing the next run must not hide the tree being looked at; the page follows the selected run.
+    w.controls.strategy.setCurrentText("greedy")
+    assert w.pages.currentIndex() == PAGE_BEAM
+    generate(qtbot, w)
+    assert w.pages.currentIndex() == PAGE_TOKENS
+    w.runs_list.setFocus()
+    qtbot.keyClick(w.runs_list, Qt.Key.Key_Up)  # arrow keys pick runs like clicks do
+    assert w.session.selected is run and w.pages.currentIndex() == PAGE_BEAM
 
 
 def test_launch_shows_load_failures_and_exits_cleanly(qtbot, qapp, tmp_path, monkeypatch):

@@ -162,17 +162,18 @@ class CandidatesPanel(QWidget):
         self.header.setText(self._header_html(step))
 
     def _header_html(self, step: TokenStep) -> str:
-        of = f" of {self.total_steps}" if self.total_steps else ""
-        cuts = cut_summary(step)
+        # Steps count from 0 everywhere (events, tooltips, the beam axis); say which token that is.
+        of = f" · token {step.step + 1} of {self.total_steps}" if self.total_steps else ""
+        cuts = cut_summary(self.rows)
         cut_text = ", ".join(f"{name} cut {count}" for name, count in cuts.items())
         effects = ", ".join(e.name for e in step.effects) or "none"
         token = html.escape(visible_token_text(chosen_text(step)))
         forced = " <i>(forced)</i>" if step.forced else ""
-        return (f"<b>Step {step.step}{of}</b> · chose <code>{token}</code>{forced}: "
+        return (f"<b>Step {step.step}</b>{of} · chose <code>{token}</code>{forced}: "
                 f"raw {_pct(step.raw_prob)}, after processors {_pct(step.prob)} · "
                 f"entropy {step.entropy:.2f} → {step.processed_entropy:.2f} bits<br>"
                 f"processors: {effects}{' · ' + cut_text + ' of the shown' if cut_text else ''} · "
-                f"shown candidates cover {_pct(step.shown_raw_mass)} of the raw probability")
+                f"shown candidates cover {_pct(1.0 - self.rows[-1].raw_prob)} of the raw probability")
 
     # --- branching ----------------------------------------------------------------------------------------
     def row_at_scene(self, scene_pos) -> int | None:

@@ -92,6 +92,7 @@ class MainWindow(QMainWindow):
         self._live_chart_pending = False
         self._pending: list[tuple[RunSettings, Branch | None]] = []  # a branch asked for while a run was live
         self._close_when_idle = False
+        self._running_run: Run | None = None  # the run the current job decodes
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -273,6 +274,7 @@ class MainWindow(QMainWindow):
         assert lm is not None
         self.banner.hide()
         run = self.session.start_run(settings, branch)
+        self._running_run = run
         self.runs_list.update_run(run)
         self.runs_list.mark_selected(run.index)
         self.chart_index = None
@@ -330,12 +332,20 @@ class MainWindow(QMainWindow):
             for event in run.events:
                 self.beam_panel.apply(event)
             self._flush_beam_panel()
+            if not run.running:
+                self._end_beam_panel(run)
         self.follow_live = run.running
         self.chart_index = None
         target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
         if target is not None and target >= 0:
             self.show_chart_step(target, follow=run.running)
         self.status.show_run(run)
+
+    def _end_beam_panel(self, run: Run) -> None:
+        """A beam run that ended without its final event (failed, killed) must not look like it is running."""
+        end = getattr(self.beam_panel, "end", None)
+        if end is not None and run.finished is None:
+            end(run.status)
 
     def _flush_beam_panel(self) -> None:
         flush = getattr(self.beam_panel, "flush", None)
@@ -374,7 +384,8 @@ class MainWindow(QMainWindow):
         self.show_chart_step(max(0, min(len(run.steps) - 1, current + delta)), follow=False)
 
     def _strategy_changed(self, strategy: str) -> None:
-        if not self.busy:
+        # The page shows the selected run; the combo only decides it before there is any run to show.
+        if self.session.selected is None:
             self.pages.setCurrentIndex(PAGE_BEAM if strategy == "beam" else PAGE_TOKENS)
 
     # --- jobs ---------------------------------------------------------------------------------------------
@@ -452,20 +463,21 @@ class MainWindow(QMainWindow):
         kind = self.job_kind
         job = self.job
         if kind == "run":
-            live = self.session.live
+            ended, self._running_run = self._running_run, None
             self.session.end_live()
-            if live is not None:
-                self.runs_list.update_run(live)
-            run = self.session.selected
-            if run is not None and run.finished is not None and job is not None and job.error is None:
-                self.status.showMessage(f"Run #{run.index + 1} done: {run.finished.stop_reason}, "
-                                        f"{len(run.steps) or len(run.beam_steps)} tokens", 10000)
+            if ended is not None:
+                self.runs_list.update_run(ended)
+                if ended.settings.strategy == "beam" and ended is self.session.selected:
+                    self._end_beam_panel(ended)
+            if ended is not None and ended.finished is not None and job is not None and job.error is None:
+                self.status.showMessage(f"Run #{ended.index + 1} done: {ended.finished.stop_reason}, "
+                                        f"{ended.count_label()}", 10000)
         self.job, self.job_kind = None, ""
         if job is not None:
             job.deleteLater()
         self.picker.set_busy(False)
         self._update_buttons()
-        if kind == "fetch" and job is not None and job.error is None:
+        if kind == "fetch" and job is not None and job.error is None and not self._close_when_idle:
             self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
                                           dtype=self.picker.dtype.currentText()))
         if self._close_when_idle:

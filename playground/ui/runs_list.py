@@ -14,7 +14,8 @@ class RunsList(QListWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setToolTip("Every run of this session; branches say where they came from. Click one to view it.")
-        self.itemClicked.connect(lambda item: self.run_selected.emit(self.row(item)))
+        # Clicks and arrow keys alike: the views always show the highlighted run.
+        self.currentRowChanged.connect(lambda row: row >= 0 and self.run_selected.emit(row))
 
     def update_run(self, run: Run) -> None:
         """Add or relabel ``run``'s row."""

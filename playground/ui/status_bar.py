@@ -48,8 +48,9 @@ class RunStatusBar(QStatusBar):
                 kv = run.beam_steps[-1].kv_cache_bytes
             elif run.prefill:
                 kv = run.prefill.kv_cache_bytes
-        self.labels["speed"].setText(f"{speed:.1f} tokens/s" if speed else "— tokens/s")
-        self.labels["per_token"].setText(f"{per_token:.1f} ms/token" if per_token else "— ms/token")
+        unit = "step" if run is not None and run.settings.strategy == "beam" else "token"  # a beam step: every beam
+        self.labels["speed"].setText(f"{speed:.1f} {unit}s/s" if speed else f"— {unit}s/s")
+        self.labels["per_token"].setText(f"{per_token:.1f} ms/{unit}" if per_token else f"— ms/{unit}")
         self.labels["prefill"].setText(f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —")
         self.labels["kv"].setText(f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
         if run is not None:

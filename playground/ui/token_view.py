@@ -17,9 +17,9 @@ from PySide6.QtGui import (
     QKeyEvent,
     QMouseEvent,
     QPainter,
+    QPixmap,
     QTextCharFormat,
     QTextCursor,
-    QTextFormat,
 )
 from PySide6.QtWidgets import (
     QComboBox,
@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from playground.events import TokenStep
-from playground.state import Run, chart_rows, chosen_text, shade_fraction, visible_token_text
+from playground.state import Run, chart_rows, chosen_text, flowing_token_text, shade_fraction, visible_token_text
 from playground.ui.style import (
     MARK_COLOR,
     SHADE_TICKS,
@@ -65,9 +65,9 @@ def token_tooltip_html(step: TokenStep, limit: int = 10) -> str:
     """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest."""
     head = (f"<b>Step {step.step}</b> · chose <code>{html.escape(visible_token_text(chosen_text(step)))}</code>"
             f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>"
-            f"log-prob (raw model) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
+            f"log-prob (raw model, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
             f"raw rank {step.raw_rank} · "
-            f"entropy {step.entropy:.2f} bits")
+            f"raw entropy {step.entropy:.2f} bits")
     rows = ["<tr><th align=left>candidate</th><th align=right>raw model</th>"
             "<th align=right>after processors</th><th></th></tr>"]
     shown = chart_rows(step, limit)  # the chart's rows: chosen always in, then the rest of the vocabulary
@@ -97,14 +97,25 @@ class ShadeLegend(QWidget):
         super().__init__(parent)
         self.setMinimumHeight(34)
         self.setMinimumWidth(260)
+        self._ramp_cache: QPixmap | None = None
+
+    def _ramp(self, width: int, height: int) -> QPixmap:
+        """The colour ramp, drawn once per width (a per-pixel loop on every repaint is slow)."""
+        if self._ramp_cache is None or self._ramp_cache.width() != width:
+            ramp = QPixmap(max(1, width), height)
+            ramp_painter = QPainter(ramp)
+            for x in range(width):
+                ramp_painter.setPen(shade_at(x / max(1, width - 1)))
+                ramp_painter.drawLine(x, 0, x, height)
+            ramp_painter.end()
+            self._ramp_cache = ramp
+        return self._ramp_cache
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
         width = self.width() - 40
         left, top, bar_h = 20, 2, 12
-        for x in range(width):
-            painter.setPen(shade_at(x / max(1, width - 1)))
-            painter.drawLine(left + x, top, left + x, top + bar_h)
+        painter.drawPixmap(left, top, self._ramp(width, bar_h))
         painter.setPen(QColor("#555555"))
         painter.drawRect(left, top, width, bar_h)
         painter.setPen(self.palette().windowText().color())
@@ -166,11 +177,10 @@ class TokenTextEdit(QTextEdit):
         fmt = QTextCharFormat()
         fmt.setBackground(background)
         fmt.setForeground(text_color_on(background))
-        fmt.setProperty(QTextFormat.Property.UserProperty, len(self.steps))
         if step.forced:
             fmt.setFontItalic(True)
         # Newlines and empty deltas (a byte of a multi-byte character) still get a visible mark.
-        text = step.text.replace("\n", "↵\n") if step.text else "·"
+        text = flowing_token_text(step.text) if step.text else "·"
         self._starts.append(cursor.position())
         cursor.insertText(text, fmt)
         self._ends.append(cursor.position())
@@ -269,7 +279,8 @@ class TokenTextEdit(QTextEdit):
         for c in sorted(step.candidates, key=lambda c: c.raw_rank):
             if c.token_id == step.token_id:
                 continue
-            action = QAction(f"{visible_token_text(c.text)}    raw {format_percent(c.raw_prob)}", menu)
+            label = visible_token_text(c.text).replace("&", "&&")  # a lone & would mark a shortcut key
+            action = QAction(f"{label}    raw {format_percent(c.raw_prob)}", menu)
             action.triggered.connect(lambda _=False, tid=c.token_id: self.branch_requested.emit(step.step, tid))
             menu.addAction(action)
         return menu

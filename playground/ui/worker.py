@@ -153,6 +153,8 @@ class GeneratorJob(QObject):
         if self._done:
             return
         self._done = True
+        # `finished` was emitted as the thread's last act; wait for it to really exit before anyone frees it.
+        self._thread.wait()
         self._timer.stop()
         self._drain()
         if self.error is not None:
