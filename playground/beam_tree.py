@@ -6,7 +6,12 @@ columns, one per step (x = step), and within a column grouped under their parent
 previous column, siblings best first: edges never cross, so 16 beams x 64 steps stay readable when zoomed.
 
 Re-ranking with another length penalty re-scores the recorded finished hypotheses from their sum of log-probs and
-length; nothing is regenerated (a new run with that penalty could also have kept different beams alive).
+length; nothing is regenerated (a new run with that penalty could also have kept different beams alive). A stopped run
+returns running beams scored as if they ended there; those join the re-ranking pool, so re-ranking with the run's own
+penalty reproduces what the run returned.
+
+Folding a step costs time proportional to that step's candidates (counts are kept, not recounted), so a view can
+refresh often while the tree grows.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class TreeNode:
     rank: int  # 1 = best-scoring continuation of its step
     x: float = 0.0
     y: float = 0.0
-    finished_score: float | None = None  # length-normalised score the run gave it, if finished
+    finished_score: float | None = None  # length-normalised score the run gave it (finished, or returned when stopped)
     returned_rank: int | None = None  # 1 = the run's best returned sequence
 
     @property
@@ -80,10 +85,15 @@ class BeamTree:
         self.processed = False  # penalties changed the log-probs (so they are not the raw model's)
         self.forced_token_ids: tuple[int, ...] = ()
         self.best_path: list[int] = []
-        self.stop_reason: str | None = None
+        self.stop_reason: str | None = None  # from RunFinished
+        self.ended_status: str | None = None  # how a run without RunFinished ended ("failed", "stopped")
         self.kv_cache_bytes = 0
         self.prompt_tokens = 0
         self._beam_nodes: list[int] = []  # node id of each running beam, in the engine's beam order
+        self._counts = {ROOT: 0, SURVIVING: 0, PRUNED: 0, FINISHED: 0}
+        self._finished_ids: list[int] = []
+        self.returned_running: list[int] = []  # stopped run: running beams it returned, scored as if they ended
+        self._path_texts: dict[int, str] = {}  # re-ranking pool nodes' texts (they never change)
 
     # --- folding events -------------------------------------------------------------------------------------
     def apply(self, event: Event) -> bool:
@@ -116,6 +126,7 @@ class BeamTree:
         if not self.nodes:
             self.nodes.append(TreeNode(id=0, step=-1, token_id=-1, text="", token_logprob=0.0, cum_logprob=0.0,
                                        state=ROOT, parent=None, rank=1, x=-1.0))
+            self._counts[ROOT] += 1
             self._beam_nodes = [0]
 
     def _add_step(self, event: BeamStep) -> None:
@@ -131,6 +142,9 @@ class BeamTree:
                             token_logprob=c.token_logprob, cum_logprob=c.score, state=state, parent=parent,
                             rank=rank, x=float(event.step), finished_score=c.finished_score)
             self.nodes.append(node)
+            self._counts[state] += 1
+            if state == FINISHED:
+                self._finished_ids.append(node.id)
             column.append(node.id)
             if c.survived:
                 survivors[(c.beam, c.token_id)] = node.id
@@ -156,13 +170,24 @@ class BeamTree:
 
     def _finish(self, event: RunFinished) -> None:
         self.stop_reason = event.stop_reason
+        self.ended_status = None
         forced = len(self.forced_token_ids)
         for rank, seq in enumerate(event.sequences, start=1):
             node_id = self._find_sequence(tuple(seq.token_ids[forced:]), prefer_finished=event.stop_reason != "stopped")
-            if node_id is not None:
-                self.nodes[node_id].returned_rank = rank
-                if rank == 1:
-                    self.best_path = self.path(node_id)
+            if node_id is None:
+                continue
+            node = self.nodes[node_id]
+            node.returned_rank = rank
+            if node.state != FINISHED:  # a stopped run's running beam, scored as if it ended here
+                node.finished_score = seq.score
+                self.returned_running.append(node_id)
+            if rank == 1:
+                self.best_path = self.path(node_id)
+
+    def end(self, status: str) -> None:
+        """Mark a run that ended without RunFinished (it failed, or its worker was stopped); no-op after one."""
+        if self.stop_reason is None:
+            self.ended_status = status
 
     def _find_sequence(self, token_ids: tuple[int, ...], prefer_finished: bool) -> int | None:
         step = len(token_ids) - 1
@@ -177,6 +202,11 @@ class BeamTree:
     @property
     def steps(self) -> int:
         return len(self.columns)
+
+    @property
+    def ended(self) -> bool:
+        """RunFinished came, or the run was marked as ended without one."""
+        return self.stop_reason is not None or self.ended_status is not None
 
     def path(self, node_id: int) -> list[int]:
         """Node ids from the root to ``node_id``."""
@@ -198,20 +228,30 @@ class BeamTree:
         return [(n.parent, n.id) for n in self.nodes if n.parent is not None]
 
     def finished_nodes(self) -> list[TreeNode]:
-        return [n for n in self.nodes if n.state == FINISHED]
+        return [self.nodes[i] for i in self._finished_ids]
+
+    def rerank_pool(self) -> list[TreeNode]:
+        """What re-ranking scores: the finished hypotheses, plus the running beams a stopped run returned."""
+        return self.finished_nodes() + [self.nodes[i] for i in self.returned_running]
 
     def count(self, state: str) -> int:
-        return sum(1 for n in self.nodes if n.state == state)
+        return self._counts.get(state, 0)
 
     def rerank(self, length_penalty: float) -> list[RankedHypothesis]:
-        """The recorded finished hypotheses re-scored with another length penalty, best first (no regeneration)."""
+        """The re-ranking pool re-scored with another length penalty, best first (no regeneration)."""
         ranked = [
-            RankedHypothesis(node_id=n.id, text=self.path_text(n.id), length=n.length, sum_logprobs=n.cum_logprob,
+            RankedHypothesis(node_id=n.id, text=self._pool_text(n.id), length=n.length, sum_logprobs=n.cum_logprob,
                              score=n.normalised_score(length_penalty), run_rank=n.returned_rank)
-            for n in self.finished_nodes()
+            for n in self.rerank_pool()
         ]
         ranked.sort(key=lambda h: (-h.score, h.node_id))
         return ranked
+
+    def _pool_text(self, node_id: int) -> str:
+        text = self._path_texts.get(node_id)
+        if text is None:
+            text = self._path_texts[node_id] = self.path_text(node_id)
+        return text
 
     @property
     def kv_bytes_per_beam(self) -> float:

@@ -10,6 +10,7 @@ import pytest
 from playground.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree
 from playground.config import RunSettings
 from playground.engine.beam import run_beam_search
+from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished
 
 
@@ -24,6 +25,14 @@ def eos_run(tiny_lm_eos):
 def long_run(tiny_lm):
     settings = RunSettings(strategy="beam", prompt="Beam search keeps", num_beams=16, max_new_tokens=64)
     return list(run_beam_search(tiny_lm, settings))
+
+
+def stopped_run(lm, polls_before_stop: int, **overrides):
+    """A real run stopped by ``should_stop`` (as the Stop button does) before its ``polls_before_stop``+1-th step."""
+    polls = iter(range(1000))
+    settings = RunSettings(strategy="beam", **{"prompt": "The weather in Paris", "num_beams": 4, "max_new_tokens": 40,
+                                               "num_return_sequences": 3, "early_stopping": "never", **overrides})
+    return list(run_strategy(lm, settings, should_stop=lambda: next(polls) >= polls_before_stop))
 
 
 def fold(events) -> BeamTree:
@@ -126,6 +135,61 @@ def test_stopped_run_marks_the_best_running_beam(tiny_lm):
     tree = fold(events)
     assert tree.stop_reason == "stopped" and tree.steps == 4
     assert tree.path_tokens(tree.best_path[-1]) == events[-1].token_ids
+
+
+def test_stopped_run_reranks_what_it_returned(tiny_lm_eos):
+    """A stopped run returns running beams scored as if they ended there: re-ranking at the run's own penalty must
+    give the run's result, not the best of the finished hypotheses alone."""
+    events = stopped_run(tiny_lm_eos, 3, length_penalty=2.0)
+    done = events[-1]
+    assert isinstance(done, RunFinished) and done.stop_reason == "stopped"
+    tree = fold(events)
+    best = tree.nodes[tree.best_path[-1]]
+    assert best.state == SURVIVING and tree.count(FINISHED) > 0  # the case that went wrong: best is a running beam
+    finished_only = max(tree.finished_nodes(), key=lambda n: n.normalised_score(tree.length_penalty))
+    assert finished_only.returned_rank != 1  # ranking the finished hypotheses alone would pick another one
+    assert {tree.nodes[i].state for i in tree.returned_running} == {SURVIVING}
+    assert best.id in tree.returned_running and best.finished_score == pytest.approx(done.sequences[0].score)
+    ranked = tree.rerank(tree.length_penalty)
+    assert len(ranked) == tree.count(FINISHED) + len(tree.returned_running)
+    top = ranked[: len(done.sequences)]
+    assert [h.run_rank for h in top] == list(range(1, len(done.sequences) + 1))
+    for hyp, seq in zip(top, done.sequences, strict=True):
+        assert hyp.score == pytest.approx(seq.score, abs=1e-4)
+        assert hyp.sum_logprobs == pytest.approx(seq.sum_logprobs, abs=1e-4)
+        assert hyp.length == len(seq.token_ids)
+        assert tree.path_tokens(hyp.node_id) == seq.token_ids
+    for h in tree.rerank(0.5):  # other penalties re-score the same pool
+        assert h.score == pytest.approx(h.sum_logprobs / h.length**0.5)
+
+
+def test_stopped_run_without_finished_hypotheses_reranks_its_beams(tiny_lm):
+    events = stopped_run(tiny_lm, 5, prompt="Beam search keeps")
+    tree = fold(events)
+    assert tree.stop_reason == "stopped" and tree.count(FINISHED) == 0
+    ranked = tree.rerank(tree.length_penalty)
+    assert [h.run_rank for h in ranked] == [1, 2, 3]
+    assert [h.score for h in ranked] == pytest.approx([s.score for s in events[-1].sequences], abs=1e-4)
+
+
+def test_end_without_run_finished(eos_run):
+    tree = fold(eos_run[:-1])
+    assert not tree.ended
+    tree.end("failed")
+    assert tree.ended and tree.ended_status == "failed" and tree.stop_reason is None
+    assert tree.best_path == [] and len(tree.rerank(1.0)) == tree.count(FINISHED)
+    done = fold(eos_run)
+    done.end("failed")  # RunFinished came: nothing changes
+    assert done.ended_status is None and done.stop_reason == eos_run[-1].stop_reason
+
+
+def test_counts_are_kept_as_the_tree_grows(eos_run):
+    tree = BeamTree()
+    for event in eos_run:
+        tree.apply(event)
+        for state in (ROOT, SURVIVING, PRUNED, FINISHED):
+            assert tree.count(state) == sum(n.state == state for n in tree.nodes)
+        assert [n.id for n in tree.finished_nodes()] == [n.id for n in tree.nodes if n.state == FINISHED]
 
 
 def test_reset_and_refold_give_the_same_tree(eos_run):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -12,9 +13,11 @@ from PySide6.QtGui import QColor
 from playground.beam_tree import FINISHED, PRUNED, SURVIVING
 from playground.config import RunSettings
 from playground.engine.beam import run_beam_search
-from playground.events import PrefillDone
-from playground.ui.beam_tree_panel import BeamTreePanel
-from playground.ui.style import configure_pyqtgraph
+from playground.engine.strategies import run_strategy
+from playground.events import BeamStep, PrefillDone, RunFinished, RunStarted
+from playground.ui import beam_tree_panel
+from playground.ui.beam_tree_panel import CHUNK_STEPS, NODE_SIZE, BeamTreePanel, chunk_of
+from playground.ui.style import SHADE_TICKS, configure_pyqtgraph, shade_for_prob
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +31,15 @@ def events(tiny_lm_eos):
 def wide_events(tiny_lm):
     settings = RunSettings(strategy="beam", prompt="Beam search keeps", num_beams=16, max_new_tokens=64)
     return list(run_beam_search(tiny_lm, settings))
+
+
+@pytest.fixture(scope="module")
+def stopped_events(tiny_lm_eos):
+    """Stopped after 3 steps: the run's best is a running beam scored as if it ended there."""
+    polls = iter(range(1000))
+    settings = RunSettings(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=40,
+                           early_stopping="never", num_return_sequences=3, length_penalty=2.0)
+    return list(run_strategy(tiny_lm_eos, settings, should_stop=lambda: next(polls) >= 3))
 
 
 @pytest.fixture
@@ -48,7 +60,16 @@ def feed(panel: BeamTreePanel, events) -> None:
 
 
 def scatter_points(panel: BeamTreePanel) -> int:
-    return len(panel._nodes.data)
+    return sum(len(chunk.nodes.data) for chunk in panel._chunks)
+
+
+def edge_points(panel: BeamTreePanel, kind: str) -> int:
+    return sum(path_points(getattr(chunk, kind)) for chunk in panel._chunks)
+
+
+def path_points(curve) -> int:
+    x, _ = curve.getData()
+    return 0 if x is None else len(x)
 
 
 def test_draws_every_node_and_edge(panel, events):
@@ -57,9 +78,9 @@ def test_draws_every_node_and_edge(panel, events):
     assert tree.steps == sum(e.type == "beam_step" for e in events)
     assert scatter_points(panel) == len(tree.nodes)
     assert tree.count(SURVIVING) > 0 and tree.count(PRUNED) > 0 and tree.count(FINISHED) > 0
-    beam_x, _ = panel._beam_edges.getData()
-    pruned_x, _ = panel._pruned_edges.getData()
-    assert len(beam_x) + len(pruned_x) == 2 * (len(tree.nodes) - 1)  # one segment per non-root node
+    beam, pruned = edge_points(panel, "beam_edges"), edge_points(panel, "pruned_edges")
+    assert beam + pruned == 2 * (len(tree.nodes) - 1)  # one segment per non-root node
+    assert pruned == 2 * tree.count(PRUNED)
     best_x, _ = panel._best_path.getData()
     assert len(best_x) == len(tree.best_path) >= 2
     assert "4 beams" in panel.header.text() and "finished hypotheses" in panel.header.text()
@@ -90,9 +111,10 @@ def test_hover_tooltip_has_the_numbers(panel, events):
     feed(panel, events)
     tree = panel.tree
     node = tree.nodes[tree.best_path[1]]
-    points = panel._nodes.pointsAt(QPointF(node.x, node.y))
+    scatter = panel._chunks[chunk_of(node.step)].nodes
+    points = scatter.pointsAt(QPointF(node.x, node.y))
     assert len(points) >= 1
-    tip = panel._nodes.opts["tip"](x=node.x, y=node.y, data=points[0].data())
+    tip = scatter.opts["tip"](x=node.x, y=node.y, data=points[0].data())
     assert tip == panel.tooltip_for(node.id)
     assert "token:" in tip and "probability:" in tip and "%" in tip
     assert f"cumulative log-prob: {node.cum_logprob:.3f}" in tip
@@ -100,6 +122,24 @@ def test_hover_tooltip_has_the_numbers(panel, events):
     finished = tree.finished_nodes()[0]
     assert "final score" in panel.tooltip_for(finished.id)
     assert "the prompt" in panel.tooltip_for(0)
+
+
+def test_hover_tips_follow_the_mouse_across_chunks(panel, wide_events, qtbot):
+    feed(panel, wide_events)
+    panel.fit_all()
+    tree = panel.tree
+    viewport = panel.plot.viewport()
+    targets = (tree.best_path[3], tree.best_path[CHUNK_STEPS + 4], tree.columns[CHUNK_STEPS + 1][5],
+               tree.columns[2 * CHUNK_STEPS + 1][-1], tree.best_path[5])
+    for node_id in targets:  # straight from a node of one chunk to a node of another
+        node = tree.nodes[node_id]
+        qtbot.wait(30)  # pyqtgraph drops mouse moves that come faster than its rate limit
+        qtbot.mouseMove(viewport, panel.plot.mapFromScene(panel.view.mapViewToScene(QPointF(node.x, node.y))))
+        qtbot.waitUntil(lambda n=node_id: panel.view.toolTip().startswith(panel.tooltip_for(n).split("\n")[0]),
+                        timeout=1000)
+    qtbot.wait(30)
+    qtbot.mouseMove(viewport, viewport.rect().bottomLeft())  # off the nodes: the tip goes
+    qtbot.waitUntil(lambda: panel.view.toolTip() == "", timeout=1000)
 
 
 def test_slider_reranks_without_regenerating(panel, events):
@@ -118,8 +158,7 @@ def test_slider_reranks_without_regenerating(panel, events):
     assert panel._labels._texts[finished.id] == panel._label_text(finished, 3.0)
     assert "<b>3</b>" in panel.penalty_label.text()
     if panel.ranking[0].run_rank != 1:
-        rerank_x, _ = panel._rerank_path.getData()
-        assert len(rerank_x) == len(tree.path(panel.ranking[0].node_id))
+        assert path_points(panel._rerank_path) == len(tree.path(panel.ranking[0].node_id))
 
 
 def test_slider_waits_for_the_end_of_the_run(panel, events):
@@ -135,8 +174,9 @@ def test_kv_cost_label(panel, events):
     feed(panel, events)
     last = [e for e in events if e.type == "beam_step"][-1]
     text = panel.kv_label.text()
-    assert "4 beams ×" in text and "MB" in text
+    assert "4 beams" in text and "MB" in text
     assert f"{last.kv_cache_bytes / 1e6:.3g} MB" in text
+    assert "about" in text and "estimate" in text  # the single-sequence figure is derived, not measured
 
 
 def test_zoom_pan_and_fit_all(panel, wide_events):
@@ -157,6 +197,148 @@ def test_wide_run_draws_fast(panel, wide_events):
     panel.grab()
     assert time.perf_counter() - start < 5.0
     assert scatter_points(panel) == len(panel.tree.nodes) == 1 + 64 * 32
+
+
+def test_flush_draws_only_the_new_nodes(panel, wide_events):
+    """Per-flush work follows the new nodes: earlier chunks are left alone, the newest gets only what is new."""
+    steps = [e for e in wide_events if isinstance(e, BeamStep)]
+    head = wide_events.index(steps[CHUNK_STEPS + 4])
+    feed(panel, wide_events[:head])
+    assert len(panel._chunks) == 2
+    calls: list[tuple[str, int]] = []
+    old = panel._chunks[0]
+    for item in old.items():
+        item.setData = item.addPoints = lambda *a, **k: calls.append(("old chunk", 0))
+    newest = panel._chunks[1].nodes
+    add_points = newest.addPoints
+
+    def record(*args, **kwargs):
+        calls.append(("newest", len(kwargs["x"])))
+        return add_points(*args, **kwargs)
+
+    newest.addPoints = record
+    labels_before = len(panel._labels)
+    for event in wide_events[head : head + 2]:
+        panel.apply(event)
+        panel.flush()
+    assert calls == [("newest", len(e.candidates)) for e in wide_events[head : head + 2]]
+    assert len(panel._labels) == labels_before + sum(len(e.candidates) for e in wide_events[head : head + 2])
+    for chunk in panel._chunks:  # a chunk holds CHUNK_STEPS steps at most
+        assert len({int(x) for x in chunk.nodes.data["x"]} - {-1}) <= CHUNK_STEPS
+
+
+def test_nodes_share_pens_and_brushes(panel, wide_events):
+    feed(panel, wide_events)
+    data = np.concatenate([chunk.nodes.data for chunk in panel._chunks])
+    assert len({id(p) for p in data["pen"]}) <= 2
+    assert len({id(b) for b in data["brush"]}) == len({b.color().rgba() for b in data["brush"]})
+
+
+def test_prompt_waits_for_the_first_column(panel, events):
+    panel.apply(events[0])
+    panel.flush()  # a frame before the first step: the prompt's place is not known yet
+    assert scatter_points(panel) == 0
+    feed(panel, events[1:3])
+    root = panel.tree.nodes[0]
+    assert root.y > 0
+    first = panel._chunks[0].nodes.data
+    assert float(first["y"][first["data"] == 0][0]) == root.y
+
+
+def test_best_path_is_emphasised(panel, events):
+    feed(panel, events)
+    tree = panel.tree
+    best = panel._best_nodes.data
+    assert len(best) == len(tree.best_path)
+    assert list(best["x"]) == [tree.nodes[i].x for i in tree.best_path]
+    assert list(best["size"]) == [NODE_SIZE[tree.nodes[i].state] + 3 for i in tree.best_path]
+    for i in tree.best_path:
+        tier, color, bold = panel._labels.style(i)
+        assert tier == 0 and bold and color.name() == QColor("#CC3311").name()
+    assert panel._labels.style(tree.finished_nodes()[-1].id)[0] in (0, 1)
+
+
+def test_end_closes_a_run_without_final_event(panel, events):
+    feed(panel, events[:-1])
+    assert "running…" in panel.header.text() and not panel.penalty_slider.isEnabled()
+    panel.end("failed")
+    header = panel.header.text()
+    assert "running…" not in header and "failed" in header
+    assert panel.tree.count(FINISHED) > 0 and panel.penalty_slider.isEnabled()
+    assert [h.score for h in panel.ranking] == [h.score for h in panel.tree.rerank(panel.tree.length_penalty)]
+    assert "failed before returning" in panel.penalty_label.text()
+    panel.penalty_slider.setValue(30)
+    assert panel.ranking == panel.tree.rerank(3.0) and "what-if" in panel.penalty_label.text()
+
+
+def test_end_without_finished_hypotheses_keeps_the_slider_off(panel, wide_events):
+    feed(panel, wide_events[:6])
+    assert panel.tree.count(FINISHED) == 0
+    panel.end("stopped")
+    assert "stopped" in panel.header.text() and "running…" not in panel.header.text()
+    assert not panel.penalty_slider.isEnabled()
+    assert "nothing to re-rank" in panel.penalty_label.text()
+
+
+def test_end_before_the_first_step(panel, events):
+    panel.end("failed")
+    assert "failed" in panel.header.text() and scatter_points(panel) == 0
+    panel.reset()
+    feed(panel, events[:1])
+    panel.end("failed")
+    assert "failed" in panel.header.text() and "0 steps" in panel.header.text()
+
+
+def test_end_is_a_no_op_after_run_finished(panel, events):
+    feed(panel, events)
+    header, ranking = panel.header.text(), panel.ranking
+    panel.end("failed")
+    assert panel.header.text() == header and panel.ranking == ranking
+    assert "failed" not in header and panel.penalty_slider.isEnabled()
+
+
+def test_stopped_run_at_its_own_penalty_matches_the_run(panel, stopped_events):
+    done = stopped_events[-1]
+    assert isinstance(done, RunFinished) and done.stop_reason == "stopped"
+    feed(panel, stopped_events)
+    tree = panel.tree
+    assert tree.nodes[tree.best_path[-1]].state == SURVIVING and tree.count(FINISHED) > 0
+    assert [h.run_rank for h in panel.ranking[:3]] == [1, 2, 3]
+    assert path_points(panel._rerank_path) == 0  # no "best after re-ranking" path: it is the run's best
+    assert "the scores the run itself used" in panel.penalty_label.text()
+    assert "running beam" in panel.penalty_label.text()
+    for node_id in tree.returned_running:  # in the re-ranking pool, so they show their score too
+        node = tree.nodes[node_id]
+        assert panel._labels._texts[node_id].startswith(f"{node.normalised_score(2.0):.2f} ")
+        assert "scored as if it ended here" in panel.tooltip_for(node_id)
+
+
+def test_slider_covers_the_controls_range(panel, events):
+    assert (panel.penalty_slider.minimum(), panel.penalty_slider.maximum()) == (-50, 50)
+    started = events[0]
+    assert isinstance(started, RunStarted)
+    for penalty, low, high in ((-5.0, -50, 50), (5.0, -50, 50), (7.5, -50, 75), (-6.0, -60, 50)):
+        run = [dataclasses.replace(started, settings={**started.settings, "length_penalty": penalty}), *events[1:]]
+        feed(panel, run)
+        slider = panel.penalty_slider
+        assert (slider.minimum(), slider.maximum()) == (low, high)
+        assert slider.value() == round(penalty * 10) and panel._rerank_penalty == penalty
+        assert "the scores the run itself used" in panel.penalty_label.text()
+    feed(panel, events)
+    assert (panel.penalty_slider.minimum(), panel.penalty_slider.maximum()) == (-50, 50)
+
+
+def test_fill_ramp_legend(panel, monkeypatch):
+    ramp = panel.ramp
+    assert ramp.isVisible()
+    monkeypatch.setattr(beam_tree_panel, "shade_for_prob", lambda p: pytest.fail("ramp recomputed on paint"))
+    image = ramp.grab().toImage()
+    width = ramp.width() - 32
+    for tick in SHADE_TICKS:
+        fraction = beam_tree_panel.shade_fraction(tick)
+        x = 16 + min(width - 2, max(1, round(fraction * width)))
+        expected = np.array(shade_for_prob(tick).getRgb()[:3])
+        assert np.abs(np.array(image.pixelColor(x, 7).getRgb()[:3]) - expected).max() <= 12
 
 
 def test_reset_empties_the_view(panel, events):
@@ -201,3 +383,4 @@ def test_default_model_run_reads_well(qtbot, default_lm, tmp_path):
     panel.penalty_slider.setValue(0)
     assert panel.ranking[0].score == pytest.approx(max(h.sum_logprobs for h in panel.ranking))
     assert panel.grab().save(str(tmp_path / "beam_tree_default.png"))
+    assert scatter_points(panel) == len(panel.tree.nodes)

@@ -5,8 +5,10 @@ best sequence is emphasised when it ends. Hover a node for its numbers; wheel/dr
 slider re-ranks the recorded finished hypotheses without regenerating (and says so), and a label shows what the
 beams cost in KV cache.
 
-Plot items are built once and updated with ``setData``; events are folded into a Qt-free ``BeamTree`` at once and
-drawn at most once per frame.
+Events are folded into a Qt-free ``BeamTree`` at once and drawn at most once per frame. Drawing costs what the new
+nodes cost, not what the whole tree costs: nodes and edges live in one set of plot items per ``CHUNK_STEPS`` steps
+(only the newest chunk is updated, and Qt skips chunks outside the view), pens and brushes are shared, labels are
+appended to growing arrays, and only what changes at the end (the best path) is restyled.
 """
 
 from __future__ import annotations
@@ -16,28 +18,35 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, QTimer
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QGradient, QLinearGradient, QPainter, QPen
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSlider, QVBoxLayout, QWidget
 
 from playground.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree, RankedHypothesis, TreeNode
 from playground.events import Event, RunFinished, RunStarted
-from playground.state import visible_token_text
-from playground.ui.style import CHOSEN_COLOR, format_percent, shade_for_prob
+from playground.state import shade_fraction, visible_token_text
+from playground.ui.style import CHOSEN_COLOR, SHADE_TICKS, format_percent, shade_for_prob
 
 BEST_COLOR = "#CC3311"  # the run's best sequence (Tol vibrant red)
 RERANK_COLOR = "#33BBEE"  # best hypothesis under the slider's what-if penalty (Tol vibrant cyan)
 FINISHED_COLOR = "#009988"  # finished hypotheses (Tol vibrant teal)
 PRUNED_COLOR = "#BBBBBB"
+PRUNED_LABEL_COLOR = "#999999"
 SURVIVOR_EDGE = "#555555"
 
 STEP_PX = 92  # the view shows as many steps as fit at this width (room for a label of ~10 characters)
 MIN_VISIBLE_STEPS = 6
 SLIDER_SCALE = 10  # slider units per 1.0 of length penalty
+PENALTY_RANGE = (-5.0, 5.0)  # the controls' range (widened when a run used a penalty outside it)
 REDRAW_MS = 30
 RANKING_ROWS = 5
+CHUNK_STEPS = 16  # steps per set of plot items
 
 NODE_SIZE = {ROOT: 12, SURVIVING: 10, PRUNED: 6, FINISHED: 12}
 NODE_SYMBOL = {ROOT: "s", SURVIVING: "o", PRUNED: "o", FINISHED: "d"}
+BEST_GROWTH = 3  # px added to the best path's nodes
+
+# Stacking order, bottom to top.
+Z_PRUNED_EDGES, Z_BEAM_EDGES, Z_RERANK_PATH, Z_BEST_PATH, Z_NODES, Z_BEST_NODES, Z_LABELS = range(7)
 
 
 def format_mb(n_bytes: float) -> str:
@@ -58,44 +67,88 @@ def _short(text: str, limit: int = 60) -> str:
     return text[:head] + " … " + text[-(limit - head - 3) :]
 
 
+def chunk_of(step: int) -> int:
+    """Which set of plot items holds a node of ``step`` (the prompt, step −1, goes with the first steps)."""
+    return max(0, step) // CHUNK_STEPS
+
+
 class TokenLabels(pg.GraphicsObject):
     """All node labels in one item, drawn at a fixed pixel size next to their nodes.
 
-    Level of detail: labels are elided to the space before the next column, and when rows get too close only the
-    beams' (then only the best path's) labels are drawn.
+    Labels arrive in step order (x never decreases), so the visible ones are found by binary search. Level of
+    detail: labels are elided to the space before the next column, and when rows get too close only the beams'
+    (then only the best path's) labels are drawn.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._x = np.empty(0)
-        self._y = np.empty(0)
-        self._texts: list[str] = []
-        self._tiers = np.empty(0, dtype=int)  # 0 = best path, 1 = beams and finished, 2 = pruned
-        self._colors: list[QColor] = []
-        self._bold = np.empty(0, dtype=bool)
-        self._bounds = QRectF()
         self.font = QFont("DejaVu Sans Mono", 9)
         self.bold_font = QFont(self.font)
         self.bold_font.setBold(True)
         self._metrics = QFontMetrics(self.font)
+        self._bold_metrics = QFontMetrics(self.bold_font)
+        self.clear()
 
-    def setData(self, x: np.ndarray, y: np.ndarray, texts: list[str], tiers: np.ndarray, colors: list[QColor],
-                bold: np.ndarray) -> None:
+    def clear(self) -> None:
         self.prepareGeometryChange()
-        self._x, self._y, self._texts, self._tiers, self._colors, self._bold = x, y, texts, tiers, colors, bold
-        if len(x):
-            # One column and one row of margin: the labels sit to the right of their nodes.
-            self._bounds = QRectF(float(x.min()), float(y.min()) - 1, float(x.max() - x.min()) + 2,
-                                  float(y.max() - y.min()) + 2)
-        else:
-            self._bounds = QRectF()
+        self._n = 0
+        self._x = np.empty(1024)
+        self._y = np.empty(1024)
+        self._tiers = np.empty(1024, dtype=int)  # 0 = best path, 1 = beams and finished, 2 = pruned
+        self._bold = np.zeros(1024, dtype=bool)
+        self._texts: list[str] = []
+        self._colors: list[QColor] = []
+        self._extent: tuple[float, float, float, float] | None = None  # x min, x max, y min, y max
+        self._bounds = QRectF()
         self.update()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, x: list[float], y: list[float], texts: list[str], tiers: list[int], colors: list[QColor],
+               bold: list[bool]) -> None:
+        k = len(texts)
+        if k == 0:
+            return
+        n = self._n
+        if n + k > len(self._x):  # grow geometrically: appending stays O(new labels) on average
+            size = max(2 * len(self._x), n + k)
+            self._x, self._y = np.resize(self._x, size), np.resize(self._y, size)
+            self._tiers, self._bold = np.resize(self._tiers, size), np.resize(self._bold, size)
+        self._x[n : n + k] = x
+        self._y[n : n + k] = y
+        self._tiers[n : n + k] = tiers
+        self._bold[n : n + k] = bold
+        self._texts.extend(texts)
+        self._colors.extend(colors)
+        self._n = n + k
+        new = (min(x), max(x), min(y), max(y))
+        old = self._extent or new
+        extent = (min(old[0], new[0]), max(old[1], new[1]), min(old[2], new[2]), max(old[3], new[3]))
+        if extent != self._extent:
+            # One column and one row of margin: the labels sit to the right of their nodes.
+            self.prepareGeometryChange()
+            self._extent = extent
+            self._bounds = QRectF(extent[0], extent[2] - 1, extent[1] - extent[0] + 2, extent[3] - extent[2] + 2)
+        self.update()
+
+    def restyle(self, index: int, tier: int, color: QColor, bold: bool) -> None:
+        self._tiers[index], self._colors[index], self._bold[index] = tier, color, bold
+        self.update()
+
+    def set_text(self, index: int, text: str) -> None:
+        self._texts[index] = text
+        self.update()
+
+    def style(self, index: int) -> tuple[int, QColor, bool]:
+        return int(self._tiers[index]), self._colors[index], bool(self._bold[index])
 
     def boundingRect(self) -> QRectF:
         return self._bounds
 
     def paint(self, painter: QPainter, option, widget=None) -> None:
-        if not len(self._x):
+        n = self._n
+        if not n:
             return
         transform = painter.transform()
         px_x = abs(transform.m11()) or 1.0  # pixels per step
@@ -106,17 +159,20 @@ class TokenLabels(pg.GraphicsObject):
         max_tier = 2 if px_y >= 17 else 1 if px_y >= 8 else 0
         view = self.getViewBox()
         visible = view.viewRect() if view is not None else self._bounds
-        mask = ((self._tiers <= max_tier) & (self._x >= visible.left() - 1) & (self._x <= visible.right())
-                & (self._y >= visible.top() - 1) & (self._y <= visible.bottom() + 1))
+        xs = self._x[:n]
+        lo = int(np.searchsorted(xs, visible.left() - 1, side="left"))
+        hi = int(np.searchsorted(xs, visible.right(), side="right"))
+        ys = self._y[lo:hi]
+        mask = (self._tiers[lo:hi] <= max_tier) & (ys >= visible.top() - 1) & (ys <= visible.bottom() + 1)
         painter.save()
         painter.resetTransform()
         half = self._metrics.ascent() / 2 - 1
         height = self._metrics.height()
         backdrop = QColor(255, 255, 255, 210)  # keeps labels readable over the edges
-        for i in np.flatnonzero(mask):
+        for i in lo + np.flatnonzero(mask):
             point = transform.map(QPointF(float(self._x[i]), float(self._y[i])))
-            font = self.bold_font if self._bold[i] else self.font
-            metrics = QFontMetrics(font)
+            bold = bool(self._bold[i])
+            font, metrics = (self.bold_font, self._bold_metrics) if bold else (self.font, self._metrics)
             text = metrics.elidedText(self._texts[i], Qt.TextElideMode.ElideRight, int(room))
             left = point.x() + 8
             painter.fillRect(QRectF(left - 1, point.y() - height / 2, metrics.horizontalAdvance(text) + 2, height),
@@ -127,13 +183,115 @@ class TokenLabels(pg.GraphicsObject):
         painter.restore()
 
 
+class HoverTip:
+    """Which chunk's nodes set the view's tooltip (the chunks share one tooltip, on the view)."""
+
+    def __init__(self) -> None:
+        self.owner: NodeScatter | None = None
+
+
+class NodeScatter(pg.ScatterPlotItem):
+    """One chunk's nodes, with hover tips on the view that clear only when this chunk set them (pyqtgraph's own
+    hover would let the chunk the mouse just left wipe the tip the next chunk had set)."""
+
+    TIPS_SHOWN = 3
+
+    def __init__(self, tip, shared: HoverTip) -> None:
+        super().__init__(pxMode=True, hoverable=True, tip=tip)
+        self._shared = shared
+
+    def hoverEvent(self, ev) -> None:
+        view = self.getViewBox()
+        if view is None:
+            return
+        points = [] if ev.exit else self.pointsAt(ev.pos())
+        if len(points):
+            tips = [self.opts["tip"](x=p.pos().x(), y=p.pos().y(), data=p.data()) for p in points[: self.TIPS_SHOWN]]
+            if len(points) > self.TIPS_SHOWN:
+                tips.append(f"({len(points) - self.TIPS_SHOWN} others...)")
+            view.setToolTip("\n\n".join(tips))
+            self._shared.owner = self
+        elif self._shared.owner is self:
+            view.setToolTip("")
+            self._shared.owner = None
+
+
+class StepChunk:
+    """The nodes and edges of ``CHUNK_STEPS`` consecutive steps, in their own plot items."""
+
+    def __init__(self, view: pg.ViewBox, tip, hover: HoverTip, beam_pen: QPen, pruned_pen: QPen) -> None:
+        self.nodes = NodeScatter(tip, hover)
+        self.beam_edges = pg.PlotCurveItem(pen=beam_pen, connect="pairs")
+        # Separate lines, not one path: Qt strokes a wide antialiased path of fanning, overlapping segments ~6x
+        # slower. The segments overlap only at a parent, under its node.
+        self.beam_edges.setSegmentedLineMode("on")
+        self.pruned_edges = pg.PlotCurveItem(pen=pruned_pen, connect="pairs")
+        self.beam_xy: list[float] = []  # x0, y0, x1, y1 of each segment
+        self.pruned_xy: list[float] = []
+        for z, item in ((Z_PRUNED_EDGES, self.pruned_edges), (Z_BEAM_EDGES, self.beam_edges),
+                        (Z_NODES, self.nodes)):
+            item.setZValue(z)
+            view.addItem(item)
+
+    def items(self) -> tuple[pg.GraphicsObject, ...]:
+        return self.pruned_edges, self.beam_edges, self.nodes
+
+    def set_edges(self) -> None:
+        for curve, xy in ((self.beam_edges, self.beam_xy), (self.pruned_edges, self.pruned_xy)):
+            pairs = np.array(xy, dtype=float).reshape(-1, 2)
+            curve.setData(pairs[:, 0], pairs[:, 1], connect="pairs")
+
+
+class ProbabilityRamp(QWidget):
+    """The colour scale of the beams' fill: a gradient bar with probability ticks.
+
+    The gradient is built once from ``shade_for_prob`` (the ramp is linear between its stops, so a linear gradient
+    through samples of it is exact); a paint is one fill plus the ticks.
+    """
+
+    SAMPLES = 31
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        gradient = QLinearGradient(0.0, 0.0, 1.0, 0.0)
+        gradient.setCoordinateMode(QGradient.CoordinateMode.ObjectBoundingMode)
+        floor = SHADE_TICKS[-1]  # the darkest shade: this probability or less
+        for k in range(self.SAMPLES):
+            prob = floor ** (k / (self.SAMPLES - 1))  # 100 % … 0.1 %, evenly spaced in log-prob
+            gradient.setColorAt(shade_fraction(prob), shade_for_prob(prob))
+        self._brush = QBrush(gradient)
+        self._labels = ["≤0.1%" if tick == floor else f"{tick * 100:g}%" for tick in SHADE_TICKS]
+        self.setFixedSize(200, 30)
+        self.setToolTip("Fill of the surviving beams' nodes: the token's probability given its beam")
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        metrics = painter.fontMetrics()
+        margin = 16
+        width = self.width() - 2 * margin
+        top, bar_h = 2, 11
+        bar = QRectF(margin, top, width, bar_h)
+        painter.fillRect(bar, self._brush)
+        painter.setPen(QColor("#555555"))
+        painter.drawRect(bar)
+        painter.setPen(self.palette().windowText().color())
+        for tick, label in zip(SHADE_TICKS, self._labels, strict=True):
+            x = margin + round(shade_fraction(tick) * width)
+            painter.drawLine(x, top + bar_h, x, top + bar_h + 3)
+            text_w = metrics.horizontalAdvance(label)
+            painter.drawText(max(0, min(self.width() - text_w, x - text_w // 2)), top + bar_h + 4 + metrics.ascent(),
+                             label)
+        painter.end()
+
+
 class BeamTreePanel(QWidget):
-    """``apply(event)`` folds an event in (drawn on the next frame); ``reset()`` empties the view."""
+    """``apply(event)`` folds an event in (drawn on the next frame); ``end(status)`` closes a run that had no
+    RunFinished; ``reset()`` empties the view."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.tree = BeamTree()
-        self._drawn = 0  # nodes already converted to plot arrays
+        self._drawn = 0  # nodes already turned into plot items and labels
         self._follow = True  # the view follows the newest steps until the user zooms or pans
         self._rerank_penalty: float | None = None
         self.ranking: list[RankedHypothesis] = []
@@ -151,6 +309,7 @@ class BeamTreePanel(QWidget):
             f"<b style='color:{BEST_COLOR}'>━</b> best sequence &nbsp; "
             f"<span style='color:{RERANK_COLOR}'>┅</span> best after re-ranking &nbsp; "
             "<i>hover a node for details · wheel to zoom, drag to pan</i>")
+        self.ramp = ProbabilityRamp(self)
 
         self.plot = pg.PlotWidget(self)
         item = self.plot.getPlotItem()
@@ -165,25 +324,39 @@ class BeamTreePanel(QWidget):
         self.view = item.getViewBox()
         self.view.sigRangeChangedManually.connect(self._stop_following)
 
-        self._pruned_edges = pg.PlotCurveItem(pen=pg.mkPen(PRUNED_COLOR, width=1), connect="pairs")
-        self._beam_edges = pg.PlotCurveItem(pen=pg.mkPen(SURVIVOR_EDGE, width=2), connect="pairs")
+        # Shared styles: a handful of pens and brushes (the scatter's symbol cache is keyed by these objects).
+        self._beam_edge_pen = pg.mkPen(SURVIVOR_EDGE, width=2)
+        self._pruned_edge_pen = pg.mkPen(PRUNED_COLOR, width=1)
+        self._node_pen = pg.mkPen(CHOSEN_COLOR, width=1.5)
+        self._no_pen = pg.mkPen(None)
+        self._best_pen = pg.mkPen(BEST_COLOR, width=2.5)
+        self._state_brush = {state: pg.mkBrush(color) for state, color in
+                             ((FINISHED, FINISHED_COLOR), (ROOT, CHOSEN_COLOR), (PRUNED, PRUNED_COLOR))}
+        self._shade_brush: dict[int, QBrush] = {}  # rgba -> brush
+        self._label_colors = {SURVIVING: QColor(CHOSEN_COLOR), FINISHED: QColor(FINISHED_COLOR),
+                              ROOT: QColor(CHOSEN_COLOR), PRUNED: QColor(PRUNED_LABEL_COLOR)}
+        self._best_label_color = QColor(BEST_COLOR)
+
+        self._chunks: list[StepChunk] = []
+        self._hover = HoverTip()
         self._rerank_path = pg.PlotCurveItem(pen=pg.mkPen(RERANK_COLOR, width=4, style=Qt.PenStyle.DashLine))
         self._best_path = pg.PlotCurveItem(pen=pg.mkPen(BEST_COLOR, width=4))
-        self._nodes = pg.ScatterPlotItem(pxMode=True, hoverable=True, tip=self._tip)
+        self._best_nodes = pg.ScatterPlotItem(pxMode=True)  # the best path's nodes, emphasised on top
         self._labels = TokenLabels()
-        for z, plot_item in enumerate((self._pruned_edges, self._beam_edges, self._rerank_path, self._best_path,
-                                       self._nodes, self._labels)):
+        for z, plot_item in ((Z_RERANK_PATH, self._rerank_path), (Z_BEST_PATH, self._best_path),
+                             (Z_BEST_NODES, self._best_nodes), (Z_LABELS, self._labels)):
             plot_item.setZValue(z)
             item.addItem(plot_item)
 
         self.fit_button = QPushButton("Show whole tree", self)
         self.fit_button.clicked.connect(self.fit_all)
         self.penalty_slider = QSlider(Qt.Orientation.Horizontal, self)
-        self.penalty_slider.setRange(-2 * SLIDER_SCALE, 4 * SLIDER_SCALE)
         self.penalty_slider.setSingleStep(1)
         self.penalty_slider.setPageStep(5)
         self.penalty_slider.setToolTip("Re-ranks the finished hypotheses recorded in this run; nothing is regenerated")
         self.penalty_slider.valueChanged.connect(self._slider_moved)
+        self.slider_min_label = QLabel(self)
+        self.slider_max_label = QLabel(self)
         self.penalty_label = QLabel(self)
         self.penalty_label.setWordWrap(True)
         self.penalty_label.setTextFormat(Qt.TextFormat.RichText)
@@ -193,15 +366,21 @@ class BeamTreePanel(QWidget):
         self.kv_label = QLabel(self)
         self.kv_label.setTextFormat(Qt.TextFormat.RichText)
 
+        legend_row = QHBoxLayout()
+        legend_row.addWidget(self.legend, 1)
+        legend_row.addWidget(QLabel("beam fill:", self))
+        legend_row.addWidget(self.ramp)
         slider_row = QHBoxLayout()
         slider_row.addWidget(QLabel("Length penalty (re-rank):", self))
+        slider_row.addWidget(self.slider_min_label)
         slider_row.addWidget(self.penalty_slider, 1)
+        slider_row.addWidget(self.slider_max_label)
         slider_row.addWidget(self.fit_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.header)
         layout.addWidget(self.plot, 1)
-        layout.addWidget(self.legend)
+        layout.addLayout(legend_row)
         layout.addLayout(slider_row)
         layout.addWidget(self.penalty_label)
         layout.addWidget(self.ranking_label)
@@ -221,21 +400,21 @@ class BeamTreePanel(QWidget):
         self._follow = True
         self._rerank_penalty = None
         self.ranking = []
-        self._x: list[float] = []
-        self._y: list[float] = []
-        self._spots_brush: list = []
-        self._spots_pen: list = []
-        self._sizes: list[float] = []
-        self._symbols: list[str] = []
-        self._texts: list[str] = []
-        self._tiers: list[int] = []
-        self._colors: list[QColor] = []
-        self._beam_edge_xy: list[float] = []
-        self._pruned_edge_xy: list[float] = []
-        for curve in (self._pruned_edges, self._beam_edges, self._rerank_path, self._best_path):
+        self._ranking_key: tuple[float, int] | None = None  # (penalty, pool size) the ranking was made for
+        self._label_penalty: float | None = None  # penalty the score labels show (None: not drawn yet)
+        self._labelled_running = 0  # returned running beams whose labels show a score
+        self._styled_best: list[int] = []
+        self._shown_paths: dict[int, list[int]] = {}  # id(curve) -> node ids it shows
+        for chunk in self._chunks:
+            for plot_item in chunk.items():
+                self.view.removeItem(plot_item)
+        self._chunks = []
+        self._hover.owner = None
+        self.view.setToolTip("")
+        for curve in (self._rerank_path, self._best_path):
             curve.setData([], [])
-        self._nodes.setData([])
-        self._labels.setData(np.empty(0), np.empty(0), [], np.empty(0, dtype=int), [], np.empty(0, dtype=bool))
+        self._best_nodes.setData(x=[], y=[])
+        self._labels.clear()
         self.header.setText("<b>Beam search</b> — choose the beam strategy and generate: the tree grows here, "
                             "one column per step.")
         self.penalty_label.setText("")
@@ -258,96 +437,153 @@ class BeamTreePanel(QWidget):
         if not self._timer.isActive():
             self._timer.start()
 
+    def end(self, status: str) -> None:
+        """The run ended without a RunFinished (``status``: "failed", "stopped", ...): say so in the header and
+        allow re-ranking whatever finished hypotheses were recorded. A no-op once RunFinished was applied."""
+        tree = self.tree
+        if tree.stop_reason is not None:
+            return
+        tree.end(status)
+        if tree.rerank_pool() and self._rerank_penalty is None:
+            self._rerank_penalty = tree.length_penalty
+            self._set_slider(tree.length_penalty)
+            self.penalty_slider.setEnabled(True)
+        self.flush()
+
     def flush(self) -> None:
         """Draw everything folded in so far, now."""
         self._timer.stop()
+        tree = self.tree
+        if not tree.nodes and not tree.ended:
+            return
         self._append_new_nodes()
-        self._redraw()
+        self._restyle_best_path()
+        self._update_ranking()
+        self._update_pool_labels()
+        self._set_path(self._best_path, tree.best_path)
+        self._set_path(self._rerank_path, self._rerank_best_path())
+        self._update_texts()
+        self._update_view()
 
     # --- drawing ------------------------------------------------------------------------------------------
     def _append_new_nodes(self) -> None:
-        nodes = self.tree.nodes
-        for node in nodes[self._drawn :]:
-            self._x.append(node.x)
-            self._y.append(node.y)
-            self._sizes.append(NODE_SIZE[node.state])
-            self._symbols.append(NODE_SYMBOL[node.state])
-            self._spots_brush.append(self._brush(node))
-            self._spots_pen.append(self._pen(node))
-            self._texts.append(self._label_text(node))
-            self._tiers.append(2 if node.state == PRUNED else 1)
-            self._colors.append(QColor(self._label_color(node)))
-            if node.parent is not None:
-                parent = nodes[node.parent]
-                target = self._pruned_edge_xy if node.state == PRUNED else self._beam_edge_xy
-                target.extend((parent.x, parent.y, node.x, node.y))
+        """Turn the nodes folded in since the last flush into plot items and labels (work ∝ new nodes)."""
+        tree = self.tree
+        if not tree.columns:
+            return  # the prompt's place is known once the first column is laid out
+        nodes = tree.nodes
+        new = nodes[self._drawn :]
+        if not new:
+            return
+        start = 0
+        while start < len(new):
+            index = chunk_of(new[start].step)
+            stop = start
+            while stop < len(new) and chunk_of(new[stop].step) == index:
+                stop += 1
+            self._draw_in_chunk(self._chunk(index), new[start:stop])
+            start = stop
+        label_styles = [self._label_style(n) for n in new]
+        self._labels.append([n.x for n in new], [n.y for n in new], [self._label_text(n) for n in new],
+                            [s[0] for s in label_styles], [s[1] for s in label_styles],
+                            [s[2] for s in label_styles])
         self._drawn = len(nodes)
 
-    @staticmethod
-    def _brush(node: TreeNode):
-        if node.state == SURVIVING:
-            return pg.mkBrush(shade_for_prob(node.prob))
-        if node.state == FINISHED:
-            return pg.mkBrush(FINISHED_COLOR)
-        if node.state == ROOT:
-            return pg.mkBrush(CHOSEN_COLOR)
-        return pg.mkBrush(PRUNED_COLOR)
+    def _chunk(self, index: int) -> StepChunk:
+        while len(self._chunks) <= index:
+            self._chunks.append(StepChunk(self.view, self._tip, self._hover, self._beam_edge_pen,
+                                          self._pruned_edge_pen))
+        return self._chunks[index]
 
-    @staticmethod
-    def _pen(node: TreeNode):
-        if node.state in (SURVIVING, ROOT):
-            return pg.mkPen(CHOSEN_COLOR, width=1.5)
-        return pg.mkPen(None)
+    def _draw_in_chunk(self, chunk: StepChunk, new: list[TreeNode]) -> None:
+        nodes = self.tree.nodes
+        chunk.nodes.addPoints(x=[n.x for n in new], y=[n.y for n in new], size=[NODE_SIZE[n.state] for n in new],
+                              symbol=[NODE_SYMBOL[n.state] for n in new], brush=[self._brush(n) for n in new],
+                              pen=[self._pen(n) for n in new], data=np.array([n.id for n in new]))
+        for node in new:
+            if node.parent is not None:
+                parent = nodes[node.parent]
+                target = chunk.pruned_xy if node.state == PRUNED else chunk.beam_xy
+                target.extend((parent.x, parent.y, node.x, node.y))
+        chunk.set_edges()
+
+    def _brush(self, node: TreeNode) -> QBrush:
+        if node.state != SURVIVING:
+            return self._state_brush[node.state]
+        color = shade_for_prob(node.prob)
+        brush = self._shade_brush.get(color.rgba())
+        if brush is None:
+            brush = self._shade_brush[color.rgba()] = pg.mkBrush(color)
+        return brush
+
+    def _pen(self, node: TreeNode) -> QPen:
+        return self._node_pen if node.state in (SURVIVING, ROOT) else self._no_pen
+
+    def _label_style(self, node: TreeNode) -> tuple[int, QColor, bool]:
+        """(tier, colour, bold) of a node's label off the best path."""
+        return (2 if node.state == PRUNED else 1), self._label_colors[node.state], False
 
     def _label_text(self, node: TreeNode, penalty: float | None = None) -> str:
         if node.state == ROOT:
             return "prompt"
         text = visible_token_text(node.text)
-        if node.state == FINISHED:
+        if node.state == FINISHED or node.finished_score is not None:  # in the re-ranking pool: show its score
             score = node.normalised_score(self.tree.length_penalty if penalty is None else penalty)
             return f"{score:.2f} {text}"
         return text
 
-    @staticmethod
-    def _label_color(node: TreeNode) -> str:
-        return {SURVIVING: CHOSEN_COLOR, FINISHED: FINISHED_COLOR, ROOT: CHOSEN_COLOR}.get(node.state, "#999999")
-
-    def _redraw(self) -> None:
+    def _restyle_best_path(self) -> None:
+        """Emphasise the best path (once, when the run ends): its labels, and its nodes in an item on top."""
         tree = self.tree
-        n = len(self._x)
-        if n == 0:
+        best = tree.best_path
+        if best == self._styled_best or any(i >= self._drawn for i in best):
             return
-        best = set(tree.best_path)
-        sizes = np.array(self._sizes, dtype=float)
-        pens = list(self._spots_pen)
-        tiers = np.array(self._tiers, dtype=int)
-        colors = list(self._colors)
-        bold = np.zeros(n, dtype=bool)
-        if best:
-            best_pen = pg.mkPen(BEST_COLOR, width=2.5)
-            best_color = QColor(BEST_COLOR)
-            for i in best:
-                sizes[i] += 3
-                pens[i] = best_pen
-                tiers[i] = 0
-                colors[i] = best_color
-                bold[i] = True
-        texts = list(self._texts)
-        if self._rerank_penalty is not None:
-            for node in tree.finished_nodes():
-                texts[node.id] = self._label_text(node, self._rerank_penalty)
-        self._nodes.setData(x=np.array(self._x), y=np.array(self._y), size=sizes, symbol=self._symbols,
-                            brush=self._spots_brush, pen=pens, data=np.arange(n))
-        for curve, xy in ((self._beam_edges, self._beam_edge_xy), (self._pruned_edges, self._pruned_edge_xy)):
-            pairs = np.array(xy, dtype=float).reshape(-1, 2)
-            curve.setData(pairs[:, 0], pairs[:, 1], connect="pairs")
-        self._set_path(self._best_path, tree.best_path)
-        self._set_path(self._rerank_path, self._rerank_best_path())
-        self._labels.setData(np.array(self._x), np.array(self._y), texts, tiers, colors, bold)
-        self._update_texts()
-        self._update_view()
+        for i in self._styled_best:
+            self._labels.restyle(i, *self._label_style(tree.nodes[i]))
+        for i in best:
+            self._labels.restyle(i, 0, self._best_label_color, True)
+        path = [tree.nodes[i] for i in best]
+        self._best_nodes.setData(x=[n.x for n in path], y=[n.y for n in path],
+                                 size=[NODE_SIZE[n.state] + BEST_GROWTH for n in path],
+                                 symbol=[NODE_SYMBOL[n.state] for n in path], brush=[self._brush(n) for n in path],
+                                 pen=self._best_pen)
+        self._styled_best = list(best)
+
+    def _pool_size(self) -> int:
+        return self.tree.count(FINISHED) + len(self.tree.returned_running)
+
+    def _update_ranking(self) -> None:
+        penalty = self._rerank_penalty
+        if penalty is None:
+            self.ranking, self._ranking_key = [], None
+            return
+        key = (penalty, self._pool_size())
+        if key != self._ranking_key:
+            self.ranking, self._ranking_key = self.tree.rerank(penalty), key
+
+    def _update_pool_labels(self) -> None:
+        """Score labels of the re-ranking pool at the slider's penalty.
+
+        New finished hypotheses get theirs when appended; all of them change only when the penalty does, and the
+        running beams a stopped run returned join the pool at the end.
+        """
+        tree = self.tree
+        penalty = tree.length_penalty if self._rerank_penalty is None else self._rerank_penalty
+        if penalty != self._label_penalty:
+            changed = tree.rerank_pool()
+        elif len(tree.returned_running) != self._labelled_running:
+            changed = [tree.nodes[i] for i in tree.returned_running]
+        else:
+            return
+        for node in changed:
+            if node.id < self._drawn:
+                self._labels.set_text(node.id, self._label_text(node, penalty))
+        self._label_penalty, self._labelled_running = penalty, len(tree.returned_running)
 
     def _set_path(self, curve: pg.PlotCurveItem, path: list[int]) -> None:
+        if self._shown_paths.get(id(curve)) == path:
+            return
+        self._shown_paths[id(curve)] = list(path)
         if len(path) < 2:
             curve.setData([], [])
             return
@@ -355,7 +591,6 @@ class BeamTreePanel(QWidget):
         curve.setData([nodes[i].x for i in path], [nodes[i].y for i in path])
 
     def _rerank_best_path(self) -> list[int]:
-        self.ranking = self.tree.rerank(self._rerank_penalty) if self._rerank_penalty is not None else []
         if not self.ranking or self.ranking[0].run_rank == 1:
             return []  # same as the run's best: nothing extra to show
         return self.tree.path(self.ranking[0].node_id)
@@ -388,18 +623,27 @@ class BeamTreePanel(QWidget):
     # --- texts --------------------------------------------------------------------------------------------
     def _update_texts(self) -> None:
         tree = self.tree
-        finished = tree.count(FINISHED)
-        state = f"stopped: {tree.stop_reason}" if tree.stop_reason else "running…"
-        head = (f"<b>Beam search</b> · {tree.width} beams · {tree.steps} steps · {finished} finished "
-                f"hypotheses · {state}")
-        if tree.best_path:
-            best = tree.nodes[tree.best_path[-1]]
-            text = html.escape(_short(sequence_text(tree.path_text(best.id)), 90))
-            score = best.normalised_score(tree.length_penalty)
-            head += (f"<br>best sequence (<span style='color:{BEST_COLOR}'>━</span>): <code>{text}</code> "
-                     f"· score {score:.3f} = log-prob {best.cum_logprob:.2f} / {best.length}"
-                     f"<sup>{tree.length_penalty:g}</sup>")
-        self.header.setText(head)
+        if tree.stop_reason == "stopped":
+            state = "stopped early: the best so far is shown"
+        elif tree.stop_reason:
+            state = f"stopped: {tree.stop_reason}"
+        elif tree.ended_status:
+            state = f"<b>{html.escape(tree.ended_status)}</b> — ended without returning its sequences"
+        else:
+            state = "running…"
+        if not tree.nodes:
+            self.header.setText(f"<b>Beam search</b> · {state} before its first step")
+        else:
+            head = (f"<b>Beam search</b> · {tree.width} beams · {tree.steps} steps · {tree.count(FINISHED)} "
+                    f"finished hypotheses · {state}")
+            if tree.best_path:
+                best = tree.nodes[tree.best_path[-1]]
+                text = html.escape(_short(sequence_text(tree.path_text(best.id)), 90))
+                score = best.normalised_score(tree.length_penalty)
+                head += (f"<br>best sequence (<span style='color:{BEST_COLOR}'>━</span>): <code>{text}</code> "
+                         f"· score {score:.3f} = log-prob {best.cum_logprob:.2f} / {best.length}"
+                         f"<sup>{tree.length_penalty:g}</sup>")
+            self.header.setText(head)
         self._update_kv_label()
         self._update_ranking_texts()
 
@@ -410,42 +654,61 @@ class BeamTreePanel(QWidget):
             return
         per_beam = tree.kv_bytes_per_beam
         self.kv_label.setText(
-            f"KV cache of the beams (measured after step {tree.steps - 1}): {tree.width} beams × "
-            f"{format_mb(per_beam)} = <b>{format_mb(tree.kv_cache_bytes)}</b> — a single sequence (greedy) would "
-            f"hold {format_mb(per_beam)}")
+            f"KV cache of the beams (measured after step {tree.steps - 1}): <b>{format_mb(tree.kv_cache_bytes)}</b> "
+            f"for {tree.width} beams — a single sequence (greedy) would hold about {format_mb(per_beam)} "
+            f"<i>(an estimate: the measured total ÷ {tree.width}, not measured)</i>")
 
     def _update_ranking_texts(self) -> None:
         tree = self.tree
         if self._rerank_penalty is None:
-            self.penalty_label.setText(
-                "<i>The slider re-ranks the finished hypotheses once the run has ended (no regeneration).</i>")
+            if tree.ended:
+                self.penalty_label.setText(f"<i>The run {html.escape(tree.ended_status or 'ended')} before any "
+                                           "hypothesis finished: there is nothing to re-rank.</i>")
+            else:
+                self.penalty_label.setText(
+                    "<i>The slider re-ranks the finished hypotheses once the run has ended (no regeneration).</i>")
             self.ranking_label.setText("")
             return
-        n = tree.count(FINISHED)
         penalty = self._rerank_penalty
-        same = abs(penalty - tree.length_penalty) < 1e-9
-        note = ("the scores the run itself used" if same else
-                f"a what-if: the run used {tree.length_penalty:g}; a new run with {penalty:g} could keep other "
-                "beams alive")
+        running = len(tree.returned_running)
+        pool = f"the <b>{tree.count(FINISHED)}</b> finished hypotheses recorded in this run"
+        if running:
+            beams = "running beams" if running > 1 else "running beam"
+            pool += (f" and the <b>{running}</b> {beams} the stopped run returned (scored as if "
+                     f"{'they' if running > 1 else 'it'} ended there)")
+        if abs(penalty - tree.length_penalty) >= 1e-9:
+            note = (f"a what-if: the run used {tree.length_penalty:g}; a new run with {penalty:g} could keep other "
+                    "beams alive")
+        elif tree.stop_reason is not None:
+            note = "the scores the run itself used"
+        else:
+            note = (f"the run's own penalty; the run {html.escape(tree.ended_status or 'ended')} before returning its "
+                    "sequences, so this ranks what had finished by then")
         self.penalty_label.setText(
-            f"Length penalty <b>{penalty:g}</b>: re-ranked the <b>{n}</b> finished hypotheses recorded in this run "
-            f"from their log-probs and lengths — <b>nothing was regenerated</b> ({note}). "
-            f"Score = sum of log-probs / length<sup>penalty</sup>.")
+            f"Length penalty <b>{penalty:g}</b>: re-ranked {pool} from their log-probs and lengths — "
+            f"<b>nothing was regenerated</b> ({note}). Score = sum of log-probs / length<sup>penalty</sup>.")
         rows = []
         for i, hyp in enumerate(self.ranking[:RANKING_ROWS], start=1):
-            text = html.escape(_short(sequence_text(self.tree.path_text(hyp.node_id)), 80))
+            text = html.escape(_short(sequence_text(hyp.text), 80))
             run = f" · run's #{hyp.run_rank}" if hyp.run_rank else ""
             rows.append(f"#{i} &nbsp;<b>{hyp.score:.3f}</b> · {hyp.length} tokens{run} · <code>{text}</code>")
         self.ranking_label.setText("<br>".join(rows))
 
     # --- slider -------------------------------------------------------------------------------------------
     def _set_slider(self, penalty: float) -> None:
+        """Show ``penalty`` on the slider, widening its range if a run used a penalty outside the usual one."""
+        value = round(penalty * SLIDER_SCALE)
+        low = min(round(PENALTY_RANGE[0] * SLIDER_SCALE), value)
+        high = max(round(PENALTY_RANGE[1] * SLIDER_SCALE), value)
         self.penalty_slider.blockSignals(True)
-        self.penalty_slider.setValue(round(penalty * SLIDER_SCALE))
+        self.penalty_slider.setRange(low, high)
+        self.penalty_slider.setValue(value)
         self.penalty_slider.blockSignals(False)
+        self.slider_min_label.setText(f"{low / SLIDER_SCALE:g}".replace("-", "−"))
+        self.slider_max_label.setText(f"{high / SLIDER_SCALE:g}")
 
     def _slider_moved(self, value: int) -> None:
-        if self.tree.stop_reason is None:
+        if self._rerank_penalty is None:
             return  # while running, the tree still changes; re-ranking starts at the end
         self.set_rerank_penalty(value / SLIDER_SCALE)
 
@@ -478,6 +741,9 @@ class BeamTreePanel(QWidget):
         if node.state == FINISHED and node.finished_score is not None:
             lines.append(f"final score: {node.finished_score:.3f}"
                          + (f" · returned as #{node.returned_rank}" if node.returned_rank else ""))
+        elif node.finished_score is not None:
+            lines.append(f"the run was stopped: returned as #{node.returned_rank}, scored as if it ended here: "
+                         f"{node.finished_score:.3f}")
         if node.id in tree.best_path:
             lines.append("on the best sequence")
         lines.append(f"text: {_short(sequence_text(tree.path_text(node.id)), 80)}")
