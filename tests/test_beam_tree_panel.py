@@ -15,8 +15,10 @@ from playground.config import RunSettings
 from playground.engine.beam import run_beam_search
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, PrefillDone, RunFinished, RunStarted
-from playground.ui import beam_tree_panel
-from playground.ui.beam_tree_panel import CHUNK_STEPS, NODE_SIZE, BeamTreePanel, chunk_of
+from playground.state import shade_fraction
+from playground.ui import beam_tree_items
+from playground.ui.beam_tree_items import CHUNK_STEPS, NODE_SIZE
+from playground.ui.beam_tree_panel import BeamTreePanel, chunk_of
 from playground.ui.style import SHADE_TICKS, configure_pyqtgraph, shade_for_prob
 
 
@@ -331,11 +333,11 @@ def test_slider_covers_the_controls_range(panel, events):
 def test_fill_ramp_legend(panel, monkeypatch):
     ramp = panel.ramp
     assert ramp.isVisible()
-    monkeypatch.setattr(beam_tree_panel, "shade_for_prob", lambda p: pytest.fail("ramp recomputed on paint"))
+    monkeypatch.setattr(beam_tree_items, "shade_for_prob", lambda p: pytest.fail("ramp recomputed on paint"))
     image = ramp.grab().toImage()
     width = ramp.width() - 32
     for tick in SHADE_TICKS:
-        fraction = beam_tree_panel.shade_fraction(tick)
+        fraction = shade_fraction(tick)
         x = 16 + min(width - 2, max(1, round(fraction * width)))
         expected = np.array(shade_for_prob(tick).getRgb()[:3])
         assert np.abs(np.array(image.pixelColor(x, 7).getRgb()[:3]) - expected).max() <= 12
