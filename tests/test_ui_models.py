@@ -86,3 +86,22 @@ def test_stop_ends_a_fetch_and_the_window_stays_usable(qtbot, window, tmp_path, 
     qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
     assert w.lm is None and w.banner.kind == "error" and "stopped" in w.banner.label.text()
     assert w.picker.isEnabled() and not w.stop_button.isEnabled()
+
+
+def test_typing_a_model_id_from_the_local_hf_cache_loads_it(qtbot, window, tiny_lm, tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--someone--tiny-llama" / "snapshots" / "abc123"
+    tiny_lm.model.save_pretrained(snapshot)
+    tiny_lm.tokenizer.save_pretrained(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    w = window
+    w.picker.source.setFocus()
+    w.picker.source.lineEdit().selectAll()
+    qtbot.keyClicks(w.picker.source.lineEdit(), "someone/tiny-llama")
+    qtbot.keyClick(w.picker.source.lineEdit(), Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.lm is not None and not w.busy, timeout=TIMEOUT_MS)
+    assert w.lm.name == "someone/tiny-llama" and w.lm.path == str(snapshot)
+    assert w.picker.source.findData(str(snapshot)) >= 0  # remembered among the recent models

@@ -48,7 +48,10 @@ class ModelPicker(QGroupBox):
         self._store = store
         spec = spec or ModelSettings()
         self.source = QComboBox()
-        self.source.setToolTip("The default model, a recently opened one, or open a folder / .gguf file")
+        self.source.setToolTip("The default model, a recently opened one, a folder / .gguf file, or type a path or a "
+                               "model id already in the local Hugging Face cache (Enter loads it)")
+        self.source.setEditable(True)  # typed paths and model ids; nothing is downloaded
+        self.source.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
         self.source.setMinimumContentsLength(18)
         self.source.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.open_folder = QPushButton("Folder…")
@@ -99,6 +102,7 @@ class ModelPicker(QGroupBox):
 
         self.refresh_sources(spec.path)
         self.load.clicked.connect(lambda: self.load_requested.emit(self.model_settings()))
+        self.source.lineEdit().returnPressed.connect(lambda: self.load_requested.emit(self.model_settings()))
         self.fetch.clicked.connect(self.fetch_requested.emit)
         self.open_folder.clicked.connect(self._pick_folder)
         self.open_gguf.clicked.connect(self._pick_gguf)
@@ -118,8 +122,9 @@ class ModelPicker(QGroupBox):
         self.source.blockSignals(False)
 
     def model_settings(self) -> ModelSettings:
-        return ModelSettings(path=self.source.currentData(), device=self.device.currentText(),
-                             dtype=self.dtype.currentText())
+        text = self.source.currentText().strip()
+        path = None if text in ("", DEFAULT_LABEL) else text  # list entries show their path as their text
+        return ModelSettings(path=path, device=self.device.currentText(), dtype=self.dtype.currentText())
 
     def choose_path(self, path: str) -> None:
         """Select ``path`` (adding it to the list) without loading it."""
