@@ -44,7 +44,7 @@ from playground.ui.beam_tree_items import (
     StepChunk,
     TokenLabels,
 )
-from playground.ui.style import CHOSEN_COLOR, format_percent, shade_for_prob
+from playground.ui.style import CHOSEN_COLOR, format_percent, rich_label, shade_for_prob
 
 STEP_PX = 92  # the view shows as many steps as fit at this width (room for a label of ~10 characters)
 MIN_VISIBLE_STEPS = 6
@@ -91,12 +91,8 @@ class BeamTreePanel(QWidget):
         self._rerank_penalty: float | None = None
         self.ranking: list[RankedHypothesis] = []
 
-        self.header = QLabel(self)
-        self.header.setTextFormat(Qt.TextFormat.RichText)
-        self.header.setWordWrap(True)
-        self.legend = QLabel(self)
-        self.legend.setTextFormat(Qt.TextFormat.RichText)
-        self.legend.setWordWrap(True)
+        self.header = rich_label(self)
+        self.legend = rich_label(self)
         self.legend.setText(
             f"<b style='color:{CHOSEN_COLOR}'>●</b> surviving beam (fill: token probability, pale = likely) "
             f"&nbsp; <span style='color:{PRUNED_COLOR}'>●</span> pruned candidate &nbsp; "
@@ -152,14 +148,9 @@ class BeamTreePanel(QWidget):
         self.penalty_slider.valueChanged.connect(self._slider_moved)
         self.slider_min_label = QLabel(self)
         self.slider_max_label = QLabel(self)
-        self.penalty_label = QLabel(self)
-        self.penalty_label.setWordWrap(True)
-        self.penalty_label.setTextFormat(Qt.TextFormat.RichText)
-        self.ranking_label = QLabel(self)
-        self.ranking_label.setTextFormat(Qt.TextFormat.RichText)
-        self.ranking_label.setWordWrap(True)
-        self.kv_label = QLabel(self)
-        self.kv_label.setTextFormat(Qt.TextFormat.RichText)
+        self.penalty_label = rich_label(self)
+        self.ranking_label = rich_label(self)
+        self.kv_label = rich_label(self, wrap=False)
 
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend, 1)

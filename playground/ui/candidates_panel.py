@@ -12,7 +12,7 @@ import time
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
-from PySide6.QtWidgets import QApplication, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QVBoxLayout, QWidget
 
 from playground.events import TokenStep
 from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
@@ -23,6 +23,7 @@ from playground.ui.style import (
     PROCESSED_COLOR,
     RAW_COLOR,
     format_percent,
+    rich_label,
 )
 
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
@@ -51,12 +52,8 @@ class CandidatesPanel(QWidget):
         self.total_steps = 0
         self._last_click: tuple[int | None, float] = (None, 0.0)
 
-        self.header = QLabel(self)
-        self.header.setWordWrap(True)
-        self.header.setTextFormat(Qt.TextFormat.RichText)
-        self.legend = QLabel(self)
-        self.legend.setTextFormat(Qt.TextFormat.RichText)
-        self.legend.setWordWrap(True)
+        self.header = rich_label(self)
+        self.legend = rich_label(self)
         self.legend.setText(
             f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
             f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (picked from)<br>"

@@ -6,7 +6,9 @@ Bars use Paul Tol's colour-blind-safe "vibrant" colours; the token shade is a se
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont
+from PySide6.QtWidgets import QLabel, QWidget
 
 from playground.state import shade_fraction
 
@@ -74,3 +76,11 @@ def configure_pyqtgraph() -> None:
     import pyqtgraph as pg
 
     pg.setConfigOptions(imageAxisOrder="row-major", background="w", foreground="#333333", antialias=True)
+
+
+def rich_label(parent: QWidget | None = None, *, wrap: bool = True) -> QLabel:
+    """A label for the panels' headers, legends and explanations: rich text (token text is escaped by callers)."""
+    label = QLabel(parent)
+    label.setTextFormat(Qt.TextFormat.RichText)
+    label.setWordWrap(wrap)
+    return label
