@@ -14,6 +14,17 @@ from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished
 
 
+def assert_reproduces_run(tree, ranked, sequences, tol: float) -> None:
+    """The re-ranked hypotheses start with the run's returned sequences, in its order, with its scores."""
+    top = ranked[: len(sequences)]
+    assert [h.run_rank for h in top] == list(range(1, len(sequences) + 1))
+    for hyp, seq in zip(top, sequences, strict=True):
+        assert hyp.score == pytest.approx(seq.score, abs=tol)
+        assert hyp.sum_logprobs == pytest.approx(seq.sum_logprobs, abs=tol)
+        assert hyp.length == len(seq.token_ids)
+        assert tree.path_tokens(hyp.node_id) == seq.token_ids
+
+
 @pytest.fixture(scope="module")
 def eos_run(tiny_lm_eos):
     settings = RunSettings(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=24,
@@ -84,12 +95,7 @@ def test_rerank_with_the_runs_penalty_reproduces_the_run(eos_run):
     tree = fold(eos_run)
     done = eos_run[-1]
     ranked = tree.rerank(tree.length_penalty)
-    top = ranked[: len(done.sequences)]
-    assert [h.run_rank for h in top] == list(range(1, len(done.sequences) + 1))
-    for hyp, seq in zip(top, done.sequences, strict=True):
-        assert hyp.score == pytest.approx(seq.score, abs=1e-5)
-        assert hyp.sum_logprobs == pytest.approx(seq.sum_logprobs, abs=1e-5)
-        assert hyp.length == len(seq.token_ids)
+    assert_reproduces_run(tree, ranked, done.sequences, tol=1e-5)
 
 
 def test_rerank_recomputes_scores_without_regenerating(eos_run):
@@ -152,13 +158,7 @@ def test_stopped_run_reranks_what_it_returned(tiny_lm_eos):
     assert best.id in tree.returned_running and best.finished_score == pytest.approx(done.sequences[0].score)
     ranked = tree.rerank(tree.length_penalty)
     assert len(ranked) == tree.count(FINISHED) + len(tree.returned_running)
-    top = ranked[: len(done.sequences)]
-    assert [h.run_rank for h in top] == list(range(1, len(done.sequences) + 1))
-    for hyp, seq in zip(top, done.sequences, strict=True):
-        assert hyp.score == pytest.approx(seq.score, abs=1e-4)
-        assert hyp.sum_logprobs == pytest.approx(seq.sum_logprobs, abs=1e-4)
-        assert hyp.length == len(seq.token_ids)
-        assert tree.path_tokens(hyp.node_id) == seq.token_ids
+    assert_reproduces_run(tree, ranked, done.sequences, tol=1e-4)
     for h in tree.rerank(0.5):  # other penalties re-score the same pool
         assert h.score == pytest.approx(h.sum_logprobs / h.length**0.5)
 

@@ -47,6 +47,14 @@ def generate(qtbot, w: MainWindow) -> None:
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
 
 
+def start_long_run(qtbot, w: MainWindow, lm, min_steps: int) -> None:
+    """Start a 3000-token run on ``lm`` and wait until it has made ``min_steps`` steps (it is still going)."""
+    w.set_model(lm)
+    w.controls.max_new_tokens.setValue(3000)
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= min_steps, timeout=RUN_TIMEOUT_MS)
+
+
 def pixel_std(image: QImage) -> float:
     grey = image.convertToFormat(QImage.Format.Format_Grayscale8)
     data = np.frombuffer(grey.constBits(), dtype=np.uint8).reshape(grey.height(), grey.bytesPerLine())
@@ -155,11 +163,8 @@ def test_branching_creates_a_run_that_starts_with_the_forced_prefix(qtbot, windo
 
 def test_stop_ends_the_run_early(qtbot, window, long_lm):
     w = window
-    w.set_model(long_lm)
-    w.controls.max_new_tokens.setValue(3000)
     w.prompt.setPlainText("Hello")
-    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= 3, timeout=RUN_TIMEOUT_MS)
+    start_long_run(qtbot, w, long_lm, 3)
     assert w.stop_button.isEnabled()
     qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
@@ -170,10 +175,7 @@ def test_stop_ends_the_run_early(qtbot, window, long_lm):
 
 def test_closing_mid_run_does_not_hang(qtbot, window, long_lm):
     w = window
-    w.set_model(long_lm)
-    w.controls.max_new_tokens.setValue(3000)
-    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= 2, timeout=RUN_TIMEOUT_MS)
+    start_long_run(qtbot, w, long_lm, 2)
     job = w.job
     started = time.monotonic()
     assert w.close()
@@ -312,10 +314,7 @@ def test_launch_shows_load_failures_and_exits_cleanly(qtbot, qapp, tmp_path, mon
 
 def test_branching_during_a_run_stops_it_then_branches(qtbot, window, long_lm):
     w = window
-    w.set_model(long_lm)
-    w.controls.max_new_tokens.setValue(3000)
-    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: len(w.session.runs[0].steps) >= 3, timeout=RUN_TIMEOUT_MS)
+    start_long_run(qtbot, w, long_lm, 3)
     first = w.session.runs[0].steps[1]
     alt = next(c.token_id for c in first.candidates if c.token_id != first.token_id)
     w.branch(1, alt)
