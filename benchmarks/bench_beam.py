@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
+
+from side_by_side import report
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,13 +100,9 @@ def main() -> None:
         our_rates.append(steps_ours / seconds)
         assert best_ours == best_ref, "both searches should return the same best sequence"
         assert steps_ours == steps_ref, f"both should run the same steps ({steps_ref} vs {steps_ours})"
-    r, o = statistics.median(ref_rates), statistics.median(our_rates)
-    print(f"model {lm.name} on {lm.device} ({lm.dtype_name}), prompt {len(prompt_ids)} tokens, {args.beams} beams, "
-          f"{steps_ref} steps, median of {args.repeats}")
-    print(f"transformers generate beam search  {r:7.1f} steps/s   runs: {', '.join(f'{x:.1f}' for x in ref_rates)}")
-    print(f"playground instrumented beam       {o:7.1f} steps/s   runs: {', '.join(f'{x:.1f}' for x in our_rates)}")
-    print(f"ratio instrumented / generate      {o / r:7.2f}x   (goal >= 0.80x)")
-
+    report(f"model {lm.name} on {lm.device} ({lm.dtype_name}), prompt {len(prompt_ids)} tokens, {args.beams} beams, "
+           f"{steps_ref} steps, median of {args.repeats}", "steps/s", ("transformers generate beam search", ref_rates),
+           ("playground instrumented beam", our_rates), goal=0.8)
 
 if __name__ == "__main__":
     main()

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from side_by_side import report
 
 from playground.config import ModelSettings, RunSettings
 from playground.engine.strategies import run_strategy
@@ -64,13 +64,9 @@ def main() -> None:
         n_ours, seconds = instrumented(lm, settings)
         ours.append(n_ours / seconds)
         assert n_ours == n, f"both should generate the same tokens ({n} vs {n_ours})"
-    b, o = statistics.median(bare), statistics.median(ours)
-    print(f"model {lm.name} on {lm.device} ({lm.dtype_name}), prompt {len(prompt_ids)} tokens, {n} new tokens, "
-          f"median of {args.repeats}")
-    print(f"bare model.generate greedy     {b:7.1f} tok/s   runs: {', '.join(f'{x:.1f}' for x in bare)}")
-    print(f"playground instrumented greedy {o:7.1f} tok/s   runs: {', '.join(f'{x:.1f}' for x in ours)}")
-    print(f"ratio instrumented / bare      {o / b:7.2f}x   (goal >= 0.90x)")
-
+    report(f"model {lm.name} on {lm.device} ({lm.dtype_name}), prompt {len(prompt_ids)} tokens, {n} new tokens, "
+           f"median of {args.repeats}", "tok/s", ("bare model.generate greedy", bare),
+           ("playground instrumented greedy", ours), goal=0.9)
 
 if __name__ == "__main__":
     main()
