@@ -61,20 +61,40 @@ def test_same_seed_same_text_and_different_seed_differs(tiny_lm):
     assert a.token_ids != c.token_ids
 
 
-def test_sampled_frequencies_match_processed_distribution(tiny_lm):
-    """1,500 one-token draws with seeds 0..1499; chi-square against the processed (top-k, temperature) probs."""
-    opts = {"prompt": "Hello", "strategy": "sample", "max_new_tokens": 1, "temperature": 0.8, "top_k": 6}
-    first = run(tiny_lm, seed=0, **opts)[1][0]
-    expected = {c.token_id: c.processed_prob for c in first.candidates if c.processed_prob > 0}
-    assert len(expected) == 6 and sum(expected.values()) == pytest.approx(1.0, abs=1e-5)
-    draws = 1500
+def next_token_logits(lm, ids) -> torch.Tensor:
+    """The model's logits [vocab] for the token after ``ids``: one plain forward pass, no cache, float64."""
+    with torch.no_grad():
+        return lm.model(torch.tensor([list(ids)])).logits[0, -1].double()
+
+
+def test_sampled_frequencies_match_the_reference_distribution(tiny_lm):
+    """1,000 one-token draws (seeds 0..999), chi-square against softmax(logits / T) over the top-k, renormalised.
+
+    The reference comes from the model's own logits on the prompt, not from the engine's recorded probabilities, so
+    a sampler that ignored the temperature or cut a different top-k set would fail here.
+    """
+    prompt, temperature, top_k, draws = "The capital of France is", 0.5, 8, 1000
+    opts = {"prompt": prompt, "chat": False, "strategy": "sample", "max_new_tokens": 1,
+            "temperature": temperature, "top_k": top_k}
+    prompt_ids = tiny_lm.tokenizer(prompt)["input_ids"]
+    assert list(run(tiny_lm, seed=0, **opts)[0][0].prompt_token_ids) == prompt_ids
+    logits = next_token_logits(tiny_lm, prompt_ids)
+    top = torch.topk(logits, top_k + 1)
+    assert top.values[top_k - 1] > top.values[top_k], "a tie at the k-th logit would make the top-k set ambiguous"
+    probs = torch.softmax(top.values[:top_k] / temperature, dim=-1)
+    expected = dict(zip(top.indices[:top_k].tolist(), probs.tolist(), strict=True))
+    assert min(draws * p for p in expected.values()) >= 5, "chi-square needs every expected count to be at least 5"
+    # Without the temperature the reference would differ clearly (the test has power against ignoring it).
+    untempered = torch.softmax(top.values[:top_k], dim=-1)
+    assert draws * float(((untempered - probs) ** 2 / probs).sum()) > 100
+
     counts = dict.fromkeys(expected, 0)
     for seed in range(draws):
         token = run(tiny_lm, seed=seed, **opts)[1][0].token_id
-        assert token in counts, "sampled a token that top-k removed"
+        assert token in counts, f"sampled token {token}, which is outside the top-{top_k}"
         counts[token] += 1
     chi2 = sum((counts[t] - draws * p) ** 2 / (draws * p) for t, p in expected.items())
-    assert chi2 < 20.5, f"chi-square {chi2:.1f} exceeds the 0.1% critical value for 5 degrees of freedom"
+    assert chi2 < 24.32, f"chi-square {chi2:.1f} exceeds the 0.1% critical value for 7 degrees of freedom"
 
 
 def test_step_records_candidates_cuts_and_effects(tiny_lm):
@@ -118,16 +138,78 @@ def test_forced_tokens_branch_the_run(tiny_lm):
     assert events[0].forced_token_ids == forced
 
 
-def test_stop_string_and_stop_request(tiny_lm):
-    _, steps, _ = run(tiny_lm, prompt="Hello", max_new_tokens=30)
-    target = "".join(s.text for s in steps[:5])[-2:]
-    stopped = run(tiny_lm, prompt="Hello", max_new_tokens=30, stop_strings=(target,))[2]
-    assert stopped.stop_reason == "stop_string" and target in stopped.text and len(stopped.token_ids) <= 5
+@pytest.mark.parametrize(("forced_rank", "penalties"), [
+    ((3, 2), {}),
+    ((2, 4), {"repetition_penalty": 1.3}),
+    ((4, 2), {"no_repeat_ngram_size": 2}),
+])
+def test_branch_continues_as_generate_does_from_the_forced_prefix(tiny_lm, forced_rank, penalties):
+    """Forcing (a, b) then decoding greedily equals generate() given prompt + (a, b) as its input."""
+    prompt_ids = tiny_lm.tokenizer("Hello")["input_ids"]
+    a = int(torch.topk(next_token_logits(tiny_lm, prompt_ids), forced_rank[0]).indices[-1])
+    b = int(torch.topk(next_token_logits(tiny_lm, [*prompt_ids, a]), forced_rank[1]).indices[-1])
+    # The forced tokens are not what greedy would have chosen (under the same penalties).
+    assert reference_generate(tiny_lm, prompt_ids, do_sample=False, max_new_tokens=1, **penalties) != [a]
+    assert reference_generate(tiny_lm, [*prompt_ids, a], do_sample=False, max_new_tokens=1, **penalties) != [b]
 
-    calls = []
-    events = list(run_strategy(tiny_lm, RunSettings(prompt="Hello", max_new_tokens=30),
-                               should_stop=lambda: len(calls.append(1) or calls) > 4))
-    assert events[-1].stop_reason == "stopped" and len(events[-1].token_ids) == 4
+    events, steps, done = run(tiny_lm, prompt="Hello", chat=False, max_new_tokens=14, forced_token_ids=(a, b),
+                              **penalties)
+    assert list(events[0].prompt_token_ids) == prompt_ids
+    expected = reference_generate(tiny_lm, [*prompt_ids, a, b], do_sample=False, max_new_tokens=12, **penalties)
+    assert len(expected) == 12
+    assert list(done.token_ids) == [a, b, *expected]
+    assert [s.token_id for s in steps] == [a, b, *expected]
+    assert [s.forced for s in steps] == [True, True] + [False] * 12
+    assert done.stop_reason == "max_new_tokens"
+
+
+def first_completion(tokenizer, ids, stop) -> int:
+    """Index of the token with which ``stop`` first appears in the decoded text of ``ids[: index + 1]``."""
+    return next(i for i in range(len(ids)) if stop in tokenizer.decode(ids[: i + 1], skip_special_tokens=False))
+
+
+# (token index m, slice of the decoded text up to and including token m) -> the stop string. With prompt "Hello" the
+# tiny model writes "...from the3 tokens... w6$...": "the3" spans two tokens, "toke" ends inside " tokens", "w6$"
+# spans three.
+@pytest.mark.parametrize(("m", "start", "end"), [(6, -4, None), (7, -6, -2), (12, -3, None)])
+def test_stop_string_cuts_the_run_where_it_completes(tiny_lm, m, start, end):
+    tokenizer = tiny_lm.tokenizer
+    full = run(tiny_lm, prompt="Hello", max_new_tokens=30)[2]
+    ids = list(full.token_ids)
+    assert full.stop_reason == "max_new_tokens" and len(ids) == 30
+    stop = tokenizer.decode(ids[: m + 1], skip_special_tokens=False)[start:end]
+    assert len(stop) >= 3 and stop.isascii() and stop.isprintable(), f"pick a plain stop string, not {stop!r}"
+    cut = first_completion(tokenizer, ids, stop)
+    assert 0 < cut < len(ids) - 1, "the stop string must complete mid-run for the test to mean anything"
+
+    stopped = run(tiny_lm, prompt="Hello", max_new_tokens=30, stop_strings=(stop,))[2]
+    assert stopped.stop_reason == "stop_string"
+    assert list(stopped.token_ids) == ids[: cut + 1]
+    assert stop in stopped.text
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_stop_request_ends_the_run_within_one_token(tiny_lm, k):
+    """should_stop flips right after the k-th TokenStep (k = 0: after prefill); the run ends at once, as "stopped"."""
+    settings = RunSettings(prompt="Hello", max_new_tokens=20)
+    full = list(run_strategy(tiny_lm, settings))[-1]
+    assert full.stop_reason == "max_new_tokens" and len(full.token_ids) == 20
+
+    flag = {"stop": False}
+    events = run_strategy(tiny_lm, settings, should_stop=lambda: flag["stop"])
+    received, after_flip = [], 0
+    event = None
+    for event in events:
+        if isinstance(event, TokenStep):
+            received.append(event.token_id)
+            after_flip += flag["stop"]
+        if not flag["stop"] and len(received) == k and isinstance(event, TokenStep | PrefillDone):
+            flag["stop"] = True
+    assert flag["stop"]
+    assert after_flip <= 1
+    assert isinstance(event, RunFinished) and event.stop_reason == "stopped"
+    assert list(event.token_ids) == received
+    assert received == list(full.token_ids[: len(received)])
 
 
 def test_prompt_longer_than_context_is_refused_and_context_limit_stops(tiny_lm):
