@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from playground.config import ModelSettings, RunSettings
+from playground.config import BeamSettings, ModelSettings, RunSettings
 from playground.engine.beam import run_beam_search
 from playground.engine.prompt import encode_prompt
 from playground.events import BeamStep, RunFinished
@@ -47,10 +47,11 @@ def load(args: argparse.Namespace) -> LoadedModel:
 def reference_beam(lm: LoadedModel, prompt_ids: list[int], s: RunSettings) -> tuple[list[int], int, float]:
     """(best sequence, steps, seconds) of transformers' own beam search."""
     ids = torch.tensor([prompt_ids], device=lm.device)
-    early = {"true": True, "false": False, "never": "never"}[s.early_stopping]
+    early = {"true": True, "false": False, "never": "never"}[s.group(BeamSettings).early_stopping]
     start = time.perf_counter()
-    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=s.num_beams,
-                            max_new_tokens=s.max_new_tokens, length_penalty=s.length_penalty, early_stopping=early,
+    beam = s.group(BeamSettings)
+    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=beam.num_beams,
+                            max_new_tokens=s.max_new_tokens, length_penalty=beam.length_penalty, early_stopping=early,
                             return_dict_in_generate=True, output_scores=True)
     seconds = time.perf_counter() - start
     length = int((out.beam_indices[0] != -1).sum())
@@ -85,8 +86,8 @@ def main() -> None:
 
     lm = load(args)
     # early_stopping="never" with length penalty 1 keeps both searches going to the token limit on most prompts.
-    settings = RunSettings(strategy="beam", prompt=PROMPT, num_beams=args.beams, max_new_tokens=args.new_tokens,
-                           early_stopping="never")
+    settings = RunSettings.from_flat(strategy="beam", prompt=PROMPT, num_beams=args.beams,
+                                     max_new_tokens=args.new_tokens, early_stopping="never")
     prompt_ids, _ = encode_prompt(lm, settings)
     warm = settings.replace(max_new_tokens=4)
     ours(lm, warm)  # warm-up both paths

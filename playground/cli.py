@@ -1,26 +1,19 @@
-"""Command line: the app, headless traces and screenshots, and fetching the default model.
+"""Command line: the app, headless traces and screenshots, saved runs, presets, and fetching the default model.
 
-Qt is imported only by the subcommands that need it, so `trace` and `fetch-model` work without a display.
+Qt is imported only by the subcommands that need it, so `trace`, `presets` and `fetch-model` work without a display.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from playground.config import (
-    DEFAULT_PROMPT,
-    DEVICES,
-    DTYPES,
-    EARLY_STOPPING,
-    STRATEGIES,
-    ModelSettings,
-    RunSettings,
-)
+from playground.cli_options import add_run_options, run_options_given, settings_from_args
+
+COMMANDS = ("app", "trace", "shot", "open", "presets", "fetch-model")
 
 
 def _prepare_environment() -> None:
@@ -32,52 +25,14 @@ def _prepare_environment() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by the app, `trace` and `shot`; names mirror transformers' generation options."""
-    d = RunSettings()
-    model = parser.add_argument_group("model")
-    model.add_argument("--model", default=None,
-                       help="a Hugging Face folder, a .gguf file, or a model id in the local HF cache "
-                            "(default: SmolLM2-135M-Instruct, fetched on first use)")
-    model.add_argument("--device", choices=DEVICES, default="auto", help="auto picks cuda > mps > cpu")
-    model.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: float32 on CPU, bfloat16 on GPU")
-    model.add_argument("--trust-remote-code", action="store_true",
-                       help="allow running Python code shipped in the model folder (only for models you trust)")
-    run = parser.add_argument_group("generation")
-    run.add_argument("--prompt", default=DEFAULT_PROMPT)
-    run.add_argument("--chat", action=argparse.BooleanOptionalAction, default=d.chat,
-                     help="wrap the prompt in the tokenizer's chat template")
-    run.add_argument("--system", default=d.system, help="system message (chat only)")
-    run.add_argument("--strategy", choices=STRATEGIES, default=d.strategy)
-    run.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    run.add_argument("--temperature", type=float, default=d.temperature)
-    run.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
-    run.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off")
-    run.add_argument("--min-p", type=float, default=d.min_p, help="0.0 = off")
-    run.add_argument("--repetition-penalty", type=float, default=d.repetition_penalty, help="1.0 = off")
-    run.add_argument("--no-repeat-ngram-size", type=int, default=d.no_repeat_ngram_size, help="0 = off")
-    run.add_argument("--seed", type=int, default=d.seed)
-    run.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
-    run.add_argument("--num-candidates", type=int, default=d.num_candidates, help="top candidates kept per step")
-    beam = parser.add_argument_group("beam search")
-    beam.add_argument("--num-beams", type=int, default=d.num_beams)
-    beam.add_argument("--length-penalty", type=float, default=d.length_penalty)
-    beam.add_argument("--early-stopping", choices=EARLY_STOPPING, default=d.early_stopping)
-    beam.add_argument("--num-return-sequences", type=int, default=d.num_return_sequences)
-
-
-def settings_from_args(args: argparse.Namespace) -> tuple[ModelSettings, RunSettings]:
-    model = ModelSettings(path=args.model, device=args.device, dtype=args.dtype,
-                          trust_remote_code=args.trust_remote_code).validate()
-    run = RunSettings(
-        prompt=args.prompt, chat=args.chat, system=args.system, strategy=args.strategy,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed, stop_strings=tuple(args.stop),
-        num_candidates=args.num_candidates, num_beams=args.num_beams, length_penalty=args.length_penalty,
-        early_stopping=args.early_stopping, num_return_sequences=args.num_return_sequences,
-    ).validate()
-    return model, run
+def _add_picture_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="picture to write: .png or .svg")
+    parser.add_argument("--view", default=None, metavar="NAME",
+                        help="only this view (tokens, beam, …) instead of the whole window")
+    parser.add_argument("--width", type=int, default=1500)
+    parser.add_argument("--height", type=int, default=950)
+    parser.add_argument("--hover", action=argparse.BooleanOptionalAction, default=True,
+                        help="draw the hover tooltip of the charted token into the picture")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,13 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     trace = commands.add_parser("trace", help="run a generation headless and write its events as JSON lines")
     add_run_options(trace)
     trace.add_argument("--out", type=Path, default=None, help="file to write (default: stdout)")
-    shot = commands.add_parser("shot", help="run a generation in the real window offscreen and save a PNG")
+    shot = commands.add_parser("shot", help="run a generation (or show a saved run) in the real window offscreen "
+                                            "and save a picture")
     add_run_options(shot)
-    shot.add_argument("--out", type=Path, required=True, help="PNG file to write")
-    shot.add_argument("--width", type=int, default=1500)
-    shot.add_argument("--height", type=int, default=950)
-    shot.add_argument("--hover", action=argparse.BooleanOptionalAction, default=True,
-                      help="draw the hover tooltip of the charted token into the picture")
+    shot.add_argument("--from-trace", type=Path, default=None, metavar="RUN.jsonl",
+                      help="show this saved run instead of generating: no model is loaded")
+    _add_picture_options(shot)
+    open_run = commands.add_parser("open", help="open the app on a saved run (no model is loaded)")
+    open_run.add_argument("run", type=Path, metavar="RUN.jsonl")
+    commands.add_parser("presets", help="list the named demos (use one with --preset NAME)")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
     return parser
@@ -104,7 +61,7 @@ def _progress_to_stderr(message: str, fraction: float) -> None:
     print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
 
 
-def _ensure_default_model(model: ModelSettings) -> None:
+def _ensure_default_model(model) -> None:
     from playground.models.default_model import fetch_default_model, is_default_model_ready
 
     if model.path is None and not is_default_model_ready():
@@ -113,7 +70,7 @@ def _ensure_default_model(model: ModelSettings) -> None:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     from playground.engine.strategies import run_strategy
-    from playground.events import event_to_dict
+    from playground.events import dumps_event
     from playground.models.loading import load_model
 
     model_settings, run_settings = settings_from_args(args)
@@ -122,7 +79,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
     try:
         for event in run_strategy(lm, run_settings):
-            out.write(json.dumps(event_to_dict(event), ensure_ascii=False) + "\n")
+            out.write(dumps_event(event) + "\n")
             out.flush()
     finally:
         if args.out:
@@ -130,15 +87,31 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_shot(args: argparse.Namespace) -> int:
+def _headless_qt() -> None:
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def cmd_shot(args: argparse.Namespace) -> int:
+    _headless_qt()
+    if args.from_trace is not None:
+        if run_options_given(args):
+            print("playground: note: run options are ignored with --from-trace (the saved run has its own)",
+                  file=sys.stderr)
+        from playground.ui.screenshot import render_trace
+
+        path, problems = render_trace(args.from_trace, args.out, width=args.width, height=args.height,
+                                      hover=args.hover, view=args.view)
+        if problems:
+            print(f"playground: warning: {args.from_trace}: {problems}", file=sys.stderr)
+        print(path)
+        return 0
     model_settings, run_settings = settings_from_args(args)
     _ensure_default_model(model_settings)
     from playground.ui.screenshot import render_screenshot
 
     path = render_screenshot(model_settings, run_settings, args.out, width=args.width, height=args.height,
-                             hover=args.hover)
+                             hover=args.hover, view=args.view)
     print(path)
     return 0
 
@@ -147,7 +120,26 @@ def cmd_app(args: argparse.Namespace) -> int:
     model_settings, run_settings = settings_from_args(args)
     from playground.ui.app import launch
 
-    return launch(model_settings, run_settings)
+    # No run option on the command line: the window starts from the user's last settings.
+    return launch(model_settings, run_settings if run_options_given(args) else None)
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    from playground.traces import read_trace
+    from playground.ui.app import launch
+
+    read_trace(args.run)  # refuse a file that holds no run before any window opens
+    return launch(None, None, open_run=args.run)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from playground.presets import all_presets
+    from playground.state import settings_summary
+
+    for preset in all_presets():
+        print(f"{preset.name}\n    {preset.title} ({settings_summary(preset.settings)}; view: {preset.view})\n"
+              f"    {preset.description}")
+    return 0
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -161,10 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     _prepare_environment()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in {"app", "trace", "shot", "fetch-model", "-h", "--help"}:
+    if not argv or argv[0] not in {*COMMANDS, "-h", "--help"}:
         argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
-    handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "fetch-model": cmd_fetch}
+    handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "presets": cmd_presets,
+                "fetch-model": cmd_fetch}
     from playground.errors import USER_ERRORS
 
     try:

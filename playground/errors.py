@@ -12,8 +12,9 @@ class ScreenshotError(RuntimeError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from playground.models.default_model import FetchError
     from playground.models.loading import ModelLoadError
+    from playground.traces import TraceError
 
-    return (ConfigError, ModelLoadError, FetchError, ScreenshotError)
+    return (ConfigError, ModelLoadError, FetchError, ScreenshotError, TraceError)
 
 
 USER_ERRORS = _user_errors()

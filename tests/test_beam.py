@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from playground.config import ConfigError, RunSettings
+from playground.config import BeamSettings, ConfigError, RunSettings
 from playground.engine.beam import run_beam_search
 from playground.engine.kv_cache import kv_bytes_per_token
 from playground.engine.prompt import encode_prompt
@@ -18,24 +18,25 @@ SCORE_TOL = 1e-5  # float32 sums of a few dozen log-probs; the prefill runs at b
 
 
 def beam_settings(**changes) -> RunSettings:
-    return RunSettings(**{"strategy": "beam", "prompt": "The weather in Paris", **changes})
+    return RunSettings.from_flat(**{"strategy": "beam", "prompt": "The weather in Paris", **changes})
 
 
 def reference(lm, settings: RunSettings) -> list[tuple[list[int], float]]:
     """(generated ids, sequences_score) of each returned sequence from transformers' own beam search."""
     ids, _ = encode_prompt(lm, settings)
     prompt = torch.tensor([ids])
-    early = {"true": True, "false": False, "never": "never"}[settings.early_stopping]
+    beam = settings.group(BeamSettings)
+    early = {"true": True, "false": False, "never": "never"}[beam.early_stopping]
     with torch.inference_mode():
         out = lm.model.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=settings.max_new_tokens,
-            num_beams=settings.num_beams, length_penalty=settings.length_penalty, early_stopping=early,
+            num_beams=beam.num_beams, length_penalty=beam.length_penalty, early_stopping=early,
             no_repeat_ngram_size=settings.no_repeat_ngram_size or None,
-            repetition_penalty=settings.repetition_penalty, num_return_sequences=settings.num_return_sequences,
+            repetition_penalty=settings.repetition_penalty, num_return_sequences=beam.num_return_sequences,
             do_sample=False, output_scores=True, return_dict_in_generate=True,
         )
     result = []
-    for row in range(settings.num_return_sequences):
+    for row in range(settings.group(BeamSettings).num_return_sequences):
         length = int((out.beam_indices[row] != -1).sum())  # generated tokens of this sequence
         result.append((out.sequences[row, len(ids) : len(ids) + length].tolist(), float(out.sequences_scores[row])))
     return result
@@ -50,7 +51,7 @@ def assert_matches_generate(lm, settings: RunSettings) -> list:
     finished = events[-1]
     assert isinstance(finished, RunFinished)
     expected = reference(lm, settings)
-    assert len(finished.sequences) == len(expected) == settings.num_return_sequences
+    assert len(finished.sequences) == len(expected) == settings.group(BeamSettings).num_return_sequences
     for ours, (ids, score) in zip(finished.sequences, expected, strict=True):
         assert list(ours.token_ids) == ids
         assert ours.score == pytest.approx(score, abs=SCORE_TOL)
@@ -123,6 +124,7 @@ def test_event_structure(tiny_lm_eos):
     assert steps and all(isinstance(e, BeamStep) for e in steps)
     assert [e.step for e in steps] == list(range(len(steps)))
     n_eos = len(tiny_lm_eos.eos_token_ids)
+    penalty = settings.group(BeamSettings).length_penalty
     previous_beams = 1  # the prompt
     for event in steps:
         survivors = len(event.parents)
@@ -140,14 +142,14 @@ def test_event_structure(tiny_lm_eos):
             assert not (c.survived and c.finished)
             assert (c.finished_score is not None) == c.finished
             if c.finished:
-                assert c.finished_score == pytest.approx(c.score / (event.step + 1) ** settings.length_penalty)
+                assert c.finished_score == pytest.approx(c.score / (event.step + 1) ** penalty)
             assert c.token_logprob <= 0.0
         previous_beams = max(survivors, 1)
     done = events[-1]
     assert done.token_ids == done.sequences[0].token_ids and done.text == done.sequences[0].text
     assert [s.score for s in done.sequences] == sorted((s.score for s in done.sequences), reverse=True)
     for seq in done.sequences:
-        assert seq.score == pytest.approx(seq.sum_logprobs / len(seq.token_ids) ** settings.length_penalty)
+        assert seq.score == pytest.approx(seq.sum_logprobs / len(seq.token_ids) ** penalty)
     assert done.decode_ms > 0 and done.tokens_per_s > 0
 
 
@@ -229,7 +231,7 @@ def test_finished_scores_are_length_normalised(tiny_lm_eos):
 
 @pytest.mark.model
 def test_default_model_matches_generate(default_lm):
-    settings = RunSettings(strategy="beam", num_beams=4, max_new_tokens=24, num_return_sequences=2,
+    settings = RunSettings.from_flat(strategy="beam", num_beams=4, max_new_tokens=24, num_return_sequences=2,
                            length_penalty=1.0, early_stopping="false")
     events = assert_matches_generate(default_lm, settings)
     done = events[-1]

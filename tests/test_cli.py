@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from playground.cli import build_parser, main, settings_from_args
+from playground.config import BeamSettings
 from playground.ui.app import display_problem
 from playground.ui.system_libs import debian_package
 
@@ -21,7 +22,8 @@ def test_run_options_map_to_settings():
                                       "--dtype", "bfloat16"])
     model, run = settings_from_args(args)
     assert (run.strategy, run.top_k, run.chat, run.stop_strings) == ("sample", 7, False, ("\n\n", "END"))
-    assert (run.num_beams, run.early_stopping, model.dtype, model.path) == (3, "never", "bfloat16", None)
+    beam = run.group(BeamSettings)
+    assert (beam.num_beams, beam.early_stopping, model.dtype, model.path) == (3, "never", "bfloat16", None)
 
 
 def test_no_display_is_a_message_not_an_abort(monkeypatch):

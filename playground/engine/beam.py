@@ -22,20 +22,19 @@ The prompt is prefilled once (batch 1); the first step's selection reorders the 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from playground.config import ConfigError, RunSettings
-from playground.engine.forward import prefill, sync_device
+from playground.config import BeamSettings, ConfigError, RunSettings
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_events import RunRecorder
 from playground.engine.token_text import TokenTextCache
-from playground.events import BeamCandidate, BeamSequence, BeamStep, Event, PrefillDone, RunFinished, RunStarted
+from playground.events import BeamCandidate, BeamSequence, BeamStep, Event
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -238,32 +237,34 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     generator is returned (``ConfigError``).
     """
     settings.validate()
+    if settings.stop_strings:
+        raise ConfigError("beam search does not take stop strings (a stop string would end some beams but not "
+                          "others mid-search): clear them, or use greedy or sampling")
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     forced = list(settings.forced_token_ids)
     check_fits_context(lm, len(prompt_ids) + len(forced), settings)
     if len(forced) >= settings.max_new_tokens:
         raise ConfigError(f"{len(forced)} forced tokens leave no room for beam search within max_new_tokens="
                           f"{settings.max_new_tokens}: raise max_new_tokens")
-    return _beam_search(lm, settings, prompt_ids, prompt_text, should_stop or (lambda: False))
+    record = RunRecorder(lm, settings, should_stop, groups=(BeamSettings,))
+    return _beam_search(lm, settings, settings.group(BeamSettings), prompt_ids, prompt_text, record)
 
 
-def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
-                 should_stop: StopCheck) -> Iterator[Event]:
+def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, prompt_ids: list[int],
+                 prompt_text: str, record: RunRecorder) -> Iterator[Event]:
     model, tokenizer = lm.model, lm.tokenizer
     forced = list(settings.forced_token_ids)
     prompt_len = len(prompt_ids) + len(forced)  # the search starts after the forced prefix
     wanted_length = len(prompt_ids) + settings.max_new_tokens
     shape = SearchShape(
-        num_beams=settings.num_beams,
-        keep=max(2, 1 + len(lm.eos_token_ids)) * settings.num_beams,
+        num_beams=beam.num_beams,
+        keep=max(2, 1 + len(lm.eos_token_ids)) * beam.num_beams,
         prompt_len=prompt_len,
         max_length=min(wanted_length, lm.context_length),
-        length_penalty=settings.length_penalty,
-        early_stopping=parse_early_stopping(settings.early_stopping),
+        length_penalty=beam.length_penalty,
+        early_stopping=parse_early_stopping(beam.early_stopping),
     )
-    yield RunStarted(strategy="beam", prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
-                     forced_token_ids=tuple(forced), model_name=lm.name, model_path=lm.path, device=str(lm.device),
-                     dtype=lm.dtype_name, settings=settings.as_plain_dict())
+    yield record.started(prompt_ids, prompt_text)
     pipeline = build_pipeline(settings, sampling=False)
     text = TokenTextCache(tokenizer)
     device = lm.device
@@ -271,19 +272,16 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
     pad = _pad_id(lm)
     with torch.inference_mode():
         prompt = torch.tensor([prompt_ids + forced], dtype=torch.long, device=device)  # [1, prompt_len]
-        start = time.perf_counter()
-        logits, cache = prefill(model, prompt)  # logits: [1, vocab]
-        sync_device(device)
-        prefill_ms = (time.perf_counter() - start) * 1000
-        yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
-
+        prefilled = yield from record.prefill(prompt)
         running, finished = initial_state(prompt[0], shape, pad)
-        cur_len, improvable, stopped, decode_s = prompt_len, True, False, 0.0
-        while True:
-            if should_stop():
+        cur_len, improvable, stopped = prompt_len, True, prefilled is None
+        if prefilled is not None:
+            logits, cache = prefilled  # logits: [1, vocab]
+        while not stopped:
+            if record.should_stop():
                 stopped = True
                 break
-            step_start = time.perf_counter()
+            record.step_started()
             if cur_len > prompt_len:  # the first step uses the prefill's logits
                 out = model(input_ids=running.sequences[:, cur_len - 1 : cur_len], cache=cache, use_cache=True)
                 logits = out.logits[:, -1, :]  # [beams, vocab]
@@ -301,9 +299,7 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
             cur_len += 1
             improvable = improvable and can_continue and still_improvable(running, finished, cur_len, shape)
             all_done = bool(finished.done.all()) and shape.early_stopping is True
-            sync_device(device)
-            step_s = time.perf_counter() - step_start
-            decode_s += step_s
+            step_ms = record.step_ended()
             normalised = (exp.scores / ((cur_len - prompt_len) ** shape.length_penalty)).tolist()
             yield BeamStep(
                 step=cur_len - 1 - prompt_len,
@@ -311,36 +307,28 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
                 token_ids=tuple(exp.tokens[survivors].tolist()),
                 scores=tuple(exp.scores[survivors].tolist()),
                 candidates=step_candidates(exp, survivors, entered, normalised, text),
-                step_ms=step_s * 1000,
+                step_ms=step_ms,
                 kv_cache_bytes=kv_cache_bytes(cache),
             )
             if not (improvable and not all_done and can_continue):
                 break
 
     best = best_so_far(running, finished, cur_len, shape) if stopped else finished
-    sequences_out = to_sequences(best, settings.num_return_sequences, prompt_len, forced, tokenizer)
-    top = sequences_out[0] if sequences_out else BeamSequence((), "", float("nan"), float("nan"))
-    steps = cur_len - prompt_len
-    yield RunFinished(
-        token_ids=top.token_ids,
-        text=top.text,
-        stop_reason=_stop_reason(top, lm.eos_token_ids, stopped, shape.max_length < wanted_length),
-        tokens_per_s=steps / decode_s if decode_s > 0 else 0.0,
-        prefill_ms=prefill_ms,
-        decode_ms=decode_s * 1000,
-        prompt_tokens=len(prompt_ids),
-        model_name=lm.name,
-        model_path=lm.path,
-        device=str(lm.device),
-        dtype=lm.dtype_name,
-        sequences=sequences_out,
+    # Stopped before the first step (during the prefill): nothing to return, and no made-up score.
+    sequences_out = to_sequences(best, beam.num_return_sequences, prompt_len, forced, tokenizer) \
+        if cur_len > prompt_len else ()
+    top = sequences_out[0] if sequences_out else None
+    yield record.finished(
+        top.token_ids if top else (), top.text if top else "",
+        _stop_reason(top, lm.eos_token_ids, stopped, shape.max_length < wanted_length),
+        steps=cur_len - prompt_len, sequences=sequences_out,
     )
 
 
-def _stop_reason(best: BeamSequence, eos_ids: tuple[int, ...], stopped: bool, capped: bool) -> str:
+def _stop_reason(best: BeamSequence | None, eos_ids: tuple[int, ...], stopped: bool, capped: bool) -> str:
     if stopped:
         return "stopped"
-    if best.token_ids and best.token_ids[-1] in eos_ids:
+    if best is not None and best.token_ids and best.token_ids[-1] in eos_ids:
         return "eos"
     return "context_full" if capped else "max_new_tokens"
 

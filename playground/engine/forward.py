@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Generator
 from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+# Long prompts are read this many tokens at a time, so Stop (and closing the window) is honoured between chunks
+# and the prefill can report progress. Prompts up to this length take exactly one forward pass, as generate does.
+PREFILL_CHUNK = 256
 
 
 def sync_device(device: torch.device) -> None:
@@ -17,13 +22,38 @@ def sync_device(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def prefill(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
-    """The prompt [1, prompt_len] through the model once; returns last-position logits [1, vocab] and the cache.
+def _last_logits_only(model: Any) -> dict[str, Any]:
+    # Only the last position's logits are computed where the model allows it, as ``generate`` does: the others
+    # would be a [prompt_len, vocab] matrix nobody reads.
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
-    Only the last position's logits are computed where the model allows it (``logits_to_keep``), as ``generate``
-    does: the others would be a [prompt_len, vocab] matrix nobody reads.
+
+def prefill_in_chunks(
+    model: Any, prompt: torch.Tensor, chunk: int = PREFILL_CHUNK
+) -> Generator[int, None, tuple[torch.Tensor, DynamicCache]]:
+    """The prompt [1, prompt_len] through the model, ``chunk`` tokens per forward pass into one cache.
+
+    Yields the number of prompt tokens read after each chunk but the last; returns the last position's logits
+    [1, vocab] and the filled cache.
     """
     cache = DynamicCache(config=model.config)
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(input_ids=prompt, cache=cache, use_cache=True, **extra)
-    return out.logits[:, -1, :], cache
+    extra = _last_logits_only(model)
+    total = prompt.shape[1]
+    logits = None
+    for start in range(0, total, chunk):
+        out = model(input_ids=prompt[:, start : start + chunk], cache=cache, use_cache=True, **extra)
+        logits = out.logits[:, -1, :]
+        if start + chunk < total:
+            yield start + chunk
+    assert logits is not None, "an empty prompt has nothing to prefill"
+    return logits, cache
+
+
+def prefill(model: Any, prompt: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+    """The whole prompt at once (no stop checks): last-position logits [1, vocab] and the cache."""
+    chunks = prefill_in_chunks(model, prompt, chunk=max(1, prompt.shape[1]))
+    while True:
+        try:
+            next(chunks)
+        except StopIteration as end:
+            return end.value

@@ -5,20 +5,19 @@ Prefill runs the whole prompt once and fills the cache; each later step feeds on
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import torch
 
 from playground.config import RunSettings
-from playground.engine.forward import prefill, sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.stop_strings import StopStringWatch
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
-from playground.events import Event, PrefillDone, RunFinished, RunStarted
+from playground.events import Event
 from playground.models.loaded import LoadedModel
 
 
@@ -34,10 +33,18 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
 def run_sampling(
     lm: LoadedModel, settings: RunSettings, should_stop: Callable[[], bool] | None = None
 ) -> Iterator[Event]:
-    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events."""
+    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events.
+
+    Settings are checked before the first event (``ConfigError``); the events come from the returned generator.
+    """
     settings.validate()
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids), settings)
+    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop))
+
+
+def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
+            record: RunRecorder) -> Iterator[Event]:
     sampling = settings.strategy == "sample"
     pipeline = build_pipeline(settings, sampling=sampling)
     generator = make_generator(lm.device, settings.seed)
@@ -47,29 +54,23 @@ def run_sampling(
     stop_watch = StopStringWatch(settings.stop_strings)
     max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
 
-    yield RunStarted(
-        strategy=settings.strategy, prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
-        forced_token_ids=tuple(settings.forced_token_ids), model_name=lm.name, model_path=lm.path,
-        device=str(lm.device), dtype=lm.dtype_name, settings=settings.as_plain_dict(),
-    )
-
+    yield record.started(prompt_ids, prompt_text)
     generated: list[int] = []
-    decode_ms = 0.0
     stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
-        start = time.perf_counter()
-        logits, cache = prefill(lm.model, ids)
-        logits = logits.float()  # [1, vocab]
-        sync_device(lm.device)
-        prefill_ms = (time.perf_counter() - start) * 1000
-        yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=prefill_ms, kv_cache_bytes=kv_cache_bytes(cache))
+        prefilled = yield from record.prefill(ids)
+        if prefilled is None:
+            max_steps, stop_reason = 0, "stopped"
+        else:
+            logits, cache = prefilled
+            logits = logits.float()  # [1, vocab]
 
         for step in range(max_steps):
-            if should_stop is not None and should_stop():
+            if record.should_stop():
                 stop_reason = "stopped"
                 break
-            start = time.perf_counter()
+            record.step_started()
             if step > 0:
                 logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
             forced = step < len(settings.forced_token_ids)
@@ -77,9 +78,7 @@ def run_sampling(
                                settings.forced_token_ids[step] if forced else None)
             token_id = analysis.token_id
             ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
-            sync_device(lm.device)
-            step_ms = (time.perf_counter() - start) * 1000
-            decode_ms += step_ms
+            step_ms = record.step_ended()
 
             text = decoder.push(token_id)
             generated.append(token_id)
@@ -92,13 +91,8 @@ def run_sampling(
                 stop_reason = "stop_string"
                 break
 
-    yield RunFinished(
-        token_ids=tuple(generated), text=lm.tokenizer.decode(generated, skip_special_tokens=True),
-        stop_reason=stop_reason,
-        tokens_per_s=len(generated) / (decode_ms / 1000) if decode_ms > 0 else 0.0,
-        prefill_ms=prefill_ms, decode_ms=decode_ms, prompt_tokens=len(prompt_ids), model_name=lm.name,
-        model_path=lm.path, device=str(lm.device), dtype=lm.dtype_name,
-    )
+    yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                          steps=len(generated))
 
 
 def _choose(

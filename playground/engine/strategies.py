@@ -1,27 +1,78 @@
-"""One entry point for every decoding strategy: settings in, events out."""
+"""The strategy registry: name → runner, with what each strategy uses and yields.
+
+The CLI's ``--strategy`` choices, the window's strategy menu and ``run_strategy`` all read this table. Runners are
+named as ``"module:function"`` and imported on first use, so reading the table loads no torch.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from playground.config import RunSettings
-from playground.events import Event
-from playground.models.loaded import LoadedModel
+from playground.config import BeamSettings, ConfigError, RunSettings, SettingsGroup
+from playground.events import BeamStep, Event, TokenStep
+
+if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help, saved runs, the Qt-free state)
+    from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
+Runner = Callable[["LoadedModel", RunSettings, "StopCheck | None"], Iterator[Event]]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    help: str  # one line for --help and the menu's tooltip
+    runner: str  # "module:function" taking (lm, settings, should_stop) and returning an event iterator
+    sections: tuple[str, ...] = ()  # shared settings sections it reads besides "generation": "sampling", "penalties"
+    groups: tuple[type[SettingsGroup], ...] = ()  # capability settings it reads
+    step_events: tuple[type, ...] = ()  # the per-step events it yields (views pick runs by these)
+
+    def load_runner(self) -> Runner:
+        module, _, function = self.runner.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(strategy: Strategy) -> Strategy:
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"strategy {strategy.name!r} is registered twice")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+register_strategy(Strategy(
+    "greedy", "always the most likely token (after the penalties)", "playground.engine.sampling:run_sampling",
+    sections=("penalties",), step_events=(TokenStep,)))
+register_strategy(Strategy(
+    "sample", "draw from the processed distribution (temperature, top-k, top-p, min-p)",
+    "playground.engine.sampling:run_sampling", sections=("sampling", "penalties"), step_events=(TokenStep,)))
+register_strategy(Strategy(
+    "beam", "keep several hypotheses, expand all of them every step", "playground.engine.beam:run_beam_search",
+    sections=("penalties",), groups=(BeamSettings,), step_events=(BeamStep,)))
+
+
+def strategy_names() -> tuple[str, ...]:
+    return tuple(STRATEGIES)
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}") from None
 
 
 def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
     """Validate the settings and run the chosen strategy as a generator of events.
 
-    ``should_stop`` is polled before each step; when it returns True the run ends with a ``RunFinished`` whose
-    ``stop_reason`` is ``"stopped"``.
+    ``should_stop`` is polled before each step (and between prefill chunks); when it returns True the run ends
+    with a ``RunFinished`` whose ``stop_reason`` is ``"stopped"``.
     """
+    strategy = get_strategy(settings.strategy)
     settings.validate()
-    if settings.strategy == "beam":
-        from playground.engine.beam import run_beam_search
-
-        return run_beam_search(lm, settings, should_stop)
-    from playground.engine.sampling import run_sampling
-
-    return run_sampling(lm, settings, should_stop)
+    return strategy.load_runner()(lm, settings, should_stop)

@@ -1,0 +1,30 @@
+"""Typed settings: the shared run settings, one group per capability, and the table that drives the CLI, the
+form and validation (``playground.config.table``).
+
+Capability modules register their group on import; list each one here.
+"""
+
+from playground.config import beam  # noqa: F401  (registers BeamSettings)
+from playground.config.beam import EARLY_STOPPING, BeamSettings
+from playground.config.errors import ConfigError
+from playground.config.groups import GROUPS, SettingsGroup, register_group
+from playground.config.run import DEFAULT_PROMPT, DEVICES, DTYPES, ModelSettings, RunSettings
+from playground.config.table import Row, Setting, rows, setting
+
+__all__ = [
+    "DEFAULT_PROMPT",
+    "DEVICES",
+    "DTYPES",
+    "EARLY_STOPPING",
+    "GROUPS",
+    "BeamSettings",
+    "ConfigError",
+    "ModelSettings",
+    "Row",
+    "RunSettings",
+    "Setting",
+    "SettingsGroup",
+    "register_group",
+    "rows",
+    "setting",
+]

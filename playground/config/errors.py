@@ -1,0 +1,7 @@
+"""The error a setting raises when it cannot work."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message says which and what to do."""

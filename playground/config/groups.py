@@ -1,0 +1,61 @@
+"""Capability settings: one frozen dataclass per capability, registered by name.
+
+A ``RunSettings`` carries the groups a run uses (``settings.group(BeamSettings)``); the CLI and the form list every
+registered group's table, so a new capability adds its module here and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from playground.config.errors import ConfigError
+from playground.config.table import check_all, from_plain, plain_value, rows
+
+G = TypeVar("G", bound="SettingsGroup")
+
+
+@dataclass(frozen=True)
+class SettingsGroup:
+    """Base of a capability's settings. Subclasses set ``name`` (JSON key) and ``title`` (form and --help)."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+
+    def validate(self) -> None:
+        check_all(self)
+        for ok, message in self.cross_checks():
+            if not ok:
+                raise ConfigError(message)
+
+    def cross_checks(self) -> list[tuple[bool, str]]:
+        """Rules that involve several fields: (holds, message)."""
+        return []
+
+    def summary(self) -> str:
+        """The group's values in a few words (runs list, window title)."""
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+
+    def as_plain_dict(self) -> dict[str, Any]:
+        return {f.name: plain_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_plain_dict(cls: type[G], plain: dict[str, Any]) -> G:
+        values, _unknown = from_plain(cls, plain)
+        return cls(**values)
+
+
+GROUPS: dict[str, type[SettingsGroup]] = {}
+
+
+def register_group(cls: type[G]) -> type[G]:
+    """Class decorator: make a capability's settings known to the CLI, the form and saved runs."""
+    if not cls.name or (cls.name in GROUPS and GROUPS[cls.name] is not cls):
+        raise ValueError(f"settings group name {cls.name!r} is empty or taken")
+    flags = {row.flag for group in GROUPS.values() if group is not cls for row in rows(group)}
+    clash = flags & {row.flag for row in rows(cls)}
+    if clash:
+        raise ValueError(f"{cls.__name__} reuses the flags {sorted(clash)}")
+    GROUPS[cls.name] = cls
+    return cls

@@ -1,0 +1,92 @@
+"""What every strategy does around its own steps: the start event, the timed (chunked) prefill, step timing,
+and the final event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+import torch
+
+from playground.config import RunSettings, SettingsGroup
+from playground.engine.forward import prefill_in_chunks, sync_device
+from playground.engine.kv_cache import kv_cache_bytes
+from playground.events import BeamSequence, Event, PrefillDone, PrefillProgress, RunFinished, RunStarted
+from playground.models.loaded import LoadedModel
+
+StopCheck = Callable[[], bool]
+
+
+def never_stop() -> bool:
+    return False
+
+
+class RunRecorder:
+    """Builds a run's shared events and keeps its clock (prefill and decode time, measured after a device sync)."""
+
+    def __init__(self, lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+                 groups: tuple[type[SettingsGroup], ...] = ()) -> None:
+        self.lm = lm
+        self.settings = settings
+        self.should_stop = should_stop or never_stop
+        self.groups = groups  # capability settings written into the start event even at their defaults
+        self.prompt_tokens = 0
+        self.prefill_ms = 0.0
+        self.decode_ms = 0.0
+        self._step_start = 0.0
+
+    def started(self, prompt_ids: list[int], prompt_text: str) -> RunStarted:
+        self.prompt_tokens = len(prompt_ids)
+        lm, s = self.lm, self.settings
+        return RunStarted(
+            strategy=s.strategy, prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
+            forced_token_ids=tuple(s.forced_token_ids), model_name=lm.name, model_path=lm.path,
+            device=str(lm.device), dtype=lm.dtype_name, settings=s.as_plain_dict(include=self.groups),
+        )
+
+    def prefill(self, ids: torch.Tensor) -> Generator[Event, None, tuple[torch.Tensor, Any] | None]:
+        """Read ``ids`` [1, n] into a new cache, yielding progress for long prompts and ``PrefillDone``.
+
+        Returns (last logits [1, vocab], cache), or None when Stop came between two chunks.
+        """
+        start = time.perf_counter()
+        chunks = prefill_in_chunks(self.lm.model, ids)
+        while True:
+            try:
+                done = next(chunks)
+            except StopIteration as end:
+                logits, cache = end.value
+                break
+            if self.should_stop():
+                self.prefill_ms = (time.perf_counter() - start) * 1000
+                return None
+            yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])
+        sync_device(self.lm.device)
+        self.prefill_ms = (time.perf_counter() - start) * 1000
+        yield PrefillDone(prompt_tokens=self.prompt_tokens, prefill_ms=self.prefill_ms,
+                          kv_cache_bytes=kv_cache_bytes(cache))
+        return logits, cache
+
+    def step_started(self) -> None:
+        self._step_start = time.perf_counter()
+
+    def step_ended(self) -> float:
+        """Milliseconds since ``step_started`` (after a device sync), added to the decode time."""
+        sync_device(self.lm.device)
+        ms = (time.perf_counter() - self._step_start) * 1000
+        self.decode_ms += ms
+        return ms
+
+    def finished(self, token_ids: list[int] | tuple[int, ...], text: str, stop_reason: str, steps: int,
+                 sequences: tuple[BeamSequence, ...] = ()) -> RunFinished:
+        """The final event; ``steps``: decode steps taken (tokens, or beam steps) for the speed figure."""
+        lm = self.lm
+        return RunFinished(
+            token_ids=tuple(token_ids), text=text, stop_reason=stop_reason,
+            tokens_per_s=steps / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0,
+            prefill_ms=self.prefill_ms, decode_ms=self.decode_ms, prompt_tokens=self.prompt_tokens,
+            model_name=lm.name, model_path=lm.path, device=str(lm.device), dtype=lm.dtype_name,
+            sequences=sequences,
+        )

@@ -1,0 +1,123 @@
+"""The events every run has: start, prefill, one token per step (greedy, sampling), done.
+
+Every strategy yields these. They carry no tensors and no Qt types, so the same stream feeds the GUI, the
+`trace` command (JSON lines), tests and benchmarks. Each event class has a ``type`` tag used in JSON.
+
+Which distribution a number comes from is always in its name:
+- ``raw_*``: softmax of the model's logits, before any processor;
+- ``processed_*`` / ``prob``: after the sampler pipeline (penalties, temperature, top-k, top-p, min-p), i.e. the
+  distribution the token was actually drawn from (for greedy: the one whose argmax was taken).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One of the top candidates of a step."""
+
+    token_id: int
+    text: str
+    raw_prob: float  # softmax of the raw logits
+    processed_prob: float  # after the sampler pipeline; 0.0 when a processor cut it
+    raw_rank: int  # 1 = most likely under the raw distribution
+    cut_by: str | None = None  # name of the first processor that removed it, if any
+
+
+@dataclass(frozen=True)
+class ProcessorEffect:
+    """What one logit processor did to the candidates shown for a step."""
+
+    name: str  # e.g. "repetition_penalty", "top_k"
+    removed: tuple[int, ...]  # token ids among the shown candidates it set to -inf
+    reweighted: tuple[int, ...]  # token ids among the shown candidates whose logit it changed otherwise
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """First event of every run: what is being decoded, with what."""
+
+    type: ClassVar[str] = "start"
+    strategy: str
+    prompt_text: str  # the text fed to the model (after the chat template, if on)
+    prompt_token_ids: tuple[int, ...]
+    forced_token_ids: tuple[int, ...]  # generated tokens forced at the start (branching)
+    model_name: str
+    model_path: str
+    device: str
+    dtype: str
+    settings: dict[str, Any]  # the run's settings as plain values
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """A long prompt is read in chunks (so Stop is honoured between them): how far the prefill got."""
+
+    type: ClassVar[str] = "prefill_progress"
+    done_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    """The prompt went through the model once and filled the KV cache."""
+
+    type: ClassVar[str] = "prefill"
+    prompt_tokens: int
+    prefill_ms: float
+    kv_cache_bytes: int  # measured size of the cache after prefill
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One decoding step of greedy or sampling."""
+
+    type: ClassVar[str] = "token"
+    unit: ClassVar[str] = "token"  # what one step produces, for counts and speeds ("tokens/s")
+    step: int  # 0 = first generated token
+    token_id: int
+    text: str  # incremental text this token adds to the output
+    prob: float  # probability of the chosen token after the sampler pipeline
+    raw_prob: float  # probability of the chosen token under the raw model distribution
+    logprob: float  # natural log of raw_prob
+    raw_rank: int  # rank of the chosen token under the raw distribution, 1 = top
+    entropy: float  # entropy of the raw distribution, in bits
+    processed_entropy: float  # entropy after the sampler pipeline, in bits
+    candidates: tuple[Candidate, ...]  # top candidates by raw probability (plus the chosen one if outside)
+    shown_raw_mass: float  # raw probability the shown candidates cover
+    effects: tuple[ProcessorEffect, ...]
+    forced: bool  # the token was forced (branching), not chosen by the strategy
+    step_ms: float  # model forward + processing for this step
+    kv_cache_bytes: int  # measured size of the KV cache after this step
+
+
+@dataclass(frozen=True)
+class BeamSequence:
+    """A sequence a strategy returned (beam search returns several, best first)."""
+
+    token_ids: tuple[int, ...]  # generated tokens only
+    text: str
+    score: float  # length-normalised, as transformers' sequences_scores
+    sum_logprobs: float
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """Last event of every run that was not stopped by an error."""
+
+    type: ClassVar[str] = "done"
+    token_ids: tuple[int, ...]  # generated tokens only
+    text: str
+    stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "stopped" | "context_full"
+    tokens_per_s: float
+    prefill_ms: float
+    decode_ms: float
+    prompt_tokens: int
+    model_name: str
+    model_path: str
+    device: str
+    dtype: str
+    sequences: tuple[BeamSequence, ...] = ()  # beam search: returned sequences, best first
