@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from playground.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree
 from playground.config import RunSettings
 from playground.engine.beam import run_beam_search
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished
+from playground.state.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree
 
 
 def assert_reproduces_run(tree, ranked, sequences, tol: float) -> None:
@@ -27,22 +27,23 @@ def assert_reproduces_run(tree, ranked, sequences, tol: float) -> None:
 
 @pytest.fixture(scope="module")
 def eos_run(tiny_lm_eos):
-    settings = RunSettings(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=24,
+    settings = RunSettings.from_flat(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=24,
                            early_stopping="never", length_penalty=1.0, num_return_sequences=3)
     return list(run_beam_search(tiny_lm_eos, settings))
 
 
 @pytest.fixture(scope="module")
 def long_run(tiny_lm):
-    settings = RunSettings(strategy="beam", prompt="Beam search keeps", num_beams=16, max_new_tokens=64)
+    settings = RunSettings.from_flat(strategy="beam", prompt="Beam search keeps", num_beams=16, max_new_tokens=64)
     return list(run_beam_search(tiny_lm, settings))
 
 
 def stopped_run(lm, polls_before_stop: int, **overrides):
     """A real run stopped by ``should_stop`` (as the Stop button does) before its ``polls_before_stop``+1-th step."""
     polls = iter(range(1000))
-    settings = RunSettings(strategy="beam", **{"prompt": "The weather in Paris", "num_beams": 4, "max_new_tokens": 40,
-                                               "num_return_sequences": 3, "early_stopping": "never", **overrides})
+    settings = RunSettings.from_flat(strategy="beam", **{
+        "prompt": "The weather in Paris", "num_beams": 4, "max_new_tokens": 40, "num_return_sequences": 3,
+        "early_stopping": "never", **overrides})
     return list(run_strategy(lm, settings, should_stop=lambda: next(polls) >= polls_before_stop))
 
 
@@ -136,7 +137,7 @@ def test_kv_cost_per_beam(long_run):
 
 def test_stopped_run_marks_the_best_running_beam(tiny_lm):
     polls = iter(range(100))
-    settings = RunSettings(strategy="beam", prompt="Beam search keeps", num_beams=3, max_new_tokens=20)
+    settings = RunSettings.from_flat(strategy="beam", prompt="Beam search keeps", num_beams=3, max_new_tokens=20)
     events = list(run_beam_search(tiny_lm, settings, should_stop=lambda: next(polls) >= 4))
     tree = fold(events)
     assert tree.stop_reason == "stopped" and tree.steps == 4
@@ -203,7 +204,7 @@ def test_reset_and_refold_give_the_same_tree(eos_run):
 
 
 def test_module_loads_neither_qt_nor_torch():
-    code = ("import sys, playground.beam_tree; "
+    code = ("import sys, playground.state.beam_tree; "
             "print(sorted(m for m in ('PySide6', 'pyqtgraph', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -10,12 +10,12 @@ import pytest
 from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor
 
-from playground.beam_tree import FINISHED, PRUNED, SURVIVING
 from playground.config import RunSettings
 from playground.engine.beam import run_beam_search
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, PrefillDone, RunFinished, RunStarted
 from playground.state import shade_fraction
+from playground.state.beam_tree import FINISHED, PRUNED, SURVIVING
 from playground.ui import beam_tree_items
 from playground.ui.beam_tree_items import CHUNK_STEPS, NODE_SIZE
 from playground.ui.beam_tree_panel import BeamTreePanel, chunk_of
@@ -24,14 +24,14 @@ from playground.ui.style import SHADE_TICKS, configure_pyqtgraph, shade_for_prob
 
 @pytest.fixture(scope="module")
 def events(tiny_lm_eos):
-    settings = RunSettings(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=20,
+    settings = RunSettings.from_flat(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=20,
                            early_stopping="never", num_return_sequences=3)
     return list(run_beam_search(tiny_lm_eos, settings))
 
 
 @pytest.fixture(scope="module")
 def wide_events(tiny_lm):
-    settings = RunSettings(strategy="beam", prompt="Beam search keeps", num_beams=16, max_new_tokens=64)
+    settings = RunSettings.from_flat(strategy="beam", prompt="Beam search keeps", num_beams=16, max_new_tokens=64)
     return list(run_beam_search(tiny_lm, settings))
 
 
@@ -39,7 +39,7 @@ def wide_events(tiny_lm):
 def stopped_events(tiny_lm_eos):
     """Stopped after 3 steps: the run's best is a running beam scored as if it ended there."""
     polls = iter(range(1000))
-    settings = RunSettings(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=40,
+    settings = RunSettings.from_flat(strategy="beam", prompt="The weather in Paris", num_beams=4, max_new_tokens=40,
                            early_stopping="never", num_return_sequences=3, length_penalty=2.0)
     return list(run_strategy(tiny_lm_eos, settings, should_stop=lambda: next(polls) >= 3))
 
@@ -320,7 +320,8 @@ def test_slider_covers_the_controls_range(panel, events):
     started = events[0]
     assert isinstance(started, RunStarted)
     for penalty, low, high in ((-5.0, -50, 50), (5.0, -50, 50), (7.5, -50, 75), (-6.0, -60, 50)):
-        run = [dataclasses.replace(started, settings={**started.settings, "length_penalty": penalty}), *events[1:]]
+        run = [dataclasses.replace(started, settings={**started.settings, "beam": {**started.settings["beam"],
+                                                                              "length_penalty": penalty}}), *events[1:]]
         feed(panel, run)
         slider = panel.penalty_slider
         assert (slider.minimum(), slider.maximum()) == (low, high)
@@ -376,7 +377,7 @@ def test_default_model_run_reads_well(qtbot, default_lm, tmp_path):
     qtbot.addWidget(panel)
     panel.resize(1400, 850)
     panel.show()
-    settings = RunSettings(strategy="beam", num_beams=4, max_new_tokens=32, num_return_sequences=3)
+    settings = RunSettings.from_flat(strategy="beam", num_beams=4, max_new_tokens=32, num_return_sequences=3)
     feed(panel, run_beam_search(default_lm, settings))
     assert "Paris" in panel.header.text()
     labels = set(panel._labels._texts)

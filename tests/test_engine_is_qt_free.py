@@ -13,7 +13,7 @@ import playground.models
 ENGINE_MODULES = [
     info.name for package in (playground.engine, playground.models)
     for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + ".")
-] + ["playground.events", "playground.config", "playground.state", "playground.beam_tree", "playground.cli"]
+] + ["playground.events", "playground.config", "playground.state", "playground.state.beam_tree", "playground.cli"]
 
 
 def _loaded_after(code: str) -> set[str]:

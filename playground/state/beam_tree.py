@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from playground.config import BeamSettings, RunSettings
 from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
 
 SURVIVING = "surviving"
@@ -113,11 +114,11 @@ class BeamTree:
 
     def _start(self, event: RunStarted) -> None:
         self.reset()
-        settings = event.settings
-        self.width = int(settings.get("num_beams", 1))
-        self.length_penalty = float(settings.get("length_penalty", 1.0))
-        self.processed = (float(settings.get("repetition_penalty", 1.0)) != 1.0
-                          or int(settings.get("no_repeat_ngram_size", 0)) > 0)
+        settings, _unknown = RunSettings.from_plain_dict(event.settings)
+        beam = settings.group(BeamSettings)
+        self.width = beam.num_beams
+        self.length_penalty = beam.length_penalty
+        self.processed = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
         self.forced_token_ids = tuple(event.forced_token_ids)
         self.prompt_tokens = len(event.prompt_token_ids)
         self._ensure_root()

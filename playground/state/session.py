@@ -7,81 +7,25 @@ run picked from the runs list. Views re-derive themselves from a run's recorded 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from playground.config import RunSettings
-from playground.events import (
-    BeamStep,
-    Candidate,
-    Event,
-    PrefillDone,
-    RunFinished,
-    RunStarted,
-    TokenStep,
-)
-
-# Log-prob colour scale: everything at or below this is drawn in the darkest shade (p <= ~0.1 %).
-LOGPROB_FLOOR = math.log(1e-3)
-
-REST_OF_VOCAB = "(rest of vocabulary)"
-
-
-# Characters that change how the *following* text is laid out (bidi overrides, zero-width marks) or draw nothing:
-# shown as a visible escape so a token cannot reverse or hide its neighbours.
-_FORMAT_CHARS = {*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF}
-
-
-def _escape_char(ch: str) -> str:
-    code = ord(ch)
-    if code < 0x20:
-        return chr(0x2400 + code)  # Unicode's "control pictures": ␀ ␁ … ␟
-    if code == 0x7F:
-        return "␡"
-    if code in _FORMAT_CHARS:
-        return f"⟨U+{code:04X}⟩"
-    return ch
-
-
-def flowing_token_text(text: str) -> str:
-    """Token text for the output document: line breaks shown as ↵ and kept, other invisibles escaped."""
-    text = text.replace("\r\n", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
-    return "".join("↵\n" if ch == "\n" else "\t" if ch == "\t" else _escape_char(ch) for ch in text)
-
-
-def visible_token_text(text: str) -> str:
-    """Token text on one line with invisible characters made visible, for axis labels and lists."""
-    if text == "":
-        return "∅"
-    marks = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\u2028": "↵", "\u2029": "↵"}
-    return "".join(marks.get(ch) or _escape_char(ch) for ch in text)
-
-
-def shade_fraction(prob: float) -> float:
-    """Position of a probability on the clamped log-prob colour scale: 0 = certain (p=1), 1 = p <= 0.1 %."""
-    if prob <= 0.0:
-        return 1.0
-    logprob = math.log(min(prob, 1.0))
-    return min(1.0, max(0.0, logprob / LOGPROB_FLOOR))
-
-
-def chosen_text(step: TokenStep) -> str:
-    """The chosen token's own text (its output delta can be empty when it ends mid-character)."""
-    if step.text:
-        return step.text
-    return next((c.text for c in step.candidates if c.token_id == step.token_id), "")
+from playground.engine.strategies import STRATEGIES
+from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
+from playground.state.text import visible_token_text
 
 
 def settings_summary(settings: RunSettings) -> str:
     """The settings that shaped a run, in one line (only what the strategy uses and what is switched on)."""
     s = settings
+    strategy = STRATEGIES.get(s.strategy)
     parts = [s.strategy, f"max {s.max_new_tokens}"]
-    if s.strategy == "sample":
+    if strategy is not None and "sampling" in strategy.sections:
         parts += [f"T={s.temperature:g}", f"seed {s.seed}"]
         parts += [text for on, text in ((s.top_k > 0, f"top-k {s.top_k}"), (s.top_p < 1, f"top-p {s.top_p:g}"),
                                         (s.min_p > 0, f"min-p {s.min_p:g}")) if on]
-    if s.strategy == "beam":
-        parts += [f"{s.num_beams} beams", f"length penalty {s.length_penalty:g}"]
+    for group in strategy.groups if strategy is not None else ():
+        parts.append(s.group(group).summary())
     if s.repetition_penalty != 1:
         parts.append(f"repetition penalty {s.repetition_penalty:g}")
     if s.no_repeat_ngram_size:
@@ -112,10 +56,11 @@ class Run:
     events: list[Event] = field(default_factory=list)
     started: RunStarted | None = None
     prefill: PrefillDone | None = None
-    steps: list[TokenStep] = field(default_factory=list)
-    beam_steps: list[BeamStep] = field(default_factory=list)
+    steps: list[TokenStep] = field(default_factory=list)  # greedy/sampling tokens (what the tokens view shows)
+    step_events: list[Event] = field(default_factory=list)  # every per-step event, whatever the strategy
     finished: RunFinished | None = None
     error: str | None = None
+    source: str | None = None  # the saved trace it was opened from (None: decoded in this window)
 
     def apply(self, event: Event) -> None:
         self.events.append(event)
@@ -123,12 +68,12 @@ class Run:
             self.started = event
         elif isinstance(event, PrefillDone):
             self.prefill = event
-        elif isinstance(event, TokenStep):
-            self.steps.append(event)
-        elif isinstance(event, BeamStep):
-            self.beam_steps.append(event)
         elif isinstance(event, RunFinished):
             self.finished = event
+        elif hasattr(event, "step"):
+            self.step_events.append(event)
+            if isinstance(event, TokenStep):
+                self.steps.append(event)
 
     @property
     def running(self) -> bool:
@@ -154,11 +99,26 @@ class Run:
             return "running"
         return self.finished.stop_reason
 
+    @property
+    def step_unit(self) -> str:
+        """What one step produces: "token", or "step" where a step grows several sequences (beam search)."""
+        if self.step_events:
+            return getattr(type(self.step_events[-1]), "unit", "step")
+        strategy = STRATEGIES.get(self.settings.strategy)
+        if strategy is not None and strategy.step_events:
+            return getattr(strategy.step_events[0], "unit", "step")
+        return "token"
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """The KV cache's measured size after the latest step (or the prefill)."""
+        for event in (self.step_events[-1:] or [self.prefill]):
+            if event is not None and hasattr(event, "kv_cache_bytes"):
+                return event.kv_cache_bytes
+        return None
+
     def count_label(self) -> str:
-        """How far the run got: tokens for greedy/sampling, steps for beam search (each step grows every beam)."""
-        if self.settings.strategy == "beam":
-            return f"{len(self.beam_steps)} steps"
-        return f"{len(self.steps)} tokens"
+        return f"{len(self.step_events)} {self.step_unit}s"
 
     def label(self) -> str:
         """One line for the runs list."""
@@ -166,10 +126,12 @@ class Run:
         if self.branch is not None:
             head += (f" · branch of #{self.branch.parent + 1} at step {self.branch.step}"
                      f" → {visible_token_text(self.branch.token_text)}")
+        if self.source is not None:
+            head += f" · opened from {self.source}"
         return f"{head} · {self.count_label()} · {self.status}"
 
     def decode_ms_per_token(self) -> float | None:
-        timed = [s.step_ms for s in self.steps if not s.forced] or [s.step_ms for s in self.beam_steps]
+        timed = [e.step_ms for e in self.step_events if not getattr(e, "forced", False) and hasattr(e, "step_ms")]
         return sum(timed) / len(timed) if timed else None
 
     def tokens_per_s(self) -> float | None:
@@ -177,65 +139,6 @@ class Run:
             return self.finished.tokens_per_s
         per_token = self.decode_ms_per_token()
         return 1000.0 / per_token if per_token else None
-
-
-@dataclass(frozen=True)
-class ChartRow:
-    """One row of the candidates bar chart."""
-
-    label: str
-    token_id: int | None  # None for the rest-of-vocabulary row
-    raw_prob: float
-    processed_prob: float
-    chosen: bool
-    cut_by: str | None
-
-
-def _rest(shown: float) -> float:
-    """What ``shown`` leaves of a distribution; float32 round-off below 1e-6 is no probability at all."""
-    rest = 1.0 - shown
-    return rest if rest > 1e-6 else 0.0
-
-
-def chart_rows(step: TokenStep, limit: int | None = None) -> list[ChartRow]:
-    """The step's candidates by raw probability (chosen one always included), then the rest of the vocabulary.
-
-    The rest row's raw share is what the shown candidates leave uncovered; its processed share is what the
-    sampler pipeline left to tokens not shown.
-    """
-    candidates: list[Candidate] = sorted(step.candidates, key=lambda c: c.raw_rank)
-    if limit is not None and len(candidates) > limit:
-        kept = candidates[:limit]
-        if all(c.token_id != step.token_id for c in kept):
-            kept[-1] = next(c for c in candidates if c.token_id == step.token_id)
-        candidates = kept
-    rows = [
-        ChartRow(visible_token_text(c.text), c.token_id, c.raw_prob, c.processed_prob,
-                 c.token_id == step.token_id, c.cut_by)
-        for c in candidates
-    ]
-    raw_rest = _rest(sum(c.raw_prob for c in candidates))
-    processed_rest = _rest(sum(c.processed_prob for c in candidates))
-    rows.append(ChartRow(REST_OF_VOCAB, None, raw_rest, processed_rest, False, None))
-    return rows
-
-
-def cut_summary(rows: list[ChartRow] | TokenStep) -> dict[str, int]:
-    """How many of the shown rows (or all of a step's recorded candidates) each processor removed."""
-    items = rows.candidates if isinstance(rows, TokenStep) else rows
-    counts: dict[str, int] = {}
-    for item in items:
-        if item.cut_by:
-            counts[item.cut_by] = counts.get(item.cut_by, 0) + 1
-    return counts
-
-
-def most_interesting_step(steps: list[TokenStep]) -> int | None:
-    """The step worth showing first (screenshots): the least certain non-forced one, ignoring a final EOS."""
-    if not steps:
-        return None
-    pool = [s for s in steps[:-1] if not s.forced] or [s for s in steps if not s.forced] or steps
-    return max(pool, key=lambda s: s.entropy).step
 
 
 class Session:
@@ -250,6 +153,19 @@ class Session:
         run = Run(index=len(self.runs), settings=settings, branch=branch)
         self.runs.append(run)
         self.live = run
+        self.selected = run
+        return run
+
+    def add_saved_run(self, events: list[Event], source: str) -> Run:
+        """A run read from a saved trace: shown like any other, decoded by nobody (never live)."""
+        started = next(e for e in events if isinstance(e, RunStarted))
+        settings, _unknown = RunSettings.from_plain_dict(started.settings)
+        run = Run(index=len(self.runs), settings=settings, source=source)
+        for event in events:
+            run.apply(event)
+        if run.finished is None:
+            run.error = "the saved trace ends before the run did"
+        self.runs.append(run)
         self.selected = run
         return run
 

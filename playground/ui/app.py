@@ -7,6 +7,8 @@ import sys
 
 from playground.config import ModelSettings, RunSettings
 
+ORPHAN_GRACE_MS = 1000  # a fetch stops pip within this; a model load cannot be interrupted at all
+
 
 def display_problem() -> str | None:
     """Why Qt could not open a window here (it would abort the process), or None if it can."""
@@ -26,8 +28,12 @@ def display_problem() -> str | None:
     return None
 
 
-def launch(model_settings: ModelSettings, run_settings: RunSettings) -> int:
-    """Show the window and run the Qt event loop; returns the exit code."""
+def launch(model_settings: ModelSettings | None, run_settings: RunSettings | None,
+           open_run: str | os.PathLike | None = None) -> int:
+    """Show the window and run the Qt event loop; returns the exit code.
+
+    ``run_settings`` None: the user's last settings. ``open_run``: show that saved run and load no model.
+    """
     problem = display_problem()
     if problem is not None:
         print(f"playground: error: {problem}", file=sys.stderr)
@@ -46,6 +52,24 @@ def launch(model_settings: ModelSettings, run_settings: RunSettings) -> int:
     window = MainWindow(model_settings, run_settings)
     window.resize(1500, 950)
     window.show()
-    # Load after the window is on screen, so the user sees progress (or the offer to fetch the default model).
-    QTimer.singleShot(0, lambda: window.load_model(model_settings))
-    return app.exec()
+    if open_run is not None:
+        QTimer.singleShot(0, lambda: window.open_run(open_run))
+    else:
+        # Load after the window is on screen, so the user sees progress (or the offer to fetch the default model).
+        QTimer.singleShot(0, lambda: window.load_model(model_settings))
+    return finish(app.exec())
+
+
+def finish(code: int) -> int:
+    """After the window closed: a job that could not be interrupted (a model load) must not keep the process
+    alive. Give a stopping job a moment, then leave without waiting for the rest (it only reads files)."""
+    from playground.ui.main_window import running_orphans
+
+    orphans = running_orphans()
+    for job in orphans:
+        job.thread.wait(ORPHAN_GRACE_MS)
+    if running_orphans():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -12,8 +12,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QGradient, QLinearGradient, QPainter, QPen
 from PySide6.QtWidgets import QWidget
 
-from playground.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING
 from playground.state import shade_fraction
+from playground.state.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING
 from playground.ui.style import SHADE_TICKS, shade_for_prob
 
 BEST_COLOR = "#CC3311"  # the run's best sequence (Tol vibrant red)

@@ -21,9 +21,9 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QBrush, QColor, QPen
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSlider, QVBoxLayout, QWidget
 
-from playground.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree, RankedHypothesis, TreeNode
 from playground.events import Event, RunFinished, RunStarted
 from playground.state import visible_token_text
+from playground.state.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree, RankedHypothesis, TreeNode
 from playground.ui.beam_tree_items import (
     BEST_COLOR,
     BEST_GROWTH,

@@ -1,10 +1,16 @@
-"""The settings form: a widget for every run option, read into a ``RunSettings`` when Generate is pressed.
+"""The settings form, built from the settings tables: one box per section of the shared settings and one per
+registered capability group.
 
 Options a strategy ignores are disabled rather than hidden, so the form never jumps around; tooltips say what each
-option does and which strategies use it.
+option does. Nothing here names a setting: adding one to a table adds its widget.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
@@ -19,9 +25,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from playground.config import EARLY_STOPPING, STRATEGIES, RunSettings
+from playground.config import GROUPS, Row, RunSettings, SettingsGroup, rows
+from playground.engine.strategies import STRATEGIES
 
 STOP_SEPARATOR = "|"
+SECTIONS = {"generation": "Generation", "sampling": "Sampling (sample only)", "penalties": "Penalties"}
+INT_LIMIT = 2**31 - 1
 
 
 def parse_stop_strings(text: str) -> tuple[str, ...]:
@@ -34,111 +43,121 @@ def format_stop_strings(stops: tuple[str, ...]) -> str:
     return f" {STOP_SEPARATOR} ".join(s.replace("\n", "\\n").replace("\t", "\\t") for s in stops)
 
 
-def _spin(low: int, high: int, value: int, tip: str, off_text: str = "") -> QSpinBox:
-    box = QSpinBox()
-    box.setRange(low, high)
-    box.setValue(value)
-    box.setToolTip(tip)
-    if off_text:
-        box.setSpecialValueText(off_text)  # shown at the minimum, which means "off"
-    return box
+@dataclass
+class Binding:
+    """A widget and how to read and write its setting."""
+
+    row: Row
+    widget: QWidget
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
 
 
-def _dspin(low: float, high: float, value: float, step: float, decimals: int, tip: str) -> QDoubleSpinBox:
-    box = QDoubleSpinBox()
-    box.setRange(low, high)
-    box.setDecimals(decimals)
-    box.setSingleStep(step)
-    box.setValue(value)
-    box.setToolTip(tip)
-    return box
+def _limits(row: Row) -> tuple[float, float]:
+    spec = row.spec
+    low = spec.minimum if spec.minimum is not None else -INT_LIMIT
+    high = spec.maximum if spec.maximum is not None else spec.widget_maximum
+    if high is None:
+        high = INT_LIMIT
+    if spec.above_minimum and row.type is float:
+        low += 10 ** -spec.decimals  # the smallest value the box can show above the refused minimum
+    return low, high
+
+
+def make_binding(row: Row) -> Binding:
+    """The widget for one table row: spin boxes for numbers, a combo for choices, a check box, a line edit."""
+    spec = row.spec
+    if row.type is bool:
+        box = QCheckBox(spec.label)
+        return Binding(row, box, box.isChecked, box.setChecked)
+    if spec.choices:
+        combo = QComboBox()
+        combo.addItems(spec.choices)
+        return Binding(row, combo, combo.currentText, combo.setCurrentText)
+    if row.type is int:
+        spin = QSpinBox()
+        low, high = _limits(row)
+        spin.setRange(int(low), int(high))
+        if spec.off_text:
+            spin.setSpecialValueText(spec.off_text)  # shown at the minimum, which means "off"
+        return Binding(row, spin, spin.value, spin.setValue)
+    if row.type is float:
+        dspin = QDoubleSpinBox()
+        dspin.setDecimals(spec.decimals)
+        dspin.setRange(*_limits(row))
+        dspin.setSingleStep(spec.step)
+        return Binding(row, dspin, dspin.value, dspin.setValue)
+    line = QLineEdit()
+    if row.type is str:
+        line.setPlaceholderText(spec.help)
+        return Binding(row, line, line.text, line.setText)
+    line.setPlaceholderText(r"e.g. \n\n | .  (separate with |)")
+    return Binding(row, line, lambda: parse_stop_strings(line.text()),
+                   lambda v: line.setText(format_stop_strings(tuple(v))))
 
 
 class RunControls(QWidget):
-    """Every option of ``RunSettings`` except the prompt (edited in the prompt box)."""
+    """Every option of ``RunSettings`` and of each registered settings group, except the prompt."""
 
     strategy_changed = Signal(str)
 
     def __init__(self, settings: RunSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        s = settings or RunSettings()
         self.strategy = QComboBox()
-        self.strategy.addItems(STRATEGIES)
-        self.strategy.setToolTip("greedy: always the most likely token · sample: draw from the processed "
-                                 "distribution · beam: keep several hypotheses")
-        self.max_new_tokens = _spin(1, 4096, s.max_new_tokens, "Most tokens to generate (forced ones included)")
-        self.seed = _spin(0, 2**31 - 1, s.seed, "Seed of the sampler's random generator: same seed, same draws")
-        self.num_candidates = _spin(1, 100, s.num_candidates, "Top candidates recorded per step (by raw "
-                                    "probability) for hover and chart")
+        for i, strategy in enumerate(STRATEGIES.values()):
+            self.strategy.addItem(strategy.name)
+            self.strategy.setItemData(i, strategy.help, role=3)  # Qt.ToolTipRole
+        self.strategy.setToolTip(" · ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()))
+        self.widgets: dict[str, QWidget] = {"strategy": self.strategy}
+        self._shared: dict[str, Binding] = {}
+        self._groups: dict[type[SettingsGroup], dict[str, Binding]] = {}
+        self.boxes: dict[str, QGroupBox] = {}  # by section name or group name
 
-        self.temperature = _dspin(0.01, 5.0, s.temperature, 0.05, 2, "Divide logits by this before sampling: "
-                                  "<1 sharper, >1 flatter (sample only)")
-        self.top_k = _spin(0, 100000, s.top_k, "Keep only the k most likely tokens (sample only); off = 0",
-                           "off")
-        self.top_p = _dspin(0.01, 1.0, s.top_p, 0.05, 2, "Nucleus: keep the smallest set of tokens whose "
-                            "probability reaches p (sample only); 1 = off")
-        self.min_p = _dspin(0.0, 0.99, s.min_p, 0.01, 2, "Drop tokens less likely than min-p × the top token's "
-                            "probability (sample only); 0 = off")
-        self.repetition_penalty = _dspin(0.1, 5.0, s.repetition_penalty, 0.05, 2, "Divide the logit of tokens "
-                                         "already in the text (all strategies); 1 = off")
-        self.no_repeat_ngram_size = _spin(0, 20, s.no_repeat_ngram_size, "Forbid repeating any n-gram of this "
-                                          "size (all strategies); off = 0", "off")
-
-        self.chat = QCheckBox("apply the chat template")
-        self.chat.setChecked(s.chat)
-        self.chat.setToolTip("Wrap the prompt in the tokenizer's chat template (user turn + assistant prompt)")
-        self.system = QLineEdit(s.system)
-        self.system.setPlaceholderText("optional system message (chat only)")
-        self.stop_strings = QLineEdit(format_stop_strings(s.stop_strings))
-        self.stop_strings.setPlaceholderText(r"e.g. \n\n | .  (separate with |)")
-        self.stop_strings.setToolTip(r"Stop when the output contains one of these; separate with |, \n = newline")
-
-        self.num_beams = _spin(1, 16, s.num_beams, "Hypotheses kept at every step (beam only)")
-        self.length_penalty = _dspin(-5.0, 5.0, s.length_penalty, 0.1, 2, "Final scores are divided by "
-                                     "length^this: >0 favours longer outputs (beam only)")
-        self.early_stopping = QComboBox()
-        self.early_stopping.addItems(EARLY_STOPPING)
-        self.early_stopping.setCurrentText(s.early_stopping)
-        self.early_stopping.setToolTip("When beam search may stop: true = as soon as num_beams hypotheses finished")
-        self.num_return_sequences = _spin(1, 16, s.num_return_sequences, "Finished hypotheses returned (beam only)")
-
-        self.sampling_box = self._group("Sampling (sample only)", [
-            ("temperature", self.temperature), ("top-k", self.top_k), ("top-p", self.top_p),
-            ("min-p", self.min_p)])
-        self.beam_box = self._group("Beam search", [
-            ("beams", self.num_beams), ("length penalty", self.length_penalty),
-            ("early stopping", self.early_stopping), ("return sequences", self.num_return_sequences)])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self._group("Decoding", [
-            ("strategy", self.strategy), ("max new tokens", self.max_new_tokens), ("seed", self.seed),
-            ("candidates", self.num_candidates)]))
-        layout.addWidget(self.sampling_box)
-        layout.addWidget(self._group("Penalties (all strategies)", [
-            ("repetition penalty", self.repetition_penalty), ("no-repeat n-gram", self.no_repeat_ngram_size)]))
-        layout.addWidget(self._group("Prompt", [
-            ("chat", self.chat), ("system", self.system), ("stop strings", self.stop_strings)]))
-        layout.addWidget(self.beam_box)
+        for section, title in SECTIONS.items():
+            bindings = [make_binding(r) for r in rows(RunSettings) if r.spec.form and r.spec.section == section]
+            extra = [("strategy", self.strategy)] if section == "generation" else []
+            self.boxes[section] = self._box(title, bindings, extra)
+            self._shared.update({b.row.name: b for b in bindings})
+            layout.addWidget(self.boxes[section])
+        for group in GROUPS.values():
+            bindings = [make_binding(r) for r in rows(group) if r.spec.form]
+            self.boxes[group.name] = self._box(f"{group.title} ({group.name} only)", bindings, [])
+            self._groups[group] = {b.row.name: b for b in bindings}
+            layout.addWidget(self.boxes[group.name])
         layout.addStretch(1)
-
         self.strategy.currentTextChanged.connect(self._strategy_changed)
-        self.chat.toggled.connect(self.system.setEnabled)
-        self.strategy.setCurrentText(s.strategy)
+        self.set_run_settings(settings or RunSettings())
         self._strategy_changed(self.strategy.currentText())
-        self.system.setEnabled(s.chat)
 
-    @staticmethod
-    def _group(title: str, rows: list[tuple[str, QWidget]]) -> QGroupBox:
+    def _box(self, title: str, bindings: list[Binding], extra: list[tuple[str, QWidget]]) -> QGroupBox:
         box = QGroupBox(title)
         form = QFormLayout(box)
         form.setContentsMargins(6, 4, 6, 4)
-        for label, widget in rows:
+        for label, widget in extra:
             form.addRow(label, widget)
+        for b in bindings:
+            b.widget.setToolTip(b.row.spec.help)
+            self.widgets[b.row.name] = b.widget
+            if isinstance(b.widget, QCheckBox):
+                form.addRow(b.widget)
+            else:
+                form.addRow(b.row.spec.label, b.widget)
         return box
 
+    def _active(self, strategy_name: str) -> tuple[set[str], set[type[SettingsGroup]]]:
+        strategy = STRATEGIES.get(strategy_name)
+        if strategy is None:
+            return {"generation"}, set()
+        return {"generation", *strategy.sections}, set(strategy.groups)
+
     def _strategy_changed(self, strategy: str) -> None:
-        self.sampling_box.setEnabled(strategy == "sample")
-        self.beam_box.setEnabled(strategy == "beam")
+        sections, groups = self._active(strategy)
+        for section in SECTIONS:
+            self.boxes[section].setEnabled(section in sections)
+        for group in GROUPS.values():
+            self.boxes[group.name].setEnabled(group in groups)
         self.strategy_changed.emit(strategy)
 
     def run_settings(self, prompt: str) -> RunSettings:
@@ -148,45 +167,18 @@ class RunControls(QWidget):
         never claim e.g. a temperature that played no part, and a greyed-out value can never make a run fail.
         """
         strategy = self.strategy.currentText()
-        form = self._form_settings(prompt)
-        defaults = RunSettings()
-        if strategy != "sample":
-            form = form.replace(temperature=defaults.temperature, top_k=defaults.top_k, top_p=defaults.top_p,
-                                min_p=defaults.min_p)
-        if strategy != "beam":
-            form = form.replace(num_beams=defaults.num_beams, length_penalty=defaults.length_penalty,
-                                early_stopping=defaults.early_stopping,
-                                num_return_sequences=defaults.num_return_sequences)
-        return form
-
-    def _form_settings(self, prompt: str) -> RunSettings:
-        return RunSettings(
-            prompt=prompt, chat=self.chat.isChecked(), system=self.system.text(),
-            strategy=self.strategy.currentText(), max_new_tokens=self.max_new_tokens.value(),
-            temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
-            min_p=self.min_p.value(), repetition_penalty=self.repetition_penalty.value(),
-            no_repeat_ngram_size=self.no_repeat_ngram_size.value(), seed=self.seed.value(),
-            stop_strings=parse_stop_strings(self.stop_strings.text()), num_candidates=self.num_candidates.value(),
-            num_beams=self.num_beams.value(), length_penalty=self.length_penalty.value(),
-            early_stopping=self.early_stopping.currentText(),
-            num_return_sequences=self.num_return_sequences.value(),
-        )
+        sections, active = self._active(strategy)
+        values = {name: b.get() for name, b in self._shared.items() if b.row.spec.section in sections}
+        groups = tuple(group(**{name: b.get() for name, b in bindings.items()})
+                       for group, bindings in self._groups.items() if group in active)
+        return RunSettings(prompt=prompt, strategy=strategy, groups=groups, **values)
 
     def set_run_settings(self, s: RunSettings) -> None:
         self.strategy.setCurrentText(s.strategy)
-        self.max_new_tokens.setValue(s.max_new_tokens)
-        self.seed.setValue(s.seed)
-        self.num_candidates.setValue(s.num_candidates)
-        self.temperature.setValue(s.temperature)
-        self.top_k.setValue(s.top_k)
-        self.top_p.setValue(s.top_p)
-        self.min_p.setValue(s.min_p)
-        self.repetition_penalty.setValue(s.repetition_penalty)
-        self.no_repeat_ngram_size.setValue(s.no_repeat_ngram_size)
-        self.chat.setChecked(s.chat)
-        self.system.setText(s.system)
-        self.stop_strings.setText(format_stop_strings(s.stop_strings))
-        self.num_beams.setValue(s.num_beams)
-        self.length_penalty.setValue(s.length_penalty)
-        self.early_stopping.setCurrentText(s.early_stopping)
-        self.num_return_sequences.setValue(s.num_return_sequences)
+        for name, b in self._shared.items():
+            b.set(getattr(s, name))
+        for group, bindings in self._groups.items():
+            values = s.group(group)
+            for f in dataclasses.fields(values):
+                if f.name in bindings:
+                    bindings[f.name].set(getattr(values, f.name))

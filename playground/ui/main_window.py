@@ -1,98 +1,98 @@
-"""The main window: settings on the left, prompt on top, streamed tokens and the step chart, runs below.
+"""The main window: the prompt on top, every registered view in a dock, settings on the left, runs below.
 
-Data flows one way: a background job yields engine events → ``Session`` folds them → panels draw. At most one job
-(model load, model fetch or a run) is active at a time.
+Data flows one way: a background job yields engine events → ``Session`` folds them → views draw. At most one job
+(model load, model fetch or a run) is active at a time. The window knows views only through the view interface
+(``playground.ui.views.base.View``) and the registry; it never names a strategy or a view.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QDockWidget,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
-    QSplitter,
+    QSizePolicy,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from playground.config import ConfigError, ModelSettings, RunSettings
-from playground.events import RunStarted, TokenStep
+from playground.events import PrefillProgress
 from playground.models.loaded import LoadedModel
-from playground.state import Branch, Run, Session, most_interesting_step
+from playground.state import Branch, Run, Session
 from playground.ui.banner import MessageBanner
-from playground.ui.candidates_panel import CandidatesPanel
 from playground.ui.controls import RunControls
 from playground.ui.model_picker import ModelPicker
 from playground.ui.runs_list import RunsList
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
-from playground.ui.token_view import TokenView
+from playground.ui.views import view_classes
+from playground.ui.views.base import View
 from playground.ui.worker import GeneratorJob, JobBody
 
-CLOSE_WAIT_MS = 3000
-LIVE_CHART_MS = 200
-PAGE_TOKENS, PAGE_BEAM = 0, 1
+# Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
+# finishes in the background and the process exits without waiting for it, see ``app.launch``).
+CLOSE_GRACE_MS = 150
+STATE_VERSION = 2  # bump when the docks change so an old saved layout is not applied to a new window
+
+ORPHAN_JOBS: list[GeneratorJob] = []  # jobs of closed windows, kept alive until their thread ends
 
 
-class _BeamPlaceholder(QLabel):
-    """Stands in for the beam tree view until its module exists."""
+class ViewDock(QDockWidget):
+    """A view in a dock, with a message in its place when the shown run has nothing for it."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("The beam-search tree view is not available in this build.", parent)
-        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
+    def __init__(self, view: View, parent: QWidget) -> None:
+        super().__init__(view.title, parent)
+        self.view = view
+        self.setObjectName(f"view-{view.name}")  # saveState/restoreState find docks by name
+        self.empty = QLabel(view.empty_text(None))
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+        self.pages = QStackedWidget()
+        self.pages.addWidget(view)
+        self.pages.addWidget(self.empty)
+        self.pages.setCurrentWidget(view)  # before any run: the view, empty
+        self.setWidget(self.pages)
 
-    def apply(self, event: Any) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-
-def _make_beam_panel(parent: QWidget) -> QWidget:
-    try:
-        from playground.ui.beam_tree_panel import BeamTreePanel
-    except ImportError:
-        return _BeamPlaceholder(parent)
-    return BeamTreePanel(parent)
+    def show_view(self, shown: bool, run: Run | None) -> None:
+        if not shown:
+            self.empty.setText(self.view.empty_text(run))
+        self.pages.setCurrentWidget(self.view if shown else self.empty)
 
 
 class MainWindow(QMainWindow):
-    closed = Signal()  # the window really closed (not just hidden while a model load finishes)
+    closed = Signal()  # the window really closed
 
     def __init__(self, model_settings: ModelSettings | None = None, run_settings: RunSettings | None = None,
                  store: QSettings | None = None) -> None:
         super().__init__()
         configure_pyqtgraph()
         self.setWindowTitle("Decoding Playground")
-        run_settings = run_settings or RunSettings()
-        self.model_spec = model_settings or ModelSettings()
         self.store = store or QSettings("decoding-playground", "playground")
+        run_settings = run_settings or self._last_settings() or RunSettings()
+        self.model_spec = model_settings or ModelSettings()
         self.session = Session()
         self.lm: LoadedModel | None = None
         self.job: GeneratorJob | None = None
         self.job_kind = ""
-        self.chart_index: int | None = None  # step shown in the chart (of the selected run)
-        self.follow_live = True  # chart follows the newest step until the user picks one
-        # While a run streams, the chart redraws at most every LIVE_CHART_MS: its repaint costs more than a token
-        # view update, and on a 2-core CPU every GUI millisecond is taken from the model's threads.
-        self._live_chart_timer = QTimer(self)
-        self._live_chart_timer.setSingleShot(True)
-        self._live_chart_timer.setInterval(LIVE_CHART_MS)
-        self._live_chart_timer.timeout.connect(self._show_pending_live_step)
-        self._live_chart_pending = False
         self._pending: list[tuple[RunSettings, Branch | None]] = []  # a branch asked for while a run was live
-        self._close_when_idle = False
         self._running_run: Run | None = None  # the run the current job decodes
+        self._shown: set[str] = set()  # names of the views that show the selected run
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -104,16 +104,51 @@ class MainWindow(QMainWindow):
         self.generate_button.setToolTip("Start a run with these settings (Ctrl+Enter)")
         self.generate_button.setDefault(True)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("End the run before its next token")
+        self.stop_button.setToolTip("End the run before its next token (or the prompt's next chunk)")
         self.banner = MessageBanner()
-        self.token_view = TokenView()
-        self.chart = CandidatesPanel()
-        self.beam_panel = _make_beam_panel(self)
         self.runs_list = RunsList()
         self.status = RunStatusBar()
         self.setStatusBar(self.status)
+        self.views: dict[str, View] = {}
+        self.docks: dict[str, ViewDock] = {}
+        for cls in view_classes():
+            view = cls(self)
+            self.views[cls.name] = view
+            self.docks[cls.name] = ViewDock(view, self)
+            view.branch_requested.connect(self.branch)
 
-        # --- layout -------------------------------------------------------------------------------------
+        self._build_layout()
+        self._build_menus()
+
+        # --- wiring -------------------------------------------------------------------------------------
+        self.generate_button.clicked.connect(self.generate)
+        self.stop_button.clicked.connect(self.stop)
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.generate)
+        self.picker.load_requested.connect(self.load_model)
+        self.picker.fetch_requested.connect(self.fetch_default_model)
+        self.runs_list.run_selected.connect(self.select_run)
+        self._update_buttons()
+
+    # --- layout -------------------------------------------------------------------------------------------
+    def _build_layout(self) -> None:
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.generate_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch(1)
+        prompt_row = QHBoxLayout()
+        prompt_row.addWidget(self.prompt, 1)
+        prompt_row.addLayout(buttons)
+        top = QWidget()
+        top_layout = QVBoxLayout(top)
+        top_layout.setContentsMargins(4, 4, 4, 0)
+        top_layout.addWidget(self.banner)
+        top_layout.addLayout(prompt_row)
+        top.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self.setCentralWidget(top)
+        self.setDockNestingEnabled(True)
+        self.setCorner(Qt.Corner.TopLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(4, 4, 4, 4)
@@ -124,69 +159,131 @@ class MainWindow(QMainWindow):
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         scroll.setMinimumWidth(330)
-
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.generate_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addStretch(1)
-        prompt_row = QHBoxLayout()
-        prompt_row.addWidget(self.prompt, 1)
-        prompt_row.addLayout(buttons)
-
-        tokens_page = QSplitter(Qt.Orientation.Horizontal)
-        output = QWidget()
-        output_layout = QVBoxLayout(output)
-        output_layout.setContentsMargins(0, 0, 0, 0)
-        output_layout.addWidget(QLabel("<b>Output</b> (grey: the prompt as the model sees it)"))
-        output_layout.addWidget(self.token_view, 1)
-        tokens_page.addWidget(output)
-        tokens_page.addWidget(self.chart)
-        tokens_page.setStretchFactor(0, 5)
-        tokens_page.setStretchFactor(1, 4)
-        tokens_page.setSizes([600, 520])
-        self.pages = QStackedWidget()
-        self.pages.addWidget(tokens_page)
-        self.pages.addWidget(self.beam_panel)
-
+        self.settings_dock = self._dock("Settings", "settings", scroll)
         runs = QWidget()
         runs_layout = QVBoxLayout(runs)
-        runs_layout.setContentsMargins(0, 0, 0, 0)
-        runs_layout.addWidget(QLabel("<b>Runs</b> — click one to view it again; branches come back here"))
+        runs_layout.setContentsMargins(4, 0, 4, 0)
+        runs_layout.addWidget(QLabel("Click a run to view it again; branches and opened runs come back here"))
         runs_layout.addWidget(self.runs_list)
-        vertical = QSplitter(Qt.Orientation.Vertical)
-        vertical.addWidget(self.pages)
-        vertical.addWidget(runs)
-        vertical.setStretchFactor(0, 6)
-        vertical.setStretchFactor(1, 1)
-        vertical.setSizes([700, 110])
+        self.runs_dock = self._dock("Runs", "runs", runs)
+        self._default_layout()
+        self._default_state = self.saveState(STATE_VERSION)
+        geometry, state = self.store.value("window/geometry"), self.store.value("window/state")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        if isinstance(state, QByteArray):
+            self.restoreState(state, STATE_VERSION)
 
-        right = QWidget()
-        right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(4, 4, 4, 4)
-        right_layout.addWidget(self.banner)
-        right_layout.addLayout(prompt_row)
-        right_layout.addWidget(vertical, 1)
+    def _dock(self, title: str, name: str, widget: QWidget) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(name)
+        dock.setWidget(widget)
+        return dock
 
-        main = QSplitter(Qt.Orientation.Horizontal)
-        main.addWidget(scroll)
-        main.addWidget(right)
-        main.setStretchFactor(1, 1)
-        main.setSizes([340, 1160])
-        self.setCentralWidget(main)
+    def _default_layout(self) -> None:
+        """Settings on the left; the views as tabs below the prompt (the one that applies comes to the front);
+        runs at the bottom. ``views_side_by_side`` puts every open view next to the others."""
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.settings_dock)
+        docks = list(self.docks.values())
+        for dock in docks:
+            dock.setFloating(False)
+            dock.show()
+            self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, dock)
+        for first, other in itertools.pairwise(docks):
+            self.tabifyDockWidget(first, other)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.runs_dock)
+        if docks:
+            docks[0].raise_()
+            self.splitDockWidget(docks[0], self.runs_dock, Qt.Orientation.Vertical)
+            self.resizeDocks([docks[0], self.runs_dock], [700, 110], Qt.Orientation.Vertical)
+        self.settings_dock.show()
+        self.runs_dock.show()
 
-        # --- wiring -------------------------------------------------------------------------------------
-        self.generate_button.clicked.connect(self.generate)
-        self.stop_button.clicked.connect(self.stop)
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.generate)
-        self.picker.load_requested.connect(self.load_model)
-        self.picker.fetch_requested.connect(self.fetch_default_model)
-        self.controls.strategy_changed.connect(self._strategy_changed)
-        self.token_view.text.step_clicked.connect(lambda i: self.show_chart_step(i, follow=False))
-        self.token_view.text.step_key.connect(self.step_chart)
-        self.token_view.text.branch_requested.connect(self.branch)
-        self.chart.branch_requested.connect(self.branch)
-        self.runs_list.run_selected.connect(self.select_run)
-        self._update_buttons()
+    def views_side_by_side(self) -> None:
+        """Every open view dock next to the others, left to right, sharing the width."""
+        docks = [d for d in self.docks.values() if d.isVisible() or not d.isHidden()]
+        if len(docks) < 2:
+            return
+        for dock in docks:
+            dock.setFloating(False)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, docks[0])
+        for left, right in itertools.pairwise(docks):
+            self.splitDockWidget(left, right, Qt.Orientation.Horizontal)
+        self.resizeDocks(docks, [1000] * len(docks), Qt.Orientation.Horizontal)
+
+    def reset_layout(self) -> None:
+        self.restoreState(self._default_state, STATE_VERSION)
+
+    def _build_menus(self) -> None:
+        from playground.presets import all_presets
+
+        file_menu = self.menuBar().addMenu("&File")
+        self.open_action = file_menu.addAction("&Open run…", QKeySequence.StandardKey.Open, self.open_run_dialog)
+        self.save_action = file_menu.addAction("&Save run…", QKeySequence.StandardKey.Save, self.save_run_dialog)
+        export = file_menu.addMenu("&Export view")
+        for view in self.views.values():
+            export.addAction(f"{view.title}…", lambda v=view: self.export_view_dialog(v))
+        file_menu.addSeparator()
+        file_menu.addAction("&Quit", QKeySequence.StandardKey.Quit, self.close)
+        presets_menu = self.menuBar().addMenu("&Presets")
+        try:
+            presets = all_presets()
+        except ConfigError as error:
+            presets = []
+            self.banner.show_error(str(error))
+        for preset in presets:
+            action = presets_menu.addAction(preset.title, lambda name=preset.name: self.apply_preset(name, run=True))
+            action.setToolTip(preset.description)
+            action.setStatusTip(preset.description)
+        presets_menu.setToolTipsVisible(True)
+        view_menu = self.menuBar().addMenu("&View")
+        for dock in (*self.docks.values(), self.settings_dock, self.runs_dock):
+            view_menu.addAction(dock.toggleViewAction())
+        view_menu.addSeparator()
+        view_menu.addAction("Views &side by side", self.views_side_by_side)
+        self.reset_layout_action: QAction = view_menu.addAction("&Reset layout", self.reset_layout)
+
+    # --- settings that persist ----------------------------------------------------------------------------
+    def _last_settings(self) -> RunSettings | None:
+        text = self.store.value("run/last")
+        if not isinstance(text, str):
+            return None
+        try:
+            settings, _unknown = RunSettings.from_plain_dict(json.loads(text))
+            return settings.replace(forced_token_ids=()).validate()
+        except (ValueError, TypeError):
+            return None  # settings from another version: start from the defaults
+
+    def current_settings(self) -> RunSettings:
+        return self.controls.run_settings(self.prompt.toPlainText())
+
+    def set_run_settings(self, settings: RunSettings) -> None:
+        self.prompt.setPlainText(settings.prompt)
+        self.controls.set_run_settings(settings)
+
+    def _save_window_state(self) -> None:
+        self.store.setValue("window/geometry", self.saveGeometry())
+        self.store.setValue("window/state", self.saveState(STATE_VERSION))
+        self.store.setValue("run/last", json.dumps(self.current_settings().as_plain_dict()))
+        self.store.sync()
+
+    # --- presets ------------------------------------------------------------------------------------------
+    def apply_preset(self, name: str, run: bool = False) -> None:
+        """Put a preset's prompt and settings in the form, show its view, and (``run``) generate."""
+        from playground.presets import load_preset
+
+        try:
+            preset = load_preset(name)
+        except ConfigError as error:
+            self.banner.show_error(str(error))
+            return
+        self.set_run_settings(preset.settings)
+        if preset.view in self.docks:
+            self.docks[preset.view].show()
+            self.docks[preset.view].raise_()
+        self.status.showMessage(f"Preset: {preset.title} — {preset.description}", 15000)
+        if run and self.lm is not None and not self.busy:
+            self.generate()
 
     # --- model --------------------------------------------------------------------------------------------
     def set_model(self, lm: LoadedModel) -> None:
@@ -261,8 +358,11 @@ class MainWindow(QMainWindow):
         if self.lm is None:
             self.banner.show_error("No model is loaded yet: load one on the left (or wait for it to load).")
             return
-        settings = self.controls.run_settings(self.prompt.toPlainText())
+        settings = self.current_settings()
         try:
+            from playground.engine.strategies import get_strategy
+
+            get_strategy(settings.strategy)
             settings.validate()
         except ConfigError as error:
             self.banner.show_error(str(error))
@@ -277,13 +377,7 @@ class MainWindow(QMainWindow):
         self._running_run = run
         self.runs_list.update_run(run)
         self.runs_list.mark_selected(run.index)
-        self.chart_index = None
-        self.follow_live = True
-        self.token_view.reset()
-        self.chart.reset()
-        self.beam_panel.reset()
-        self.pages.setCurrentIndex(PAGE_BEAM if settings.strategy == "beam" else PAGE_TOKENS)
-        self.status.show_run(run)
+        self._show_selected(run)
 
         def body(should_stop, progress) -> Iterator[Any]:
             from playground.engine.strategies import run_strategy
@@ -303,6 +397,9 @@ class MainWindow(QMainWindow):
         """Continue the selected run from ``step`` with ``token_id`` instead of what it chose."""
         run = self.session.selected
         if run is None or self.lm is None:
+            if run is not None:
+                self.banner.show_error("Load a model to branch: a saved run replays without one, but continuing "
+                                       "it needs the model")
             return
         if run.started is not None and (run.started.model_path, run.started.model_name) != (self.lm.path,
                                                                                            self.lm.name):
@@ -324,69 +421,93 @@ class MainWindow(QMainWindow):
     def select_run(self, index: int) -> None:
         run = self.session.select(index)
         self.runs_list.mark_selected(index)
-        self.pages.setCurrentIndex(PAGE_BEAM if run.settings.strategy == "beam" else PAGE_TOKENS)
-        self.token_view.show_run(run)
-        self.chart.reset()
-        self.beam_panel.reset()
-        if run.settings.strategy == "beam":
-            for event in run.events:
-                self.beam_panel.apply(event)
-            self._flush_beam_panel()
-            if not run.running:
-                self._end_beam_panel(run)
-        self.follow_live = run.running
-        self.chart_index = None
-        target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
-        if target is not None and target >= 0:
-            self.show_chart_step(target, follow=run.running)
+        self._show_selected(run)
         self.status.show_run(run)
 
-    def _end_beam_panel(self, run: Run) -> None:
-        """A beam run that ended without its final event (failed, killed) must not look like it is running."""
-        end = getattr(self.beam_panel, "end", None)
-        if end is not None and run.finished is None:
-            end(run.status)
+    def _show_selected(self, run: Run) -> None:
+        """Every view that applies to ``run`` shows it; the others say why they are empty."""
+        self._shown = set()
+        raised = False
+        for name, view in self.views.items():
+            shown = view.applies_to(run)
+            self.docks[name].show_view(shown, run)
+            if shown:
+                self._shown.add(name)
+                view.show_run(run)
+                if not raised:
+                    self.docks[name].raise_()  # bring it to the front when tabbed behind another
+                    raised = True
+            else:
+                view.reset()
+        self.status.show_run(run)
 
-    def _flush_beam_panel(self) -> None:
-        flush = getattr(self.beam_panel, "flush", None)
-        if flush is not None:
-            flush()
+    def shown_views(self) -> list[View]:
+        """The views that show the selected run."""
+        return [self.views[name] for name in self._shown]
 
-    # --- chart --------------------------------------------------------------------------------------------
-    def show_chart_step(self, index: int, follow: bool = False) -> None:
+    # --- saved runs and exports ---------------------------------------------------------------------------
+    def open_run(self, path: str | Path) -> Run | None:
+        """Show a saved run (``trace`` output) in every view that applies, without any model."""
+        from playground.traces import TraceError, read_trace
+
+        try:
+            trace = read_trace(path)
+        except TraceError as error:
+            self.banner.show_error(f"Could not open the run: {error}")
+            return None
+        run = self.session.add_saved_run(trace.events, Path(path).name)
+        self.runs_list.update_run(run)
+        self.runs_list.mark_selected(run.index)
+        self._show_selected(run)
+        problems = trace.problems()
+        if problems:
+            self.banner.show_info(f"Opened {Path(path).name}, not all of it: {problems}.")
+        else:
+            self.banner.hide()
+            self.status.showMessage(f"Opened {path}", 10000)
+        return run
+
+    def save_run(self, path: str | Path) -> Path:
+        from playground.traces import write_trace
+
         run = self.session.selected
-        if run is None or not 0 <= index < len(run.steps):
-            return
-        self.follow_live = follow
-        self.chart_index = index
-        self.chart.show_step(run.steps[index], len(run.steps))
-        self.token_view.text.mark_step(index)
+        if run is None:
+            raise ConfigError("there is no run to save yet")
+        return write_trace(run.events, path)
 
-    def _show_live_step(self) -> None:
-        if self._live_chart_timer.isActive():
-            self._live_chart_pending = True
-            return
-        run = self.session.selected
-        if run is not None and run.steps:
-            self.show_chart_step(len(run.steps) - 1, follow=True)
-        self._live_chart_pending = False
-        self._live_chart_timer.start()
+    def open_run_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a saved run", "", "Runs (*.jsonl *.json);;All files (*)")
+        if path:
+            self.open_run(path)
 
-    def _show_pending_live_step(self) -> None:
-        if self._live_chart_pending and self.follow_live:
-            self._show_live_step()
-
-    def step_chart(self, delta: int) -> None:
-        run = self.session.selected
-        if run is None or not run.steps:
-            return
-        current = self.chart_index if self.chart_index is not None else len(run.steps) - 1
-        self.show_chart_step(max(0, min(len(run.steps) - 1, current + delta)), follow=False)
-
-    def _strategy_changed(self, strategy: str) -> None:
-        # The page shows the selected run; the combo only decides it before there is any run to show.
+    def save_run_dialog(self) -> None:
         if self.session.selected is None:
-            self.pages.setCurrentIndex(PAGE_BEAM if strategy == "beam" else PAGE_TOKENS)
+            self.banner.show_info("There is no run to save yet.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Save the run", "run.jsonl", "Runs (*.jsonl)")
+        if path:
+            try:
+                self.status.showMessage(f"Saved {self.save_run(path)}", 10000)
+            except OSError as error:
+                self.banner.show_error(f"Could not save the run: {error}")
+
+    def export_view_dialog(self, view: View) -> None:
+        filters = ";;".join([f"{fmt.upper()} (*.{fmt})" for fmt in ("png", "svg", *view.data_formats)])
+        path, _ = QFileDialog.getSaveFileName(self, f"Export the {view.title.lower()}", f"{view.name}.png",
+                                              filters)
+        if path:
+            self.export_view(view.name, path)
+
+    def export_view(self, name: str, path: str | Path) -> Path | None:
+        from playground.ui.views.base import ExportError
+
+        try:
+            out = self.views[name].export(path)
+        except (ExportError, OSError) as error:
+            self.banner.show_error(f"Could not export: {error}")
+            return None
+        self.status.showMessage(f"Exported {out}", 10000)
+        return out
 
     # --- jobs ---------------------------------------------------------------------------------------------
     def _start_job(self, body: JobBody, kind: str) -> None:
@@ -403,6 +524,7 @@ class MainWindow(QMainWindow):
         if self.job_kind == "load":
             for item in batch:
                 if isinstance(item, LoadedModel):
+                    self.banner.hide()  # an earlier failure no longer applies
                     self.set_model(item)
                     self.picker.remember(item.path if self.model_spec.path else None)
                     if self.model_spec.trust_remote_code:
@@ -418,32 +540,23 @@ class MainWindow(QMainWindow):
         self._apply_events(batch)
 
     def _apply_events(self, batch: list[Any]) -> None:
-        new_steps: list[TokenStep] = []
         run: Run | None = None
         for event in batch:
-            run = self.session.apply(event)
-            if run is None or run is not self.session.selected:
-                continue
-            if run.settings.strategy == "beam":
-                self.beam_panel.apply(event)  # the beam tree draws itself at most once per frame
-            elif isinstance(event, RunStarted):
-                self.token_view.reset(event.prompt_text)
-            elif isinstance(event, TokenStep):
-                new_steps.append(event)
+            run = self.session.apply(event) or run
+            if isinstance(event, PrefillProgress):
+                self.status.showMessage(f"Reading the prompt: {event.done_tokens} of {event.total_tokens} "
+                                        "tokens…")
         if run is None:
             return
         self.runs_list.update_run(run)
         if run is not self.session.selected:
             return
-        if new_steps:
-            self.token_view.append_steps(new_steps)
-            if self.follow_live:
-                self._show_live_step()
-        if run.finished is not None and self.follow_live and run.steps:
-            # Done: show the most telling step rather than the trailing EOS.
-            target = most_interesting_step(run.steps)
-            if target is not None:
-                self.show_chart_step(target, follow=False)
+        for name in self._shown:
+            view = self.views[name]
+            view.apply(run, batch)
+            view.flush()
+            if run.finished is not None:
+                view.end(run)
         self.status.show_run(run)
 
     def _on_progress(self, message: str, fraction: float) -> None:
@@ -467,8 +580,10 @@ class MainWindow(QMainWindow):
             self.session.end_live()
             if ended is not None:
                 self.runs_list.update_run(ended)
-                if ended.settings.strategy == "beam" and ended is self.session.selected:
-                    self._end_beam_panel(ended)
+                if ended is self.session.selected:
+                    for name in self._shown:
+                        self.views[name].end(ended)
+                    self.status.show_run(ended)
             if ended is not None and ended.finished is not None and job is not None and job.error is None:
                 self.status.showMessage(f"Run #{ended.index + 1} done: {ended.finished.stop_reason}, "
                                         f"{ended.count_label()}", 10000)
@@ -477,13 +592,10 @@ class MainWindow(QMainWindow):
             job.deleteLater()
         self.picker.set_busy(False)
         self._update_buttons()
-        if kind == "fetch" and job is not None and job.error is None and not self._close_when_idle:
+        if kind == "fetch" and job is not None and job.error is None:
             self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
                                           dtype=self.picker.dtype.currentText()))
-        if self._close_when_idle:
-            QTimer.singleShot(0, self.close)
-            return
-        if self._pending and self.lm is not None:
+        elif self._pending and self.lm is not None:
             settings, branch = self._pending.pop()
             self.start_run(settings, branch)
 
@@ -497,16 +609,23 @@ class MainWindow(QMainWindow):
 
     # --- closing ------------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        """Close now, whatever runs: a run or fetch is told to stop; a job that does not end within a moment
+        (a model load cannot be interrupted) is left to finish in the background, detached from the window."""
+        self._save_window_state()
         job = self.job
         if job is not None and job.is_running():
             self._pending.clear()
             job.stop()
-            if not job.wait(CLOSE_WAIT_MS):
-                # A model load cannot be interrupted half-way: hide now, close when it ends.
-                self._close_when_idle = True
-                self.hide()
-                event.ignore()
-                return
-        self.store.sync()
+            if not job.wait(CLOSE_GRACE_MS):
+                for signal in (job.items, job.progress, job.failed, job.finished):
+                    signal.disconnect()
+                job.setParent(None)
+                ORPHAN_JOBS.append(job)
+                job.finished.connect(lambda j=job: ORPHAN_JOBS.remove(j) if j in ORPHAN_JOBS else None)
+            self.job, self.job_kind = None, ""
         super().closeEvent(event)
         self.closed.emit()
+
+
+def running_orphans() -> list[GeneratorJob]:
+    return [job for job in ORPHAN_JOBS if job.is_running()]

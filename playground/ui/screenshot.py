@@ -36,57 +36,80 @@ def wait_until_idle(window, timeout_s: float) -> None:
     QCoreApplication.processEvents()
 
 
-def _paint_hover_tooltip(window, pixmap) -> None:
-    from PySide6.QtCore import QPoint
-    from PySide6.QtGui import QPainter
-    from PySide6.QtWidgets import QLabel
+def _settle(app) -> None:
+    for _ in range(5):  # let layouts and the plots settle
+        app.processEvents()
 
-    from playground.ui.token_view import token_tooltip_html
 
-    run, index = window.session.selected, window.chart_index
-    if run is None or index is None or not 0 <= index < len(run.steps):
-        return
-    view = window.token_view.text
-    rect = view.step_rect(index)
-    window.grab()  # repaint after the scroll, then take the picture again
-    pixmap.swap(window.grab())
-    tip = QLabel(token_tooltip_html(run.steps[index]))
-    tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
-    tip.adjustSize()
-    anchor = view.viewport().mapTo(window, rect.bottomLeft() + QPoint(12, 6))
-    # Keep it over the output, clear of the chart.
-    right = view.viewport().mapTo(window, view.viewport().rect().topRight()).x()
-    x = max(0, min(anchor.x(), right - tip.width() - 4))
-    y = anchor.y() if anchor.y() + tip.height() < pixmap.height() else max(0, anchor.y() - rect.height() - 12
-                                                                             - tip.height())
-    painter = QPainter(pixmap)
-    tip.render(painter, QPoint(x, y))
-    painter.end()
+def save_picture(window, out_path: str | Path, view: str | None, hover: bool) -> Path:
+    """The whole window (``view`` None) or one view, as PNG or SVG by the file's extension."""
+    from PySide6.QtWidgets import QApplication
+
+    from playground.ui.views.base import ExportError, save_widget_picture
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise ScreenshotError(f"the picture must be a .png or .svg file, not {out.name}")
+    if view is not None and view not in window.views:
+        raise ScreenshotError(f"no view named {view!r} (views: {', '.join(window.views)})")
+    widget = window.views[view] if view is not None else window
+    if view is not None:
+        window.docks[view].show()
+        window.docks[view].raise_()
+        _settle(QApplication.instance())
+    try:
+        if out.suffix.lower() == ".png" and hover:
+            widget.grab()  # a first grab lays out and scrolls; the second is the picture
+            pixmap = widget.grab()
+            for shown in window.shown_views():
+                shown.paint_overlay(pixmap, widget)
+            save_widget_picture(widget, out, pixmap)
+        else:
+            save_widget_picture(widget, out)
+    except ExportError as error:
+        raise ScreenshotError(str(error)) from error
+    return out
+
+
+def _window(model_settings: ModelSettings | None, run_settings: RunSettings | None, tmp: str, width: int,
+            height: int):
+    from PySide6.QtCore import QSettings
+
+    from playground.ui.main_window import MainWindow
+
+    store = QSettings(str(Path(tmp) / "settings.ini"), QSettings.Format.IniFormat)  # leave the user's alone
+    window = MainWindow(model_settings, run_settings or RunSettings(), store=store)
+    window.resize(width, height)
+    window.show()
+    return window
+
+
+def _close(window) -> None:
+    from PySide6.QtCore import QCoreApplication
+
+    window.close()
+    window.deleteLater()
+    QCoreApplication.processEvents()
 
 
 def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, out_path: str | Path,
                       width: int = 1500, height: int = 950, *, lm: LoadedModel | None = None,
-                      timeout_s: float = 600.0, hover: bool = True) -> Path:
-    """Build the window offscreen, load the model (or use ``lm``), generate to the end, save a PNG.
+                      timeout_s: float = 600.0, hover: bool = True, view: str | None = None) -> Path:
+    """Build the window offscreen, load the model (or use ``lm``), generate to the end, save the picture.
 
-    The chart shows the run's least certain step; with ``hover`` the picture also shows the tooltip a user sees
-    when hovering that token (tooltips are separate windows that a window grab would miss).
+    The tokens chart shows the run's least certain step; with ``hover`` the picture also shows the tooltip a user
+    sees when hovering that token (tooltips are separate windows that a window grab would miss).
 
     Raises ``ModelLoadError`` when the model cannot be loaded and ``ScreenshotError`` when the run fails.
     """
     _ensure_platform()
-    from PySide6.QtCore import QCoreApplication, QSettings
     from PySide6.QtWidgets import QApplication
-
-    from playground.ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     with tempfile.TemporaryDirectory() as tmp:
-        store = QSettings(str(Path(tmp) / "settings.ini"), QSettings.Format.IniFormat)  # leave the user's alone
-        window = MainWindow(model_settings, run_settings, store=store)
+        window = _window(model_settings, run_settings, tmp, width, height)
         try:
-            window.resize(width, height)
-            window.show()
             if lm is None:
                 from playground.models.loading import load_model
 
@@ -98,18 +121,32 @@ def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, 
             if run is None or run.error is not None:
                 message = run.error if run is not None else window.banner.label.text()
                 raise ScreenshotError(f"the run failed: {message.removeprefix('<b>Error:</b> ')}")
-            window._flush_beam_panel()
-            for _ in range(5):  # let layouts and the plot settle
-                app.processEvents()
-            out = Path(out_path)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            pixmap = window.grab()
-            if hover:
-                _paint_hover_tooltip(window, pixmap)
-            if not pixmap.save(str(out)):
-                raise ScreenshotError(f"could not write {out}")
-            return out
+            _settle(app)
+            return save_picture(window, out_path, view, hover)
         finally:
-            window.close()
-            window.deleteLater()
-            QCoreApplication.processEvents()
+            _close(window)
+
+
+def render_trace(trace_path: str | Path, out_path: str | Path, width: int = 1500, height: int = 950, *,
+                 hover: bool = True, view: str | None = None) -> tuple[Path, str]:
+    """A saved run in the window, no model loaded: the same picture every time. Returns the path and what of the
+    trace could not be read (empty when all of it was)."""
+    _ensure_platform()
+    from PySide6.QtWidgets import QApplication
+
+    from playground.traces import TraceError, read_trace
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    try:
+        trace = read_trace(trace_path)
+    except TraceError as error:
+        raise ScreenshotError(str(error)) from error
+    settings, _unknown = RunSettings.from_plain_dict(trace.events[0].settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        window = _window(None, settings, tmp, width, height)
+        try:
+            window.open_run(trace_path)
+            _settle(app)
+            return save_picture(window, out_path, view, hover), trace.problems()
+        finally:
+            _close(window)

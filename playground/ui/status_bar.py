@@ -40,15 +40,8 @@ class RunStatusBar(QStatusBar):
         speed = run.tokens_per_s() if run else None
         per_token = run.decode_ms_per_token() if run else None
         prefill = run.prefill.prefill_ms if run and run.prefill else None
-        kv = None
-        if run is not None:
-            if run.steps:
-                kv = run.steps[-1].kv_cache_bytes
-            elif run.beam_steps:
-                kv = run.beam_steps[-1].kv_cache_bytes
-            elif run.prefill:
-                kv = run.prefill.kv_cache_bytes
-        unit = "step" if run is not None and run.settings.strategy == "beam" else "token"  # a beam step: every beam
+        kv = run.kv_cache_bytes if run is not None else None
+        unit = run.step_unit if run is not None else "token"
         self.labels["speed"].setText(f"{speed:.1f} {unit}s/s" if speed else f"— {unit}s/s")
         self.labels["per_token"].setText(f"{per_token:.1f} ms/{unit}" if per_token else f"— ms/{unit}")
         self.labels["prefill"].setText(f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —")

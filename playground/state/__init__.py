@@ -1,0 +1,31 @@
+"""Qt-free state: folds engine events into what the views show (one module per view) and the session of runs."""
+
+from playground.state.session import Branch, Run, Session, settings_summary
+from playground.state.text import flowing_token_text, visible_token_text
+from playground.state.tokens import (
+    LOGPROB_FLOOR,
+    REST_OF_VOCAB,
+    ChartRow,
+    chart_rows,
+    chosen_text,
+    cut_summary,
+    most_interesting_step,
+    shade_fraction,
+)
+
+__all__ = [
+    "LOGPROB_FLOOR",
+    "REST_OF_VOCAB",
+    "Branch",
+    "ChartRow",
+    "Run",
+    "Session",
+    "chart_rows",
+    "chosen_text",
+    "cut_summary",
+    "flowing_token_text",
+    "most_interesting_step",
+    "settings_summary",
+    "shade_fraction",
+    "visible_token_text",
+]

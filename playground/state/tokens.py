@@ -1,0 +1,89 @@
+"""What the tokens view shows of greedy/sampling steps: the probability shading, the chart rows, the step worth
+showing first."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from playground.events import Candidate, TokenStep
+from playground.state.text import visible_token_text
+
+# Log-prob colour scale: everything at or below this is drawn in the darkest shade (p <= ~0.1 %).
+LOGPROB_FLOOR = math.log(1e-3)
+
+REST_OF_VOCAB = "(rest of vocabulary)"
+
+
+def shade_fraction(prob: float) -> float:
+    """Position of a probability on the clamped log-prob colour scale: 0 = certain (p=1), 1 = p <= 0.1 %."""
+    if prob <= 0.0:
+        return 1.0
+    logprob = math.log(min(prob, 1.0))
+    return min(1.0, max(0.0, logprob / LOGPROB_FLOOR))
+
+
+def chosen_text(step: TokenStep) -> str:
+    """The chosen token's own text (its output delta can be empty when it ends mid-character)."""
+    if step.text:
+        return step.text
+    return next((c.text for c in step.candidates if c.token_id == step.token_id), "")
+
+
+@dataclass(frozen=True)
+class ChartRow:
+    """One row of the candidates bar chart."""
+
+    label: str
+    token_id: int | None  # None for the rest-of-vocabulary row
+    raw_prob: float
+    processed_prob: float
+    chosen: bool
+    cut_by: str | None
+
+
+def _rest(shown: float) -> float:
+    """What ``shown`` leaves of a distribution; float32 round-off below 1e-6 is no probability at all."""
+    rest = 1.0 - shown
+    return rest if rest > 1e-6 else 0.0
+
+
+def chart_rows(step: TokenStep, limit: int | None = None) -> list[ChartRow]:
+    """The step's candidates by raw probability (chosen one always included), then the rest of the vocabulary.
+
+    The rest row's raw share is what the shown candidates leave uncovered; its processed share is what the
+    sampler pipeline left to tokens not shown.
+    """
+    candidates: list[Candidate] = sorted(step.candidates, key=lambda c: c.raw_rank)
+    if limit is not None and len(candidates) > limit:
+        kept = candidates[:limit]
+        if all(c.token_id != step.token_id for c in kept):
+            kept[-1] = next(c for c in candidates if c.token_id == step.token_id)
+        candidates = kept
+    rows = [
+        ChartRow(visible_token_text(c.text), c.token_id, c.raw_prob, c.processed_prob,
+                 c.token_id == step.token_id, c.cut_by)
+        for c in candidates
+    ]
+    raw_rest = _rest(sum(c.raw_prob for c in candidates))
+    processed_rest = _rest(sum(c.processed_prob for c in candidates))
+    rows.append(ChartRow(REST_OF_VOCAB, None, raw_rest, processed_rest, False, None))
+    return rows
+
+
+def cut_summary(rows: list[ChartRow] | TokenStep) -> dict[str, int]:
+    """How many of the shown rows (or all of a step's recorded candidates) each processor removed."""
+    items = rows.candidates if isinstance(rows, TokenStep) else rows
+    counts: dict[str, int] = {}
+    for item in items:
+        if item.cut_by:
+            counts[item.cut_by] = counts.get(item.cut_by, 0) + 1
+    return counts
+
+
+def most_interesting_step(steps: list[TokenStep]) -> int | None:
+    """The step worth showing first (screenshots): the least certain non-forced one, ignoring a final EOS."""
+    if not steps:
+        return None
+    pool = [s for s in steps[:-1] if not s.forced] or [s for s in steps if not s.forced] or steps
+    return max(pool, key=lambda s: s.entropy).step

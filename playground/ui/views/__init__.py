@@ -1,0 +1,41 @@
+"""The view registry: every view the window hosts, in the order their docks are made.
+
+A view module registers its class with ``@register_view`` on import; list the module here. The window builds
+itself from ``view_classes()`` and never names a view.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from playground.ui.views.base import View
+
+VIEW_MODULES = (
+    "playground.ui.views.tokens",
+    "playground.ui.views.beam_tree",
+)
+
+_REGISTRY: dict[str, type[View]] = {}
+
+
+def register_view(cls: type[View]) -> type[View]:
+    if not cls.name or not cls.consumes:
+        raise ValueError(f"{cls.__name__} needs a name and the events it consumes")
+    if _REGISTRY.get(cls.name, cls) is not cls:
+        raise ValueError(f"a view named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def unregister_view(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def view_classes() -> list[type[View]]:
+    for module in VIEW_MODULES:
+        importlib.import_module(module)
+    return list(_REGISTRY.values())
+
+
+def view_names() -> list[str]:
+    return [cls.name for cls in view_classes()]

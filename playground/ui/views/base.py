@@ -1,0 +1,116 @@
+"""The view interface: what the window knows of every view.
+
+A view draws one kind of run (chosen by the per-step events it draws, never by strategy name), from the events
+recorded for it — live or from a saved trace. The window calls ``show_run`` when a run is selected, ``apply`` with
+each batch of new events of the shown run, ``flush`` once per batch, and ``end`` when the shown run ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from PySide6.QtCore import QPoint, QRectF, QSize, Signal
+from PySide6.QtGui import QPainter, QPixmap
+from PySide6.QtWidgets import QWidget
+
+from playground.engine.strategies import STRATEGIES
+from playground.events import Event
+from playground.state import Run
+
+IMAGE_FORMATS = ("png", "svg")
+
+
+class ExportError(ValueError):
+    """An export that cannot be written; the message says why."""
+
+
+class View(QWidget):
+    """Base of every view. Subclasses set ``name``, ``title``, ``consumes`` and draw events."""
+
+    name: ClassVar[str] = ""  # short id: --view NAME, saved layouts, presets
+    title: ClassVar[str] = ""  # the dock's title
+    consumes: ClassVar[tuple[type, ...]] = ()  # per-step event types this view draws
+    data_formats: ClassVar[tuple[str, ...]] = ()  # exports besides the picture (e.g. "csv")
+
+    branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
+
+    def applies_to(self, run: Run) -> bool:
+        """Whether this view has something to show for ``run``: its strategy yields (or it holds) our events."""
+        kinds = {type(e) for e in run.step_events}
+        strategy = STRATEGIES.get(run.settings.strategy)
+        if strategy is not None:
+            kinds.update(strategy.step_events)
+        return any(issubclass(kind, self.consumes) for kind in kinds)
+
+    def empty_text(self, run: Run | None) -> str:
+        """What the dock says when this view has nothing to show for ``run``."""
+        if run is None:
+            return f"The {self.title.lower()} shows a run here once there is one."
+        return f"Run #{run.index + 1} ({run.settings.strategy}) has nothing for the {self.title.lower()}."
+
+    # --- what the window calls --------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the shown run."""
+
+    def apply(self, run: Run, events: list[Event]) -> None:
+        """New events of ``run`` (already folded into it): update the view's state, draw later in ``flush``."""
+
+    def flush(self) -> None:
+        """Draw what ``apply`` collected (called once per batch, at most ~30 times a second)."""
+
+    def end(self, run: Run) -> None:
+        """``run`` ended (finished, failed, stopped or truncated): it must not look like it is still running."""
+
+    def show_run(self, run: Run) -> None:
+        """Show a recorded run from its events."""
+        self.reset()
+        self.apply(run, list(run.events))
+        self.flush()
+        if not run.running:
+            self.end(run)
+
+    # --- pictures and data --------------------------------------------------------------------------------
+    def paint_overlay(self, pixmap: QPixmap, origin: QWidget) -> None:
+        """Screenshots: draw what a user would see floating over this view (a hover tooltip) into ``pixmap``,
+        a grab of ``origin``."""
+
+    def export_data(self, path: Path) -> None:
+        raise ExportError(f"the {self.title.lower()} exports no data")
+
+    def export(self, path: str | Path) -> Path:
+        """Write the view as PNG or SVG, or its data (``data_formats``), chosen by the file's extension."""
+        path = Path(path)
+        suffix = path.suffix.lower().lstrip(".")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if suffix in self.data_formats:
+            self.export_data(path)
+        elif suffix in IMAGE_FORMATS:
+            save_widget_picture(self, path)
+        else:
+            formats = ", ".join(f".{f}" for f in (*IMAGE_FORMATS, *self.data_formats))
+            kind = path.suffix or "a file with no extension"
+            raise ExportError(f"cannot export the {self.title.lower()} as {kind}: use {formats}")
+        return path
+
+
+def save_widget_picture(widget: QWidget, path: Path, pixmap: QPixmap | None = None) -> None:
+    """PNG (a grab, or ``pixmap``) or SVG (the widget painted as vectors) by the file's extension."""
+    if path.suffix.lower() == ".svg":
+        from PySide6.QtSvg import QSvgGenerator
+
+        size: QSize = widget.size()
+        generator = QSvgGenerator()
+        generator.setFileName(str(path))
+        generator.setSize(size)
+        generator.setViewBox(QRectF(0, 0, size.width(), size.height()))
+        generator.setTitle(widget.windowTitle() or "Decoding Playground")
+        painter = QPainter(generator)
+        widget.render(painter, QPoint(0, 0))
+        painter.end()
+    else:
+        picture = pixmap if pixmap is not None else widget.grab()
+        if not picture.save(str(path)):
+            raise ExportError(f"could not write {path}")
+    if not path.is_file() or path.stat().st_size == 0:
+        raise ExportError(f"could not write {path}")

@@ -1,0 +1,168 @@
+"""The tokens view: the streamed output shaded by probability beside the candidates bar chart of one step."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from PySide6.QtCore import QPoint, Qt, QTimer
+from PySide6.QtGui import QPainter, QPixmap
+from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
+
+from playground.events import Event, RunStarted, TokenStep
+from playground.state import Run, most_interesting_step
+from playground.ui.candidates_panel import CandidatesPanel
+from playground.ui.token_view import TokenView, token_tooltip_html
+from playground.ui.views import register_view
+from playground.ui.views.base import View
+
+# While a run streams, the chart redraws at most this often: its repaint costs more than a token view update,
+# and on a 2-core CPU every GUI millisecond is taken from the model's threads.
+LIVE_CHART_MS = 200
+CSV_COLUMNS = ("step", "token_id", "token", "raw_prob", "processed_prob", "logprob", "raw_rank", "entropy_bits",
+               "processed_entropy_bits", "forced")
+
+
+@register_view
+class TokensView(View):
+    name = "tokens"
+    title = "Tokens"
+    consumes = (TokenStep,)
+    data_formats = ("csv",)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.run: Run | None = None
+        self.token_view = TokenView()
+        self.chart = CandidatesPanel()
+        self.chart_index: int | None = None  # step shown in the chart
+        self.follow_live = True  # the chart follows the newest step until the user picks one
+        self._new_steps: list[TokenStep] = []
+        self._live_chart_timer = QTimer(self)
+        self._live_chart_timer.setSingleShot(True)
+        self._live_chart_timer.setInterval(LIVE_CHART_MS)
+        self._live_chart_timer.timeout.connect(self._show_pending_live_step)
+        self._live_chart_pending = False
+
+        output = QWidget()
+        output_layout = QVBoxLayout(output)
+        output_layout.setContentsMargins(0, 0, 0, 0)
+        output_layout.addWidget(QLabel("<b>Output</b> (grey: the prompt as the model sees it)"))
+        output_layout.addWidget(self.token_view, 1)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(output)
+        split.addWidget(self.chart)
+        split.setStretchFactor(0, 5)
+        split.setStretchFactor(1, 4)
+        split.setSizes([600, 520])
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(split)
+
+        self.token_view.text.step_clicked.connect(lambda i: self.show_chart_step(i, follow=False))
+        self.token_view.text.step_key.connect(self.step_chart)
+        self.token_view.text.branch_requested.connect(self.branch_requested)
+        self.chart.branch_requested.connect(self.branch_requested)
+
+    # --- the view interface ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.run = None
+        self._new_steps.clear()
+        self.chart_index = None
+        self.follow_live = True
+        self.token_view.reset()
+        self.chart.reset()
+
+    def show_run(self, run: Run) -> None:
+        self.reset()
+        self.run = run
+        self.token_view.show_run(run)
+        self.follow_live = run.running
+        target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
+        if target is not None and target >= 0:
+            self.show_chart_step(target, follow=run.running)
+
+    def apply(self, run: Run, events: list[Event]) -> None:
+        self.run = run
+        for event in events:
+            if isinstance(event, RunStarted):
+                self.token_view.reset(event.prompt_text)
+            elif isinstance(event, TokenStep):
+                self._new_steps.append(event)
+
+    def flush(self) -> None:
+        if not self._new_steps:
+            return
+        self.token_view.append_steps(self._new_steps)
+        self._new_steps = []
+        if self.follow_live:
+            self._show_live_step()
+
+    def end(self, run: Run) -> None:
+        self.flush()
+        if self.follow_live and run.steps:
+            # Done: show the most telling step rather than the trailing EOS.
+            target = most_interesting_step(run.steps)
+            if target is not None:
+                self.show_chart_step(target, follow=False)
+
+    # --- the chart ------------------------------------------------------------------------------------------
+    def show_chart_step(self, index: int, follow: bool = False) -> None:
+        run = self.run
+        if run is None or not 0 <= index < len(run.steps):
+            return
+        self.follow_live = follow
+        self.chart_index = index
+        self.chart.show_step(run.steps[index], len(run.steps))
+        self.token_view.text.mark_step(index)
+
+    def _show_live_step(self) -> None:
+        if self._live_chart_timer.isActive():
+            self._live_chart_pending = True
+            return
+        if self.run is not None and self.run.steps:
+            self.show_chart_step(len(self.run.steps) - 1, follow=True)
+        self._live_chart_pending = False
+        self._live_chart_timer.start()
+
+    def _show_pending_live_step(self) -> None:
+        if self._live_chart_pending and self.follow_live:
+            self._show_live_step()
+
+    def step_chart(self, delta: int) -> None:
+        run = self.run
+        if run is None or not run.steps:
+            return
+        current = self.chart_index if self.chart_index is not None else len(run.steps) - 1
+        self.show_chart_step(max(0, min(len(run.steps) - 1, current + delta)), follow=False)
+
+    # --- pictures and data ----------------------------------------------------------------------------------
+    def export_data(self, path: Path) -> None:
+        """Every step of the shown run as CSV: the chosen token and the numbers behind its shade."""
+        steps = self.run.steps if self.run is not None else []
+        with path.open("w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(CSV_COLUMNS)
+            for s in steps:
+                writer.writerow([s.step, s.token_id, s.text, repr(s.raw_prob), repr(s.prob), repr(s.logprob),
+                                 s.raw_rank, repr(s.entropy), repr(s.processed_entropy), int(s.forced)])
+
+    def paint_overlay(self, pixmap: QPixmap, origin: QWidget) -> None:
+        """The tooltip a user sees hovering the charted token (tooltips are windows a grab would miss)."""
+        run, index = self.run, self.chart_index
+        if run is None or index is None or not 0 <= index < len(run.steps):
+            return
+        view = self.token_view.text
+        rect = view.step_rect(index)
+        tip = QLabel(token_tooltip_html(run.steps[index]))
+        tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
+        tip.adjustSize()
+        anchor = view.viewport().mapTo(origin, rect.bottomLeft() + QPoint(12, 6))
+        # Keep it over the output, clear of the chart.
+        right = view.viewport().mapTo(origin, view.viewport().rect().topRight()).x()
+        x = max(0, min(anchor.x(), right - tip.width() - 4))
+        y = anchor.y() if anchor.y() + tip.height() < pixmap.height() else max(
+            0, anchor.y() - rect.height() - 12 - tip.height())
+        painter = QPainter(pixmap)
+        tip.render(painter, QPoint(x, y))
+        painter.end()
