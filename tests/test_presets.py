@@ -1,0 +1,113 @@
+"""Every shipped preset loads, names a registered view, and really shows what it claims on the default model."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from playground.config import BeamSettings
+from playground.engine.strategies import STRATEGIES, run_strategy
+from playground.events import RunFinished, TokenStep
+from playground.presets import load_preset, preset_names
+
+EXPECTED = {
+    "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
+    "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked",
+}
+
+
+def ngram_counts(ids: tuple[int, ...], n: int = 4) -> Counter:
+    return Counter(tuple(ids[i : i + n]) for i in range(len(ids) - n + 1))
+
+
+def repeated_fraction(ids: tuple[int, ...], n: int = 4) -> float:
+    """Share of n-gram positions whose n-gram already occurred earlier in the output."""
+    seen, repeats = set(), 0
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    for gram in grams:
+        repeats += gram in seen
+        seen.add(gram)
+    return repeats / len(grams)
+
+
+def run(lm, name: str) -> tuple[list[TokenStep], RunFinished]:
+    events = list(run_strategy(lm, load_preset(name).settings))
+    assert isinstance(events[-1], RunFinished)
+    return [e for e in events if isinstance(e, TokenStep)], events[-1]
+
+
+def test_every_preset_loads_and_names_a_view():
+    from playground.ui.views import view_names
+
+    assert set(preset_names()) == EXPECTED
+    for name in preset_names():
+        preset = load_preset(name)
+        assert preset.view in view_names()
+        assert preset.settings.strategy in STRATEGIES
+        assert preset.title and len(preset.description) > 40
+
+
+def test_unknown_preset_names_the_known_ones():
+    from playground.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"no preset named 'nope' \(known: beam-length-penalty-0, "):
+        load_preset("nope")
+
+
+@pytest.mark.model
+def test_greedy_loops_and_the_repetition_penalty_breaks_it(default_lm):
+    _, loop = run(default_lm, "greedy-loop")
+    assert max(ngram_counts(loop.token_ids).values()) >= 6
+    assert repeated_fraction(loop.token_ids) >= 0.4
+    assert loop.text.count("* Aniseed") >= 5
+
+    steps, fixed = run(default_lm, "repetition-penalty")
+    assert max(ngram_counts(fixed.token_ids).values()) <= 2
+    assert repeated_fraction(fixed.token_ids) <= 0.05
+    lines = [line.strip() for line in fixed.text.splitlines() if line.strip()]
+    assert len(lines) == len(set(lines)) >= 5
+    assert any(effect.name == "repetition_penalty" and effect.reweighted for s in steps for effect in s.effects)
+
+
+@pytest.mark.model
+def test_beam_length_penalty_0_1_2_pick_longer_answers(default_lm):
+    lengths, reasons = [], []
+    for penalty in (0, 1, 2):
+        preset = load_preset(f"beam-length-penalty-{penalty}")
+        assert preset.settings.group(BeamSettings).length_penalty == penalty
+        _, done = run(default_lm, preset.name)
+        lengths.append(len(done.token_ids))
+        reasons.append(done.stop_reason)
+    assert lengths[0] <= 10 and 20 <= lengths[1] <= 36 and lengths[2] == 40
+    assert reasons == ["eos", "eos", "max_new_tokens"]
+
+
+@pytest.mark.model
+def test_low_temperature_stays_near_greedy_and_high_temperature_wanders(default_lm):
+    def figures(name: str) -> tuple[float, float, float]:
+        steps, _ = run(default_lm, name)
+        n = len(steps)
+        return (sum(s.processed_entropy for s in steps) / n, sum(s.prob for s in steps) / n,
+                sum(s.raw_rank == 1 for s in steps) / n)
+
+    entropy, prob, top = figures("temperature-low")
+    assert entropy < 1.0 and prob > 0.7 and top > 0.75
+    entropy, prob, top = figures("temperature-high")
+    assert entropy > 3.0 and prob < 0.35 and top < 0.5
+
+
+@pytest.mark.model
+def test_top_k_keeps_k_while_top_p_follows_the_shape(default_lm):
+    def kept(step: TokenStep) -> int:
+        return sum(c.processed_prob > 0 for c in step.candidates)
+
+    steps, _ = run(default_lm, "top-k-flat-vs-peaked")
+    assert len(steps) == 20 and all(kept(s) == 5 for s in steps)
+    flat, peaked = max(steps, key=lambda s: s.entropy), min(steps, key=lambda s: s.entropy)
+    assert flat.entropy - peaked.entropy >= 3
+
+    steps, _ = run(default_lm, "top-p-flat-vs-peaked")
+    flat, peaked = max(steps, key=lambda s: s.entropy), min(steps, key=lambda s: s.entropy)
+    assert flat.entropy - peaked.entropy >= 3
+    assert kept(peaked) <= 3 and kept(flat) >= 40
