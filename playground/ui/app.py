@@ -7,7 +7,7 @@ import sys
 
 from playground.config import ModelSettings, RunSettings
 
-ORPHAN_GRACE_MS = 1000  # a fetch stops pip within this; a model load cannot be interrupted at all
+ORPHAN_GRACE_MS = 1000  # a stopped fetch ends pip within this (a model load cannot be interrupted at all)
 
 
 def display_problem() -> str | None:
@@ -65,9 +65,9 @@ def finish(code: int) -> int:
     alive. Give a stopping job a moment, then leave without waiting for the rest (it only reads files)."""
     from playground.ui.main_window import running_orphans
 
-    orphans = running_orphans()
-    for job in orphans:
-        job.thread.wait(ORPHAN_GRACE_MS)
+    for job in running_orphans():
+        if job.name == "fetch":  # pip is terminated at once; let it clean up its temporary folder
+            job.thread.wait(ORPHAN_GRACE_MS)
     if running_orphans():
         sys.stdout.flush()
         sys.stderr.flush()

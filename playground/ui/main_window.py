@@ -188,13 +188,13 @@ class MainWindow(QMainWindow):
         for dock in docks:
             dock.setFloating(False)
             dock.show()
-            self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, dock)
-        for first, other in itertools.pairwise(docks):
-            self.tabifyDockWidget(first, other)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.runs_dock)
         if docks:
-            docks[0].raise_()
+            self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, docks[0])
             self.splitDockWidget(docks[0], self.runs_dock, Qt.Orientation.Vertical)
+            for other in docks[1:]:
+                self.tabifyDockWidget(docks[0], other)
+            docks[0].raise_()
             self.resizeDocks([docks[0], self.runs_dock], [700, 110], Qt.Orientation.Vertical)
         self.settings_dock.show()
         self.runs_dock.show()

@@ -1,0 +1,267 @@
+"""The view registry, docks, saved runs, exports, presets and layout persistence, driven like a user would."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QImage
+
+from playground.config import RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events import BeamStep, TokenStep
+from playground.traces import write_trace
+from playground.ui.main_window import MainWindow
+from playground.ui.views import register_view, unregister_view, view_classes
+from playground.ui.views.base import View
+
+RUN_TIMEOUT_MS = 20000
+
+
+def make_window(qtbot, tmp_path, lm=None, settings: RunSettings | None = None, name: str = "settings.ini"):
+    store = QSettings(str(tmp_path / name), QSettings.Format.IniFormat)
+    w = MainWindow(run_settings=settings, store=store)
+    qtbot.addWidget(w)
+    w.resize(1500, 950)
+    w.show()
+    if lm is not None:
+        w.set_model(lm)
+    return w
+
+
+def generate(qtbot, w: MainWindow) -> None:
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+
+
+def test_a_registered_view_gets_a_runs_events_without_any_other_change(qtbot, tmp_path, tiny_lm):
+    class StepCounter(View):
+        name, title, consumes = "step-counter", "Step counter", (TokenStep,)
+
+        def __init__(self, parent=None):
+            super().__init__(parent)
+            self.received: list = []
+            self.flushes = self.ends = 0
+
+        def reset(self):
+            self.received = []
+
+        def apply(self, run, events):
+            self.received.extend(events)
+
+        def flush(self):
+            self.flushes += 1
+
+        def end(self, run):
+            self.ends += 1
+
+    register_view(StepCounter)
+    try:
+        w = make_window(qtbot, tmp_path, tiny_lm, RunSettings(max_new_tokens=6))
+        assert "step-counter" in w.views and "step-counter" in w.docks
+        generate(qtbot, w)
+        counter, run = w.views["step-counter"], w.session.runs[0]
+        assert counter.received == run.events  # every event, in order, exactly once
+        assert counter.flushes >= 1 and counter.ends >= 1
+        assert any(a.text() == "Step counter" for a in w.menuBar().actions()[2].menu().actions())
+    finally:
+        unregister_view("step-counter")
+    assert "step-counter" not in [cls.name for cls in view_classes()]
+
+
+def test_views_pick_runs_by_their_events_and_say_why_they_are_empty(qtbot, tmp_path, tiny_lm):
+    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2,
+                                                                    max_new_tokens=4))
+    generate(qtbot, w)
+    assert w.docks["beam"].pages.currentWidget() is w.views["beam"]
+    assert w.docks["tokens"].pages.currentWidget() is w.docks["tokens"].empty
+    assert w.docks["tokens"].empty.text() == "Run #1 (beam) has nothing for the tokens."
+    assert w.views["beam"].panel.tree.steps == sum(isinstance(e, BeamStep) for e in w.session.runs[0].events)
+
+
+def test_two_views_side_by_side_and_the_layout_persists(qtbot, tmp_path, tiny_lm):
+    w = make_window(qtbot, tmp_path, tiny_lm)
+    tokens, beam = w.docks["tokens"], w.docks["beam"]
+    assert w.tabifiedDockWidgets(tokens) == [beam]  # the default: tabs
+    w.views_side_by_side()
+    assert not w.tabifiedDockWidgets(tokens)
+    # Both on screen at once, left and right.
+    qtbot.waitUntil(lambda: beam.isVisible() and tokens.geometry().right() < beam.geometry().left(), timeout=3000)
+    w.controls.widgets["max_new_tokens"].setValue(17)
+    w.close()
+
+    again = make_window(qtbot, tmp_path, tiny_lm)  # the same settings file: a later launch
+    t2, b2 = again.docks["tokens"], again.docks["beam"]
+    assert not again.tabifiedDockWidgets(t2)
+    qtbot.waitUntil(lambda: b2.isVisible() and t2.geometry().right() < b2.geometry().left(), timeout=3000)
+    assert again.controls.widgets["max_new_tokens"].value() == 17
+    again.reset_layout()
+    assert again.tabifiedDockWidgets(t2) == [b2]
+
+
+def save_tiny_trace(lm, path: Path, **settings) -> list:
+    events = list(run_strategy(lm, RunSettings.from_flat(**settings)))
+    write_trace(events, path)
+    return events
+
+
+def test_a_saved_run_opens_without_a_model_in_every_view_that_applies(qtbot, tmp_path, tiny_lm):
+    events = save_tiny_trace(tiny_lm, tmp_path / "run.jsonl", prompt="Hello", max_new_tokens=8)
+    w = make_window(qtbot, tmp_path)  # no model at all
+    run = w.open_run(tmp_path / "run.jsonl")
+    assert w.lm is None and run is not None and run.events == events
+    tokens = w.views["tokens"]
+    assert tokens.run is run and tokens.token_view.steps == [e for e in events if isinstance(e, TokenStep)]
+    assert tokens.chart.step is not None
+    assert "opened from run.jsonl" in w.runs_list.item(0).text() and not w.banner.isVisible()
+
+    # Branching needs the model: a message, not a crash.
+    w.branch(0, events[2].candidates[1].token_id)
+    assert w.banner.kind == "error" and "Load a model to branch" in w.banner.label.text()
+
+
+def test_a_damaged_trace_opens_what_it_can_and_says_what_it_skipped(qtbot, tmp_path, tiny_lm):
+    save_tiny_trace(tiny_lm, tmp_path / "run.jsonl", prompt="Hello", max_new_tokens=8)
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    damaged = [lines[0], lines[1], "{not json", json.dumps({"type": "mystery"}), *lines[2:6]]  # no "done"
+    (tmp_path / "bad.jsonl").write_text("\n".join(damaged) + "\n")
+    w = make_window(qtbot, tmp_path)
+    run = w.open_run(tmp_path / "bad.jsonl")
+    assert run is not None and len(run.steps) == 4 and run.status == "failed"
+    text = w.banner.label.text()
+    assert "skipped 2 lines" in text and "line 3: not JSON" in text and "'mystery'" in text
+    assert "ends before the run did" in text
+
+    assert w.open_run(tmp_path / "missing.jsonl") is None
+    assert w.banner.kind == "error" and "missing.jsonl" in w.banner.label.text()
+
+
+def test_each_view_exports_png_and_svg_and_tokens_exports_csv(qtbot, tmp_path, tiny_lm):
+    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings(prompt="Hello", max_new_tokens=6))
+    generate(qtbot, w)
+    run = w.session.runs[0]
+    for name in w.views:
+        png = w.export_view(name, tmp_path / f"{name}.png")
+        svg = w.export_view(name, tmp_path / f"{name}.svg")
+        image = QImage(str(png))
+        assert image.size() == w.views[name].size()
+        assert svg.read_text(encoding="utf-8").lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+    assert w.export_view("tokens", tmp_path / "tokens.csv") is not None
+    with (tmp_path / "tokens.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["token_id"]) for r in rows] == [s.token_id for s in run.steps]
+    for row, step in zip(rows, run.steps, strict=True):
+        assert float(row["raw_prob"]) == step.raw_prob and float(row["processed_prob"]) == step.prob
+        assert int(row["raw_rank"]) == step.raw_rank and float(row["entropy_bits"]) == step.entropy
+        assert math.isclose(math.exp(float(row["logprob"])), step.raw_prob, rel_tol=1e-6)
+    assert w.export_view("tokens", tmp_path / "tokens.txt") is None
+    assert "use .png, .svg, .csv" in w.banner.label.text()
+
+
+def test_a_preset_fills_the_form_shows_its_view_and_runs(qtbot, tmp_path, tiny_lm):
+    from playground.presets import load_preset
+
+    w = make_window(qtbot, tmp_path, tiny_lm)
+    w.apply_preset("beam-length-penalty-2", run=True)
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    preset = load_preset("beam-length-penalty-2")
+    assert w.current_settings() == preset.settings
+    assert w.session.runs[0].settings == preset.settings
+    assert w.docks["beam"].pages.currentWidget() is w.views["beam"]
+
+
+def test_shot_from_trace_is_deterministic_and_needs_no_model(tmp_path, tiny_lm, monkeypatch):
+    from playground.cli import main
+
+    save_tiny_trace(tiny_lm, tmp_path / "run.jsonl", prompt="Hello", max_new_tokens=8)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-cache"))  # no default model here
+    outs = [tmp_path / "a.png", tmp_path / "b.png"]
+    for out in outs:
+        assert main(["shot", "--from-trace", str(tmp_path / "run.jsonl"), "--out", str(out)]) == 0
+    a, b = (QImage(str(p)) for p in outs)
+    assert a.size().width() == 1500 and a == b
+    assert main(["shot", "--from-trace", str(tmp_path / "run.jsonl"), "--view", "tokens", "--out",
+                 str(tmp_path / "tokens.svg")]) == 0
+    assert "<svg" in (tmp_path / "tokens.svg").read_text()
+    assert main(["shot", "--from-trace", str(tmp_path / "run.jsonl"), "--view", "nope", "--out",
+                 str(tmp_path / "x.png")]) == 2
+
+
+LAUNCH_SCRIPT = textwrap.dedent("""
+    import sys
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+    from playground.config import ModelSettings, RunSettings
+    from playground.ui.app import launch
+    from playground.ui.main_window import MainWindow
+
+    app = QApplication(sys.argv[:1])
+    mode = sys.argv[1]
+
+    def window():
+        return next(w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow))
+
+    def close_when(ready):
+        def poll():
+            if ready():
+                print("closing", flush=True)
+                window().close()
+            else:
+                QTimer.singleShot(20, poll)
+        QTimer.singleShot(20, poll)
+
+    if mode == "load":
+        model = ModelSettings(path=sys.argv[2], device="cpu")
+        close_when(lambda: window().busy and window().job_kind == "load")
+        settings = None
+    else:  # a long prompt: close while the prefill is reading it
+        model = ModelSettings(path=None, device="cpu")
+        settings = RunSettings(prompt="The weather in Shanghai is sunny today. " * 700, chat=False,
+                               max_new_tokens=4)
+        def start():
+            w = window()
+            if w.lm is None:
+                QTimer.singleShot(20, start)
+                return
+            w.generate()
+            close_when(lambda: w.session.runs and w.session.runs[0].prefill is None and
+                       any(e.type == "prefill_progress" for e in w.session.runs[0].events))
+        QTimer.singleShot(20, start)
+    sys.exit(launch(model, settings))
+""")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("mode", ["load", "prefill"])
+def test_closing_ends_the_process_promptly(tmp_path, default_lm, mode):
+    """Through the real launch(): closing while the model loads (~2 s, cannot be interrupted) or while a
+    ~6,000-token prompt is read (many seconds) ends the process within a second."""
+    import os
+
+    from playground.models.default_model import default_model_dir
+
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH_SCRIPT, mode, str(default_model_dir())], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        closed_at = None
+        for line in proc.stdout:
+            if line.startswith("closing"):
+                closed_at = time.monotonic()
+                break
+        assert closed_at is not None, proc.stderr.read()[-2000:]
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - closed_at
+    finally:
+        proc.kill()
+        proc.communicate()  # close the pipes
+    assert code == 0
+    assert took < 1.0, f"the process took {took:.1f} s to end after the window closed"
