@@ -240,3 +240,28 @@ def test_default_model_matches_generate(default_lm):
     prompt_len = events[1].prompt_tokens
     for event in (e for e in events if isinstance(e, BeamStep) and e.parents):
         assert event.kv_cache_bytes == 4 * per_token * (prompt_len + event.step)
+
+
+def test_a_beam_branch_continues_as_generate_does_from_the_forced_prefix(tiny_lm):
+    """Branching in beam search: every beam starts from the forced tokens, and the search after them is
+    transformers' beam search on prompt + forced tokens."""
+    settings = beam_settings(num_beams=3, max_new_tokens=12, num_return_sequences=3, early_stopping="never")
+    prompt_ids, _ = encode_prompt(tiny_lm, settings)
+    with torch.inference_mode():
+        logits = tiny_lm.model(input_ids=torch.tensor([prompt_ids])).logits[0, -1]
+    forced = (int(torch.topk(logits, 3).indices[2]),)  # the third most likely first token
+    greedy_first = int(logits.argmax())
+    assert forced[0] != greedy_first
+    done = run(tiny_lm, settings.replace(forced_token_ids=forced))[-1]
+
+    ids = torch.tensor([prompt_ids + list(forced)])
+    with torch.inference_mode():
+        out = tiny_lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=3,
+                                     num_return_sequences=3, early_stopping="never",
+                                     max_new_tokens=12 - len(forced), output_scores=True,
+                                     return_dict_in_generate=True, pad_token_id=tiny_lm.tokenizer.pad_token_id)
+    pad = tiny_lm.tokenizer.pad_token_id
+    expected = [[t for t in row[ids.shape[1]:].tolist() if t != pad] for row in out.sequences]
+    assert [list(s.token_ids) for s in done.sequences] == [list(forced) + e for e in expected]
+    for seq, score in zip(done.sequences, out.sequences_scores.tolist(), strict=True):
+        assert math.isclose(seq.score, score, rel_tol=1e-5, abs_tol=1e-6)

@@ -400,3 +400,16 @@ def test_branching_needs_the_model_that_made_the_run(qtbot, window, tiny_lm_eos)
     w.branch(0, alt)
     assert len(w.session.runs) == 1 and not w.busy
     assert w.banner.kind == "error" and "load that model" in w.banner.label.text()
+
+
+def test_a_successful_load_clears_an_earlier_load_error(qtbot, window, tiny_lm, tmp_path):
+    w = window
+    w.load_model(ModelSettings(path=str(tmp_path / "no-such-model")))
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert w.banner.isVisible() and w.banner.kind == "error"
+    folder = tmp_path / "tiny"
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    w.load_model(ModelSettings(path=str(folder), device="cpu", dtype="float32"))
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    assert w.lm.path.endswith("tiny") and not w.banner.isVisible()
