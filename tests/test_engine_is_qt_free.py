@@ -1,4 +1,5 @@
-"""The engine and the Qt-free core never import Qt; importing the package loads neither torch nor Qt."""
+"""The engine and the Qt-free core never import Qt, even while running a strategy; importing the package loads
+neither torch nor Qt; reading the strategy registry, settings and saved runs loads no torch."""
 
 from __future__ import annotations
 
@@ -6,28 +7,56 @@ import pkgutil
 import subprocess
 import sys
 
+import playground
+import playground.config
 import playground.engine
+import playground.events
 import playground.models
+import playground.state
 
-# Every engine and model module (new ones are covered automatically), plus the Qt-free core.
-ENGINE_MODULES = [
-    info.name for package in (playground.engine, playground.models)
+QT = {"PySide6", "pyqtgraph", "shiboken6"}
+QT_FREE_PACKAGES = (playground.engine, playground.models, playground.events, playground.config, playground.state)
+# Every module of those packages (new ones are covered automatically), plus the Qt-free top-level modules.
+QT_FREE_MODULES = [
+    info.name for package in QT_FREE_PACKAGES
     for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + ".")
-] + ["playground.events", "playground.config", "playground.state", "playground.state.beam_tree", "playground.cli"]
+] + ["playground.cli", "playground.cli_options", "playground.presets", "playground.traces", "playground.tiny_models"]
 
 
 def _loaded_after(code: str) -> set[str]:
-    probe = f"{code}\nimport sys\nprint(' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    probe = f"{code}\nimport sys\nprint('LOADED', ' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
+    line = next(line for line in out.stdout.splitlines() if line.startswith("LOADED "))
+    return set(line.split()[1:])
 
 
-def test_engine_imports_no_qt():
-    loaded = _loaded_after("\n".join(f"import {m}" for m in ENGINE_MODULES))
-    assert "torch" in loaded  # the import really happened
-    assert not {"PySide6", "pyqtgraph", "shiboken6"} & loaded
+def test_the_walk_covers_every_package():
+    walked = {name.rsplit(".", 1)[0] for name in QT_FREE_MODULES}
+    assert {"playground.engine", "playground.events", "playground.config", "playground.state"} <= walked
+    assert "playground.engine.beam" in QT_FREE_MODULES and "playground.state.beam_tree" in QT_FREE_MODULES
+
+
+def test_engine_imports_no_qt_even_while_running_every_strategy():
+    run_all = """
+from playground.config import RunSettings
+from playground.engine.strategies import STRATEGIES, run_strategy
+from playground.tiny_models import build_tiny_lm
+lm = build_tiny_lm(seed=0)
+for name in STRATEGIES:
+    events = list(run_strategy(lm, RunSettings(strategy=name, prompt="Hello", max_new_tokens=3)))
+    assert events[-1].type == "done", name
+"""
+    loaded = _loaded_after("\n".join(f"import {m}" for m in QT_FREE_MODULES) + run_all)
+    assert "torch" in loaded  # the imports and the runs really happened
+    assert not QT & loaded
 
 
 def test_package_import_is_light():
     loaded = _loaded_after("import playground")
     assert not {"torch", "PySide6", "transformers"} & loaded
+
+
+def test_settings_registry_and_saved_runs_load_no_torch():
+    loaded = _loaded_after("import playground.engine.strategies, playground.traces, playground.presets, "
+                           "playground.state, playground.cli_options")
+    assert not {"torch", "transformers", *QT} & loaded
