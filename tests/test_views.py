@@ -265,3 +265,33 @@ def test_closing_ends_the_process_promptly(tmp_path, default_lm, mode):
         proc.communicate()  # close the pipes
     assert code == 0
     assert took < 1.0, f"the process took {took:.1f} s to end after the window closed"
+
+
+def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path, tiny_lm, monkeypatch):
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from playground.cli import main
+
+    events = save_tiny_trace(tiny_lm, tmp_path / "run.jsonl", prompt="Hello", max_new_tokens=6)
+    loop = QEventLoop()
+    monkeypatch.setattr(qapp, "exec", loop.exec, raising=False)  # a real app.exec() would end the test app
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    seen = {}
+
+    def check_then_quit() -> None:
+        windows = [x for x in QApplication.topLevelWidgets() if isinstance(x, MainWindow) and x.isVisible()]
+        if windows and windows[-1].session.runs:
+            w = windows[-1]
+            seen.update(events=w.session.runs[0].events, lm=w.lm, busy=w.busy)
+            w.close()
+            loop.quit()
+        else:
+            QTimer.singleShot(50, check_then_quit)
+
+    QTimer.singleShot(50, check_then_quit)
+    QTimer.singleShot(15000, loop.quit)  # a safety net: never hang the suite
+    assert main(["open", str(tmp_path / "run.jsonl")]) == 0
+    assert seen["events"] == events and seen["lm"] is None and not seen["busy"]
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["open", str(tmp_path / "empty.jsonl")]) == 2  # refused before any window opens
