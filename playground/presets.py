@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from playground.config import ConfigError, RunSettings
+from playground.engine.strategies import get_strategy
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "resources" / "presets"
 
@@ -38,6 +39,7 @@ def load_preset(name: str, folder: Path = PRESETS_DIR) -> Preset:
         settings, unknown = RunSettings.from_plain_dict(plain["settings"])
         if unknown:
             raise ValueError(f"unknown settings {', '.join(unknown)}")
+        get_strategy(settings.strategy)
         preset = Preset(name, plain["title"], plain["description"], plain["view"], settings.validate())
     except (ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"preset {path} is broken: {error}") from error

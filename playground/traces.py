@@ -64,8 +64,10 @@ def read_trace(path: str | Path) -> SavedTrace:
             break
         trace.events.append(event)
     if not trace.events or not isinstance(trace.events[0], RunStarted):
-        found = "no events" if not trace.events else f"a '{trace.events[0].type}' event"
-        raise TraceError(f"{path} is not a saved run: its first readable line is {found}, not a 'start' event")
+        if not trace.events:
+            raise TraceError(f"{path} is not a saved run: it holds no readable event")
+        raise TraceError(f"{path} is not a saved run: its first readable line is a '{trace.events[0].type}' "
+                         "event, not a 'start' event")
     return trace
 
 
@@ -77,8 +79,12 @@ def write_trace(events: Iterable, path: str | Path) -> Path:
     """Write events as JSON lines (what `trace` prints), atomically: a failed save leaves no half file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".part")
-    with tmp.open("w", encoding="utf-8") as out:
-        for event in events:
-            out.write(dumps_event(event) + "\n")
-    tmp.replace(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as out:
+            for event in events:
+                out.write(dumps_event(event) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

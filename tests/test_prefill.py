@@ -76,4 +76,4 @@ def test_stop_between_chunks_ends_the_run_before_any_step(long_lm, strategy):
     done = events[-1]
     assert isinstance(done, RunFinished) and done.stop_reason == "stopped"
     assert done.token_ids == () and done.sequences == () and done.tokens_per_s == 0.0
-    assert 0 < done.prefill_ms
+    assert done.prefill_ms > 0

@@ -41,19 +41,23 @@ class SettingsGroup:
         return {f.name: plain_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_plain_dict(cls: type[G], plain: dict[str, Any]) -> G:
-        values, _unknown = from_plain(cls, plain)
-        return cls(**values)
+    def from_plain_dict(cls: type[G], plain: dict[str, Any]) -> tuple[G, list[str]]:
+        """The group from JSON values, and the keys it did not know."""
+        values, unknown = from_plain(cls, plain)
+        return cls(**values), unknown
 
 
 GROUPS: dict[str, type[SettingsGroup]] = {}
+# Flags that are not in any group's table: the shared run settings' (added by run.py) and the fixed CLI options.
+RESERVED_FLAGS: set[str] = {"--model", "--device", "--dtype", "--trust-remote-code", "--preset", "--strategy",
+                            "--out", "--view", "--width", "--height", "--hover", "--from-trace", "--help", "-h"}
 
 
 def register_group(cls: type[G]) -> type[G]:
     """Class decorator: make a capability's settings known to the CLI, the form and saved runs."""
     if not cls.name or (cls.name in GROUPS and GROUPS[cls.name] is not cls):
         raise ValueError(f"settings group name {cls.name!r} is empty or taken")
-    flags = {row.flag for group in GROUPS.values() if group is not cls for row in rows(group)}
+    flags = RESERVED_FLAGS | {row.flag for group in GROUPS.values() if group is not cls for row in rows(group)}
     clash = flags & {row.flag for row in rows(cls)}
     if clash:
         raise ValueError(f"{cls.__name__} reuses the flags {sorted(clash)}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.config.errors import ConfigError
-from playground.config.groups import GROUPS, G, SettingsGroup
+from playground.config.groups import GROUPS, RESERVED_FLAGS, G, SettingsGroup
 from playground.config.table import check_all, from_plain, plain_value, rows, setting
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -104,6 +104,7 @@ class RunSettings:
         return dataclasses.replace(self, groups=(*self.groups, group))
 
     def validate(self) -> RunSettings:
+        """Check every value (the strategy's name is checked by the engine's registry)."""
         check_all(self)
         checks = [
             (all(self.stop_strings), "stop strings must not be empty"),
@@ -137,6 +138,11 @@ class RunSettings:
         groups = []
         for name in list(unknown):
             if name in GROUPS and isinstance(plain[name], dict):
-                groups.append(GROUPS[name].from_plain_dict(plain[name]))
+                group, group_unknown = GROUPS[name].from_plain_dict(plain[name])
+                groups.append(group)
                 unknown.remove(name)
+                unknown += [f"{name}.{key}" for key in group_unknown]
         return cls(**values, groups=tuple(groups)), unknown
+
+
+RESERVED_FLAGS.update(row.flag for row in rows(RunSettings))

@@ -92,8 +92,8 @@ def check_value(row: Row, value: Any) -> str | None:
         return None if isinstance(value, bool) else f"{name} must be true or false (got {value!r})"
     if row.type in (int, float):
         number_ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if row.type is int and number_ok:
-            number_ok = float(value).is_integer()
+        if row.type is int:
+            number_ok = isinstance(value, int) and not isinstance(value, bool)  # 3.0 would reach torch as a float
         if not number_ok:
             return f"{name} must be a{'n integer' if row.type is int else ' number'} (got {value!r})"
         if not math.isfinite(value):

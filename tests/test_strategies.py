@@ -1,0 +1,65 @@
+"""The strategy registry: what the CLI and the window offer, and that every registered strategy runs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from playground.config import ConfigError, RunSettings
+from playground.engine.strategies import STRATEGIES, get_strategy, run_strategy
+from playground.events import PrefillDone, RunFinished, RunStarted
+
+
+def _strategy_choices(command: str) -> list[str]:
+    from playground.cli import build_parser
+
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    (action,) = [a for a in subparsers.choices[command]._actions if a.dest == "strategy"]
+    return list(action.choices)
+
+
+def test_registry_holds_the_known_strategies():
+    assert {"greedy", "sample", "beam"} <= set(STRATEGIES)
+    for name, strategy in STRATEGIES.items():
+        assert strategy.name == name and strategy.help and strategy.step_events
+
+
+@pytest.mark.parametrize("command", ["trace", "shot", "app"])
+def test_cli_offers_exactly_the_registry(command):
+    assert _strategy_choices(command) == list(STRATEGIES)
+
+
+def test_window_offers_exactly_the_registry(qapp):
+    from playground.ui.controls import RunControls
+
+    controls = RunControls()
+    combo = controls.strategy
+    assert [combo.itemText(i) for i in range(combo.count())] == list(STRATEGIES)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_runs_on_a_tiny_model(tiny_lm, name):
+    strategy = STRATEGIES[name]
+    assert callable(strategy.load_runner())
+    settings = RunSettings.from_flat(strategy=name, max_new_tokens=3, prompt="Hello")
+    events = list(run_strategy(tiny_lm, settings))
+    assert isinstance(events[0], RunStarted) and events[0].strategy == name
+    assert isinstance(events[1], PrefillDone)
+    assert isinstance(events[-1], RunFinished)
+    steps = events[2:-1]
+    assert steps and all(isinstance(e, strategy.step_events) for e in steps), [type(e).__name__ for e in steps]
+    assert events[-1].stop_reason == "max_new_tokens"  # this tiny model does not end within 3 tokens
+    assert len(steps) == 3
+    assert len(events[-1].token_ids) == 3
+
+
+def test_unknown_strategy_is_refused_naming_the_known_ones(tiny_lm):
+    with pytest.raises(ConfigError) as error:
+        run_strategy(tiny_lm, RunSettings(strategy="nucleus"))
+    message = str(error.value)
+    assert message == f"strategy must be one of {', '.join(STRATEGIES)}, not 'nucleus'"
+    assert all(name in message for name in ("greedy", "sample", "beam"))
+    with pytest.raises(ConfigError, match="not 'nucleus'"):
+        get_strategy("nucleus")
