@@ -4,16 +4,18 @@ form and validation (``playground.config.table``).
 Capability modules register their group on import; list each one here.
 """
 
-from playground.config import beam  # noqa: F401  (registers BeamSettings)
+from playground.config import beam, speculative  # noqa: F401  (each registers its settings group)
 from playground.config.beam import EARLY_STOPPING, BeamSettings
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, SettingsGroup, register_group
 from playground.config.run import DEFAULT_PROMPT, DEVICES, DTYPES, ModelSettings, RunSettings
+from playground.config.speculative import DRAFTERS, SpeculativeSettings
 from playground.config.table import Row, Setting, rows, setting
 
 __all__ = [
     "DEFAULT_PROMPT",
     "DEVICES",
+    "DRAFTERS",
     "DTYPES",
     "EARLY_STOPPING",
     "GROUPS",
@@ -24,6 +26,7 @@ __all__ = [
     "RunSettings",
     "Setting",
     "SettingsGroup",
+    "SpeculativeSettings",
     "register_group",
     "rows",
     "setting",

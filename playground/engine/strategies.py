@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from playground.config import BeamSettings, ConfigError, RunSettings, SettingsGroup
+from playground.config import BeamSettings, ConfigError, RunSettings, SettingsGroup, SpeculativeSettings
 from playground.events import BeamStep, Event, TokenStep
+from playground.events.speculative import SpeculativeRound
 
 if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help, saved runs, the Qt-free state)
     from playground.models.loaded import LoadedModel
@@ -54,6 +55,11 @@ register_strategy(Strategy(
 register_strategy(Strategy(
     "beam", "keep several hypotheses, expand all of them every step", "playground.engine.beam:run_beam_search",
     sections=("penalties",), groups=(BeamSettings,), step_events=(BeamStep,)))
+
+register_strategy(Strategy(
+    "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
+    "playground.engine.speculative.decode:run_speculative", sections=("sampling", "penalties"),
+    groups=(SpeculativeSettings,), step_events=(TokenStep, SpeculativeRound)))
 
 
 def strategy_names() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ Which distribution a number comes from is always in its name:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
@@ -121,3 +121,6 @@ class RunFinished:
     device: str
     dtype: str
     sequences: tuple[BeamSequence, ...] = ()  # beam search: returned sequences, best first
+    # Figures a strategy measured over the whole run, by name (speculative decoding: "acceptance_rate",
+    # "mean_accepted", "target_calls", ...); empty for strategies that have none.
+    figures: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,45 @@
+"""Speculative decoding settings: which drafter proposes tokens, how many per round, and its own options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playground.config.groups import SettingsGroup, register_group
+from playground.config.table import setting
+
+DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
+
+
+@register_group
+@dataclass(frozen=True)
+class SpeculativeSettings(SettingsGroup):
+    name = "speculative"
+    title = "Speculative decoding"
+
+    draft: str = setting(
+        "prompt-lookup", "drafter", "who proposes tokens: prompt-lookup copies the continuation of the latest "
+        "matching n-gram of the text; layers = the target's own first layers (LayerSkip-style); model = a separate "
+        "small model with the same tokenizer; jacobi = the target refining a guess in parallel (Jacobi iteration); "
+        "quantized = the target's quantized copy", choices=DRAFTERS)
+    draft_k: int = setting(4, "draft tokens", "tokens drafted per round, all checked by one target forward pass",
+                           minimum=1, maximum=16)
+    do_sample: bool = setting(False, "sample", "sample with the sampling settings, verified by the rejection rule "
+                              "(accept with min(1, p/q), else resample from max(0, p - q)); off: greedy, accept "
+                              "drafts equal to the target's argmax")
+    draft_layers: int = setting(8, "draft layers", "layers drafter: how many of the target's first layers draft",
+                                minimum=1, maximum=512)
+    draft_model: str = setting("", "draft model", "model drafter: a Hugging Face folder, .gguf file or cached model "
+                               "id that shares the target's tokenizer")
+    prompt_lookup_ngram: int = setting(3, "lookup n-gram", "prompt-lookup drafter: longest n-gram to match "
+                                       "(shorter ones are tried when it finds none)", minimum=1, maximum=16)
+    baseline_tokens: int = setting(32, "baseline tokens", "after the run, decode this many tokens plainly on the "
+                                   "same prompt to measure the speed-up (0 = skip)", minimum=0, maximum=4096)
+
+    def summary(self) -> str:
+        extra = {"layers": f" ({self.draft_layers} layers)", "model": f" ({self.draft_model})",
+                 "prompt-lookup": f" (n-gram {self.prompt_lookup_ngram})"}.get(self.draft, "")
+        return f"{self.draft}{extra} drafts {self.draft_k}" + (" · sampled" if self.do_sample else "")
+
+    def cross_checks(self) -> list[tuple[bool, str]]:
+        return [(self.draft != "model" or bool(self.draft_model.strip()),
+                 "the model drafter needs --draft-model PATH (a small model with the target's tokenizer)")]

@@ -1,0 +1,1 @@
+"""Speculative decoding: a drafter proposes, the target verifies (see ``decode``, ``drafters``, ``verify``)."""

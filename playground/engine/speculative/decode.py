@@ -1,0 +1,282 @@
+"""Draft-then-verify decoding: each round a drafter proposes k tokens, the target scores them all in one forward
+pass, the longest acceptable prefix is kept, the target adds one token of its own, and both KV caches are rolled
+back past the rejected drafts.
+
+Every emitted token also gets an ordinary ``TokenStep`` (raw and processed distributions from the target's logits
+at that position), so greedy speculative decoding is observably the target's greedy decoding — only faster or
+slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from playground.config import ConfigError, ModelSettings, RunSettings, SpeculativeSettings
+from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
+from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_events import RunRecorder
+from playground.engine.sampling import make_generator
+from playground.engine.speculative.drafters import (
+    Draft,
+    Drafter,
+    JacobiDrafter,
+    LayersDrafter,
+    PromptLookupDrafter,
+    SmallModelDrafter,
+    first_layers,
+    roll_back,
+)
+from playground.engine.speculative.verify import Verdict, verify_greedy, verify_sampled
+from playground.engine.step_analysis import analyse_step
+from playground.engine.stop_strings import StopStringWatch
+from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.events import Event
+from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
+from playground.models.loaded import LoadedModel
+
+StopCheck = Callable[[], bool]
+_DRAFT_MODELS: dict[tuple[str, str, str], LoadedModel] = {}  # loaded once per (path, device, dtype)
+
+
+def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+    """Speculative decoding as a generator of events. Settings, prompt and drafter are checked (and a draft model
+    loaded) before the generator is returned (``ConfigError``)."""
+    settings.validate()
+    spec = settings.group(SpeculativeSettings)
+    prompt_ids, prompt_text = encode_prompt(lm, settings)
+    check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
+    generator = make_generator(lm.device, settings.seed)
+    pipeline = build_pipeline(settings, sampling=spec.do_sample)
+    drafter = make_drafter(lm, spec, pipeline, generator)
+    record = RunRecorder(lm, settings, should_stop, groups=(SpeculativeSettings,))
+    return _decode(lm, settings, spec, drafter, pipeline, generator, prompt_ids, prompt_text, record)
+
+
+def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[NamedTransform, ...],
+                 generator: torch.Generator) -> Drafter:
+    if spec.draft == "prompt-lookup":
+        return PromptLookupDrafter(spec.prompt_lookup_ngram)
+    if spec.draft == "jacobi":
+        return JacobiDrafter()
+    if spec.draft == "layers":
+        model = first_layers(lm.model, spec.draft_layers)
+        drafter = LayersDrafter(model, pipeline, spec.do_sample, generator, lm.device)
+        drafter.detail = f"first {spec.draft_layers} of {len(lm.model.model.layers)} layers + final norm + LM head"
+        return drafter
+    if spec.draft == "model":
+        draft_lm = load_draft_model(lm, spec.draft_model)
+        drafter = SmallModelDrafter(draft_lm.model, pipeline, spec.do_sample, generator, lm.device)
+        drafter.detail = f"{draft_lm.name} ({draft_lm.model.num_parameters() / 1e6:.0f}M parameters)"
+        return drafter
+    raise ConfigError(f"the {spec.draft!r} drafter needs the quantization lab, which this version does not have "
+                      "yet: use prompt-lookup, layers, model or jacobi")
+
+
+def load_draft_model(lm: LoadedModel, path: str) -> LoadedModel:
+    from playground.models.loading import load_model
+
+    key = (path, str(lm.device), lm.dtype_name)
+    if key not in _DRAFT_MODELS:
+        _DRAFT_MODELS.clear()  # keep one draft model in memory at a time
+        draft = load_model(ModelSettings(path=path, device=lm.device.type, dtype=lm.dtype_name))
+        if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+            raise ConfigError(f"the draft model {draft.name} does not share {lm.name}'s tokenizer: token ids would "
+                              "mean different things; pick a draft model of the same family")
+        _DRAFT_MODELS[key] = draft
+    return _DRAFT_MODELS[key]
+
+
+@dataclass
+class _Target:
+    """The target's side of the loop: its cache, and the logits that predict the next position if it already
+    read everything (only right after the prefill)."""
+
+    cache: object
+    next_logits: torch.Tensor | None  # [1, vocab] raw
+
+
+def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, drafter: Drafter,
+            pipeline: tuple[NamedTransform, ...], generator: torch.Generator, prompt_ids: list[int],
+            prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+    token_text = TokenTextCache(lm.tokenizer)
+    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
+    stop_watch = StopStringWatch(settings.stop_strings)
+    eos_ids = set(lm.eos_token_ids)
+    forced = list(settings.forced_token_ids)
+    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
+    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
+
+    yield record.started(prompt_ids, prompt_text)
+    yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
+                             do_sample=spec.do_sample)
+    ids = list(prompt_ids)  # prompt + emitted tokens
+    generated: list[int] = []
+    rounds = drafted_total = accepted_total = target_calls = 0
+    draft_ms_total = verify_ms_total = 0.0
+    with torch.inference_mode():
+        prefilled = yield from record.prefill(torch.tensor([prompt_ids], device=lm.device))
+        if prefilled is None:
+            max_steps, stop_reason = 0, "stopped"
+        else:
+            target = _Target(prefilled[1], prefilled[0].float())
+            target_calls += 1
+        while len(generated) < max_steps:
+            if record.should_stop():
+                stop_reason = "stopped"
+                break
+            record.step_started()
+            room = max_steps - len(generated)
+            forcing = len(generated) < len(forced)
+            start = time.perf_counter()
+            if forcing:  # branching: the forced tokens are a draft that is accepted whatever the target says
+                draft = Draft(forced[len(generated) : len(generated) + room], None)
+            else:
+                draft = drafter.propose(ids, min(spec.draft_k, room - 1)) if room > 1 else Draft([], None)
+                draft.tokens = draft.tokens[: max(0, room - 1)]
+            draft_ms = (time.perf_counter() - start) * 1000
+            start = time.perf_counter()
+            raw, processed = _score(lm, target, ids, draft.tokens, pipeline)  # [n + 1, vocab] each
+            target_calls += 1
+            verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
+            # The target's token after the kept prefix comes in the round only when there is room for it.
+            emitted = draft.tokens[: verdict.accepted]
+            with_target = len(emitted) < room
+            if with_target:
+                emitted = [*emitted, verdict.token_id]
+            kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
+            roll_back(target.cache, kept)
+            target.next_logits = None
+            drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
+            verify_ms = (time.perf_counter() - start) * 1000
+            round_ms = record.step_ended()
+
+            first_step = len(generated)
+            steps, ended = [], None
+            for j, token in enumerate(emitted):
+                prefix = torch.tensor([ids], device=lm.device)
+                analysis = analyse_step(pipeline, prefix, raw[j : j + 1], settings.num_candidates)
+                analysis.token_id = token
+                text = decoder.push(token)
+                ids.append(token)
+                generated.append(token)
+                steps.append(analysis.to_event(
+                    step=len(generated) - 1, text=text, forced=forcing and j < len(draft.tokens),
+                    step_ms=round_ms / len(emitted), kv_bytes=kv_cache_bytes(target.cache), token_text=token_text))
+                if token in eos_ids:
+                    ended = "eos"
+                elif stop_watch.hit(text):
+                    ended = "stop_string"
+                if ended:
+                    break
+            cut = len(steps) < len(emitted)  # the run ended inside the round
+            if not forcing:
+                rounds += 1
+                drafted_total += len(draft.tokens)
+                accepted_total += verdict.accepted
+                draft_ms_total += draft_ms
+                verify_ms_total += verify_ms
+                yield _round_event(rounds - 1, first_step, draft, verdict, target_probs, lm, token_text,
+                                   "none" if cut or not with_target else
+                                   ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
+                                   draft_ms, verify_ms, kv_cache_bytes(target.cache))
+            yield from steps
+            if ended:
+                stop_reason = ended
+                break
+            if cut:
+                break
+
+    figures = {
+        "rounds": float(rounds), "drafted": float(drafted_total), "accepted": float(accepted_total),
+        "acceptance_rate": accepted_total / drafted_total if drafted_total else 0.0,
+        "mean_accepted": accepted_total / rounds if rounds else 0.0,
+        "target_calls": float(target_calls), "draft_ms": draft_ms_total, "verify_ms": verify_ms_total,
+    }
+    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                               steps=len(generated))
+    if spec.baseline_tokens and generated and stop_reason != "stopped":
+        baseline = plain_tokens_per_s(lm, settings, prompt_ids, min(spec.baseline_tokens, len(generated)))
+        figures["baseline_tokens_per_s"] = baseline
+        figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
+    yield dataclasses.replace(finished, figures=figures)
+
+
+def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int],
+           pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's raw and processed logits [len(draft) + 1, vocab] for every drafted position and the one after,
+    in one forward pass over (the last emitted token, if not read yet) + the draft."""
+    cached = target.cache.get_seq_length()
+    feed = ids[cached:] + draft
+    rows = []
+    if target.next_logits is not None:
+        rows.append(target.next_logits)
+    if feed:
+        out = lm.model(input_ids=torch.tensor([feed], device=lm.device), cache=target.cache, use_cache=True)
+        logits = out.logits[0].float()  # [len(feed), vocab]
+        rows.append(logits[len(ids) - cached - 1 :] if target.next_logits is None else logits)
+    raw = torch.cat(rows)[: len(draft) + 1]  # row j predicts the token after ids + draft[:j]
+    context = torch.tensor([ids + draft], device=lm.device)
+    processed = torch.cat([run_pipeline(pipeline, context[:, : len(ids) + j], raw[j : j + 1])
+                           for j in range(len(draft) + 1)])
+    return raw, processed
+
+
+def _verify(draft: Draft, processed: torch.Tensor, sample: bool, generator: torch.Generator,
+            forcing: bool) -> tuple[Verdict, torch.Tensor]:
+    probs = processed.softmax(dim=-1)
+    if forcing:
+        choice = int(torch.multinomial(probs[-1], 1, generator=generator).item()) if sample else \
+            int(processed[-1].argmax().item())
+        return Verdict(len(draft.tokens), choice, ()), probs
+    if not sample:
+        return verify_greedy(draft.tokens, processed), probs
+    q = draft.probs
+    if q is None:  # a deterministic drafter: q is one-hot on each drafted token
+        q = torch.zeros((len(draft.tokens), probs.shape[-1]), device=probs.device)
+        if draft.tokens:
+            q[torch.arange(len(draft.tokens)), torch.tensor(draft.tokens, device=probs.device)] = 1.0
+    return verify_sampled(draft.tokens, q, probs, generator), probs
+
+
+def _round_event(index: int, first_step: int, draft: Draft, verdict: Verdict, target_probs: torch.Tensor,
+                 lm: LoadedModel, token_text: TokenTextCache, kind: str, draft_ms: float, verify_ms: float,
+                 kv_bytes: int) -> SpeculativeRound:
+    drafted = []
+    for i, token in enumerate(draft.tokens):
+        q = float(draft.probs[i, token]) if draft.probs is not None else 1.0
+        drafted.append(DraftToken(
+            token_id=token, text=token_text(token), draft_prob=q, target_prob=float(target_probs[i, token]),
+            accepted=i < verdict.accepted, draw=verdict.draws[i] if i < len(verdict.draws) else None))
+    target_prob = float(target_probs[verdict.accepted, verdict.token_id])
+    return SpeculativeRound(
+        round=index, first_step=first_step, drafted=tuple(drafted), accepted=verdict.accepted,
+        target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,
+        target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes)
+
+
+def plain_tokens_per_s(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int) -> float:
+    """The same prompt decoded plainly, one target pass per token with the same per-token analysis, for
+    ``tokens`` tokens: the measured speed speculative decoding is compared with."""
+    from playground.engine.forward import prefill, sync_device
+
+    pipeline = build_pipeline(settings, sampling=False)
+    ids = torch.tensor([prompt_ids], device=lm.device)
+    logits, cache = prefill(lm.model, ids)
+    sync_device(lm.device)
+    start = time.perf_counter()
+    for step in range(tokens):
+        if step:
+            logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
+        analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)
+        token = int(analysis.processed_logits.argmax(dim=-1).item())
+        analysis.token_id = token
+        analysis.to_event(step=step, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=lambda t: "")
+        ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
+    sync_device(lm.device)
+    return tokens / (time.perf_counter() - start)

@@ -1,0 +1,161 @@
+"""Who proposes the tokens the target verifies: four drafters behind one small interface.
+
+- ``PromptLookupDrafter``: copies what followed the latest earlier occurrence of the text's last n-gram (no model).
+- ``LayersDrafter``: the target's own first N layers, its final norm and LM head (LayerSkip's self-drafting);
+  shares the target's weights, keeps its own KV cache.
+- ``ModelDrafter``: a separate small model with the target's tokenizer, its own KV cache.
+- ``JacobiDrafter``: the target refining a guess in parallel: each verification pass re-predicts every guessed
+  position, and those predictions are the next guess (a Jacobi iteration towards the greedy fixed point).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from playground.config import ConfigError
+from playground.engine.processors import NamedTransform, run_pipeline
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None  # [len(tokens), vocab] q rows of a model drafter (processed); None: deterministic
+
+
+def roll_back(cache: DynamicCache, keep: int) -> None:
+    """Drop every cached position from ``keep`` on (the drafts that were rejected)."""
+    extra = cache.get_seq_length() - keep
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class Drafter:
+    name = ""
+    detail = ""
+    deterministic = True  # q is one-hot on the drafted token
+
+    def propose(self, ids: list[int], k: int) -> Draft:
+        raise NotImplementedError
+
+    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+        """``kept``: tokens now confirmed (context + accepted drafts, before the target's own token);
+        ``target_choices``: the target's argmax at each verified position."""
+
+
+class PromptLookupDrafter(Drafter):
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.detail = f"longest n-gram {max_ngram}, latest match"
+
+    def propose(self, ids: list[int], k: int) -> Draft:
+        return Draft(lookup_continuation(ids, k, self.max_ngram), None)
+
+
+def lookup_continuation(ids: list[int], k: int, max_ngram: int) -> list[int]:
+    """The ``k`` tokens that followed the latest earlier occurrence of the last n-gram of ``ids``, trying
+    n = max_ngram down to 1; [] when no n-gram recurs."""
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        suffix = ids[-n:]
+        # Latest first; the suffix itself (ending at the last token) has no continuation.
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start : start + n] == suffix:
+                return ids[start + n : start + n + k]
+    return []
+
+
+class ModelDrafter(Drafter):
+    """Autoregressive drafting with a causal LM (a separate small model, or the target's first layers)."""
+
+    deterministic = False
+
+    def __init__(self, model: nn.Module, pipeline: tuple[NamedTransform, ...], sample: bool,
+                 generator: torch.Generator, device: torch.device) -> None:
+        self.model = model
+        self.pipeline = pipeline
+        self.sample = sample
+        self.generator = generator
+        self.device = device
+        self.cache = DynamicCache(config=model.config)
+        self._last_logits: torch.Tensor | None = None  # after the cache's last position, if still valid
+
+    def propose(self, ids: list[int], k: int) -> Draft:
+        tokens, rows = [], []
+        context = torch.tensor([ids], device=self.device)  # [1, n]
+        cached = self.cache.get_seq_length()
+        for _ in range(k):
+            feed = context[:, cached:]  # what the drafter has not read yet
+            logits = self.model(input_ids=feed, cache=self.cache, use_cache=True).logits[:, -1, :].float()
+            processed = run_pipeline(self.pipeline, context, logits)  # [1, vocab]
+            probs = processed.softmax(dim=-1)
+            if self.sample:
+                token = int(torch.multinomial(probs, 1, generator=self.generator).item())
+            else:
+                token = int(processed.argmax(dim=-1).item())
+            tokens.append(token)
+            rows.append(probs[0])
+            cached = context.shape[1]
+            context = torch.cat([context, context.new_tensor([[token]])], dim=1)
+        return Draft(tokens, torch.stack(rows) if rows else None)
+
+    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+        roll_back(self.cache, kept)
+
+
+class LayersDrafter(ModelDrafter):
+    name = "layers"
+
+
+class SmallModelDrafter(ModelDrafter):
+    name = "model"
+
+
+class JacobiDrafter(Drafter):
+    name = "jacobi"
+    detail = "the target's own predictions for the guessed positions, refined each pass"
+
+    def __init__(self) -> None:
+        self.guess: list[int] = []
+
+    def propose(self, ids: list[int], k: int) -> Draft:
+        # First round: the last k tokens of the text as the initial guess (any guess converges).
+        guess = self.guess or ids[-k:]
+        guess = (guess + [guess[-1]] * k)[:k] if guess else []
+        return Draft(guess, None)
+
+    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+        # choices[accepted] is the target's own next token; the positions after it were predicted from the
+        # guess: they are the next guess (one Jacobi update).
+        self.guess = target_choices[accepted + 1 :]
+
+
+def first_layers(model: nn.Module, n_layers: int) -> nn.Module:
+    """The target's first ``n_layers`` decoder layers with its final norm and LM head, sharing every weight."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
+        raise ConfigError(f"the layers drafter needs a decoder-only model with model.layers, model.norm and lm_head "
+                          f"({type(model).__name__} has another shape): use another drafter")
+    total = len(layers)
+    if not 1 <= n_layers < total:
+        raise ConfigError(f"draft_layers must be between 1 and {total - 1} for this {total}-layer model "
+                          f"(got {n_layers})")
+    config = copy.copy(model.config)
+    config.num_hidden_layers = n_layers
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:n_layers]
+    draft_inner = copy.copy(inner)
+    draft_inner._modules = dict(inner._modules)
+    draft_inner.layers = nn.ModuleList(list(layers)[:n_layers])
+    draft_inner.config = config
+    draft = copy.copy(model)
+    draft._modules = dict(model._modules)
+    draft.model = draft_inner
+    draft.config = config
+    return draft

@@ -1,0 +1,52 @@
+"""Speculative decoding's events: who drafts, and every round's proposals and verdicts.
+
+A speculative run also yields an ordinary ``token`` event for every token it emits (accepted drafts and the
+target's own), so the tokens view and the candidates chart work unchanged; these events add what was drafted,
+what the target thought of it, and what was thrown away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class SpeculativeStarted:
+    """Right after ``start``: the drafter, described once for the view."""
+
+    type: ClassVar[str] = "spec_start"
+    drafter: str  # "prompt-lookup" | "layers" | "model" | "jacobi"
+    detail: str  # e.g. "first 8 of 30 layers", "SmolLM2-135M (…)", "longest n-gram 3"
+    draft_k: int
+    do_sample: bool
+
+
+@dataclass(frozen=True)
+class DraftToken:
+    """One drafted token and the verdict on it."""
+
+    token_id: int
+    text: str
+    draft_prob: float  # q: its probability under the drafter's processed distribution (1.0: a deterministic draft)
+    target_prob: float  # p: its probability under the target's processed distribution at that position
+    accepted: bool
+    draw: float | None  # sampling: the uniform draw compared with min(1, p/q); greedy: None (accepted iff argmax)
+
+
+@dataclass(frozen=True)
+class SpeculativeRound:
+    """Draft k tokens, verify them in one target forward pass, keep the longest acceptable prefix, add one."""
+
+    type: ClassVar[str] = "spec_round"
+    round: int  # 0 = the first round
+    first_step: int  # output position of the round's first token (the step of its first ``token`` event)
+    drafted: tuple[DraftToken, ...]
+    accepted: int  # how many drafted tokens were kept (a prefix)
+    target_token_id: int  # the target's own token: a correction after a rejection, or the bonus after all accepted
+    target_text: str
+    target_kind: str  # "correction" | "bonus" | "none" (the run ended inside the draft: EOS, stop string, budget)
+    target_prob: float  # the target token's processed probability
+    draft_ms: float
+    verify_ms: float
+    kv_cache_bytes: int  # the target's cache after the rollback
