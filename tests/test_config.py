@@ -245,8 +245,8 @@ def test_plain_dict_reads_json_integers_into_float_settings():
 
 def test_unknown_keys_are_reported_not_fatal():
     settings, unknown = RunSettings.from_plain_dict(
-        {"prompt": "x", "colour": "red", "beam": {"num_beams": 3}, "speculative": {"draft": "tiny"}, "top_k": 5})
-    assert unknown == ["colour", "speculative"]
+        {"prompt": "x", "colour": "red", "beam": {"num_beams": 3}, "flavour": {"draft": "tiny"}, "top_k": 5})
+    assert unknown == ["colour", "flavour"]
     assert settings == RunSettings(prompt="x", top_k=5, groups=(BeamSettings(num_beams=3),))
     # A bad value is not fatal either: the caller validates when it wants to.
     settings, unknown = RunSettings.from_plain_dict({"top_k": "many"})

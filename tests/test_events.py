@@ -65,6 +65,7 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events):
         (tiny_lm_eos, RunSettings.from_flat(strategy="beam", max_new_tokens=8, num_beams=4, num_return_sequences=3)),
         (long_lm, RunSettings(strategy="greedy", chat=False, prompt="The capital of France is Paris. " * 27,
                               max_new_tokens=2)),
+        (tiny_lm, RunSettings.from_flat(strategy="speculative", draft="jacobi", max_new_tokens=6, baseline_tokens=2)),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
     return events + banned_beam_events
@@ -221,7 +222,7 @@ BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates"
 BEAM_CANDIDATE_KEYS = {"beam", "token_id", "text", "token_logprob", "score", "survived", "finished",
                        "finished_score"}
 DONE_KEYS = {"type", "token_ids", "text", "stop_reason", "tokens_per_s", "prefill_ms", "decode_ms", "prompt_tokens",
-             "model_name", "model_path", "device", "dtype", "sequences"}
+             "model_name", "model_path", "device", "dtype", "sequences", "figures"}
 SEQUENCE_KEYS = {"token_ids", "text", "score", "sum_logprobs"}
 SETTINGS_KEYS = {"prompt", "chat", "system", "strategy", "max_new_tokens", "num_candidates", "stop_strings",
                  "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "no_repeat_ngram_size",

@@ -29,7 +29,9 @@ class Strategy:
     runner: str  # "module:function" taking (lm, settings, should_stop) and returning an event iterator
     sections: tuple[str, ...] = ()  # shared settings sections it reads besides "generation": "sampling", "penalties"
     groups: tuple[type[SettingsGroup], ...] = ()  # capability settings it reads
-    step_events: tuple[type, ...] = ()  # the per-step events it yields (views pick runs by these)
+    # The per-step events it yields, the most telling first: views pick runs by these, and the view of the first
+    # comes to the front.
+    step_events: tuple[type, ...] = ()
 
     def load_runner(self) -> Runner:
         module, _, function = self.runner.partition(":")
@@ -59,7 +61,7 @@ register_strategy(Strategy(
 register_strategy(Strategy(
     "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
     "playground.engine.speculative.decode:run_speculative", sections=("sampling", "penalties"),
-    groups=(SpeculativeSettings,), step_events=(TokenStep, SpeculativeRound)))
+    groups=(SpeculativeSettings,), step_events=(SpeculativeRound, TokenStep)))
 
 
 def strategy_names() -> tuple[str, ...]:

@@ -20,6 +20,7 @@ class SpeculativeStarted:
     detail: str  # e.g. "first 8 of 30 layers", "SmolLM2-135M (…)", "longest n-gram 3"
     draft_k: int
     do_sample: bool
+    baseline_tokens: int  # a plain run of this many tokens measures the speed-up at the end (0: none)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class SpeculativeRound:
     type: ClassVar[str] = "spec_round"
     round: int  # 0 = the first round
     first_step: int  # output position of the round's first token (the step of its first ``token`` event)
+    emitted: int  # tokens of this round that reached the output (fewer than accepted + 1 when the run ended in it)
     drafted: tuple[DraftToken, ...]
     accepted: int  # how many drafted tokens were kept (a prefix)
     target_token_id: int  # the target's own token: a correction after a rejection, or the bonus after all accepted

@@ -427,19 +427,30 @@ class MainWindow(QMainWindow):
     def _show_selected(self, run: Run) -> None:
         """Every view that applies to ``run`` shows it; the others say why they are empty."""
         self._shown = set()
-        raised = False
         for name, view in self.views.items():
             shown = view.applies_to(run)
             self.docks[name].show_view(shown, run)
             if shown:
                 self._shown.add(name)
                 view.show_run(run)
-                if not raised:
-                    self.docks[name].raise_()  # bring it to the front when tabbed behind another
-                    raised = True
             else:
                 view.reset()
+        front = self._front_view(run)
+        if front is not None:
+            self.docks[front].raise_()  # bring it to the front when tabbed behind another
         self.status.show_run(run)
+
+    def _front_view(self, run: Run) -> str | None:
+        """The view for what the run's strategy yields first (its most telling events), else the first that applies."""
+        from playground.engine.strategies import STRATEGIES
+
+        strategy = STRATEGIES.get(run.settings.strategy)
+        kinds = strategy.step_events[:1] if strategy is not None else ()
+        for kind in kinds:
+            for name in self._shown:
+                if issubclass(kind, self.views[name].consumes):
+                    return name
+        return next((name for name in self.views if name in self._shown), None)
 
     def shown_views(self) -> list[View]:
         """The views that show the selected run."""

@@ -63,7 +63,8 @@ def save_picture(window, out_path: str | Path, view: str | None, hover: bool) ->
             widget.grab()  # a first grab lays out and scrolls; the second is the picture
             pixmap = widget.grab()
             for shown in window.shown_views():
-                shown.paint_overlay(pixmap, widget)
+                if widget is window or shown is widget:  # only what lies inside the picture
+                    shown.paint_overlay(pixmap, widget)
             save_widget_picture(widget, out, pixmap)
         else:
             save_widget_picture(widget, out)

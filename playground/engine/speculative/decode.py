@@ -114,7 +114,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
 
     yield record.started(prompt_ids, prompt_text)
     yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
-                             do_sample=spec.do_sample)
+                             do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens)
     ids = list(prompt_ids)  # prompt + emitted tokens
     generated: list[int] = []
     rounds = drafted_total = accepted_total = target_calls = 0
@@ -141,8 +141,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 draft.tokens = draft.tokens[: max(0, room - 1)]
             draft_ms = (time.perf_counter() - start) * 1000
             start = time.perf_counter()
-            raw, processed = _score(lm, target, ids, draft.tokens, pipeline)  # [n + 1, vocab] each
-            target_calls += 1
+            raw, processed, forwarded = _score(lm, target, ids, draft.tokens, pipeline)  # [n + 1, vocab] each
+            target_calls += forwarded
             verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
             # The target's token after the kept prefix comes in the round only when there is room for it.
             emitted = draft.tokens[: verdict.accepted]
@@ -154,7 +154,6 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             target.next_logits = None
             drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
             verify_ms = (time.perf_counter() - start) * 1000
-            round_ms = record.step_ended()
 
             first_step = len(generated)
             steps, ended = [], None
@@ -167,13 +166,16 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 generated.append(token)
                 steps.append(analysis.to_event(
                     step=len(generated) - 1, text=text, forced=forcing and j < len(draft.tokens),
-                    step_ms=round_ms / len(emitted), kv_bytes=kv_cache_bytes(target.cache), token_text=token_text))
+                    step_ms=0.0, kv_bytes=kv_cache_bytes(target.cache), token_text=token_text))
                 if token in eos_ids:
                     ended = "eos"
                 elif stop_watch.hit(text):
                     ended = "stop_string"
                 if ended:
                     break
+            # The round's time covers drafting, verifying and recording its tokens, as a plain step's does.
+            round_ms = record.step_ended()
+            steps = [dataclasses.replace(step, step_ms=round_ms / len(steps)) for step in steps]
             cut = len(steps) < len(emitted)  # the run ended inside the round
             if not forcing:
                 rounds += 1
@@ -181,7 +183,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 accepted_total += verdict.accepted
                 draft_ms_total += draft_ms
                 verify_ms_total += verify_ms
-                yield _round_event(rounds - 1, first_step, draft, verdict, target_probs, lm, token_text,
+                yield _round_event(rounds - 1, first_step, len(steps), draft, verdict, target_probs, lm, token_text,
                                    "none" if cut or not with_target else
                                    ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
                                    draft_ms, verify_ms, kv_cache_bytes(target.cache))
@@ -208,9 +210,10 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
 
 
 def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int],
-           pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+           pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The target's raw and processed logits [len(draft) + 1, vocab] for every drafted position and the one after,
-    in one forward pass over (the last emitted token, if not read yet) + the draft."""
+    in one forward pass over (the last emitted token, if not read yet) + the draft; and the number of forward
+    passes it took (0 when the prefill's logits were all it needed)."""
     cached = target.cache.get_seq_length()
     feed = ids[cached:] + draft
     rows = []
@@ -224,7 +227,7 @@ def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int],
     context = torch.tensor([ids + draft], device=lm.device)
     processed = torch.cat([run_pipeline(pipeline, context[:, : len(ids) + j], raw[j : j + 1])
                            for j in range(len(draft) + 1)])
-    return raw, processed
+    return raw, processed, int(bool(feed))
 
 
 def _verify(draft: Draft, processed: torch.Tensor, sample: bool, generator: torch.Generator,
@@ -244,7 +247,7 @@ def _verify(draft: Draft, processed: torch.Tensor, sample: bool, generator: torc
     return verify_sampled(draft.tokens, q, probs, generator), probs
 
 
-def _round_event(index: int, first_step: int, draft: Draft, verdict: Verdict, target_probs: torch.Tensor,
+def _round_event(index: int, first_step: int, emitted: int, draft: Draft, verdict: Verdict, target_probs: torch.Tensor,
                  lm: LoadedModel, token_text: TokenTextCache, kind: str, draft_ms: float, verify_ms: float,
                  kv_bytes: int) -> SpeculativeRound:
     drafted = []
@@ -255,7 +258,7 @@ def _round_event(index: int, first_step: int, draft: Draft, verdict: Verdict, ta
             accepted=i < verdict.accepted, draw=verdict.draws[i] if i < len(verdict.draws) else None))
     target_prob = float(target_probs[verdict.accepted, verdict.token_id])
     return SpeculativeRound(
-        round=index, first_step=first_step, drafted=tuple(drafted), accepted=verdict.accepted,
+        round=index, first_step=first_step, emitted=emitted, drafted=tuple(drafted), accepted=verdict.accepted,
         target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,
         target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes)
 

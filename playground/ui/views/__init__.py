@@ -13,6 +13,7 @@ from playground.ui.views.base import View
 VIEW_MODULES = (
     "playground.ui.views.tokens",
     "playground.ui.views.beam_tree",
+    "playground.ui.views.speculative",
 )
 
 _REGISTRY: dict[str, type[View]] = {}

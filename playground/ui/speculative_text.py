@@ -1,0 +1,161 @@
+"""The speculative view's marked output: every drafted and target token in one QTextEdit document, coloured by
+what the target said about it (accepted, rejected and struck through, or the target's own), and the colours the whole
+view shares.
+
+Marks are appended once (a widget per token would crawl on long outputs); each mark's character range is recorded
+so hover and click find the mark under the mouse. Hidden rejected drafts keep an empty range.
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+
+from PySide6.QtCore import QPoint, QPointF, Qt, Signal
+from PySide6.QtGui import QColor, QMouseEvent, QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
+
+from playground.state import flowing_token_text, visible_token_text
+from playground.state.speculative import ACCEPTED, FORCED, REJECTED, TARGET, Mark, SpeculativeState
+from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, mono_font
+
+# One colour per meaning, everywhere in this view (Paul Tol's colour-blind-safe "vibrant" set): text, bars, labels.
+ACCEPTED_COLOR = "#009988"  # teal: a drafted token the target kept
+REJECTED_COLOR = "#CC3311"  # red: a drafted token the target threw away (also struck through / hatched)
+TARGET_COLOR = "#0077BB"  # blue: the target's own token (correction or bonus), and the target's p
+DRAFT_Q_COLOR = "#999999"  # grey: the drafter's q
+FORCED_COLOR = "#777777"
+TINTS = {ACCEPTED: "#D5F0EC", REJECTED: "#F8DCD5", TARGET: "#D6E7F4", FORCED: "#EEEEEE"}
+KIND_COLORS = {ACCEPTED: ACCEPTED_COLOR, REJECTED: REJECTED_COLOR, TARGET: TARGET_COLOR, FORCED: FORCED_COLOR}
+
+
+def _pct(prob: float) -> str:
+    return html.escape(format_percent(prob))
+
+
+def swatch(kind: str, text: str) -> str:
+    """A legend entry: ``text`` styled as a mark of ``kind``."""
+    style = f"color:{KIND_COLORS[kind]};background:{TINTS[kind]};"
+    if kind == REJECTED:
+        return f"<span style='{style}'><s>&nbsp;{text}&nbsp;</s></span>"
+    return f"<span style='{style}'>&nbsp;{text}&nbsp;</span>"
+
+
+class MarkedText(QTextEdit):
+    """The output with every drafted and target token marked; knows which mark is under the mouse."""
+
+    mark_clicked = Signal(int)  # index into the state's marks
+
+    def __init__(self, state: SpeculativeState, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.setReadOnly(True)
+        self.setFont(mono_font(12))
+        self.setMouseTracking(True)
+        self.viewport().setMouseTracking(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.NoTextInteraction)
+        self.starts: list[int] = []  # document position of each drawn mark (hidden ones: an empty range)
+        self.ends: list[int] = []
+        self.show_rejected = True
+        self._formats = {kind: self._format(kind) for kind in KIND_COLORS}
+
+    @staticmethod
+    def _format(kind: str) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor(KIND_COLORS[kind]))
+        fmt.setBackground(QColor(TINTS[kind]))
+        fmt.setFontStrikeOut(kind == REJECTED)
+        fmt.setFontItalic(kind == FORCED)
+        if kind == TARGET:
+            fmt.setFontWeight(700)
+        return fmt
+
+    def clear_marks(self) -> None:
+        self.clear()
+        self.starts.clear()
+        self.ends.clear()
+
+    @property
+    def drawn(self) -> int:
+        return len(self.starts)
+
+    def append_marks(self, marks: list[Mark]) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        for mark in marks:
+            if mark.kind == REJECTED:  # not part of the output: kept on one line, line breaks shown as ↵
+                text = flowing_token_text(mark.text).replace("\n", "") if mark.text else "∅"
+            else:
+                text = flowing_token_text(mark.text) if mark.text else "·"
+            self.starts.append(cursor.position())
+            if mark.kind != REJECTED or self.show_rejected:
+                cursor.insertText(text, self._formats[mark.kind])
+            self.ends.append(cursor.position())
+        bar = self.verticalScrollBar()
+        if bar.value() >= bar.maximum() - 40:  # follow the stream unless the user scrolled up
+            bar.setValue(bar.maximum())
+
+    def mark_range(self, first: int, end: int) -> None:
+        """Band the marks ``first`` to ``end`` (a round) with the view's "selected" colour."""
+        if not 0 <= first < end <= self.drawn or self.starts[first] == self.ends[end - 1]:
+            self.setExtraSelections([])
+            return
+        selection = QTextEdit.ExtraSelection()
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self.starts[first])
+        cursor.setPosition(self.ends[end - 1], QTextCursor.MoveMode.KeepAnchor)
+        selection.cursor = cursor
+        fmt = QTextCharFormat()
+        fmt.setBackground(QColor(MARK_BAND_COLOR))
+        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
+        fmt.setUnderlineColor(QColor(MARK_COLOR).darker(150))
+        selection.format = fmt
+        self.setExtraSelections([selection])
+        probe = QTextCursor(self.document())
+        probe.setPosition(self.starts[first])
+        if not self.viewport().rect().contains(self.cursorRect(probe)):
+            self.setTextCursor(probe)
+            self.ensureCursorVisible()
+
+    def mark_at(self, point: QPoint) -> int | None:
+        doc_point = QPointF(point.x() + self.horizontalScrollBar().value(),
+                            point.y() + self.verticalScrollBar().value())
+        position = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
+        index = bisect.bisect_right(self.starts, position) - 1
+        if 0 <= index < self.drawn and position < self.ends[index]:
+            return index
+        return None
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        index = self.mark_at(event.position().toPoint())
+        if index is not None and event.button() == Qt.MouseButton.LeftButton:
+            self.mark_clicked.emit(index)
+        super().mousePressEvent(event)
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        index = self.mark_at(event.position().toPoint())
+        if index is None:
+            QToolTip.hideText()
+        else:
+            QToolTip.showText(event.globalPosition().toPoint(), mark_tooltip(self.state, index), self)
+        super().mouseMoveEvent(event)
+
+
+def mark_tooltip(state: SpeculativeState, index: int) -> str:
+    mark = state.marks[index]
+    token = html.escape(visible_token_text(mark.text))
+    if mark.round is None:
+        what = "forced by branching" if mark.kind == FORCED else "the target's own token after the forced ones"
+        return f"<code>{token}</code> · step {mark.step} · {what}"
+    r = state.rounds[mark.round]
+    head = f"<code>{token}</code> · round {mark.round}"
+    if mark.kind == TARGET:
+        kind = "correction after a rejection" if r.target_kind == "correction" else "bonus after the draft"
+        return f"{head} · the target's own token ({kind}) · p {_pct(r.target_prob)} · step {mark.step}"
+    d = r.drafted[mark.position]
+    verdict = "accepted" if mark.kind == ACCEPTED else "rejected: not in the output"
+    draw = f" · draw u {d.draw:.3f} vs min(1, p/q) {min(1.0, d.target_prob / d.draft_prob):.3f}" \
+        if d.draw is not None and d.draft_prob > 0 else ""
+    return (f"{head} · draft position {mark.position + 1} · {verdict}<br>drafter's q {_pct(d.draft_prob)} · "
+            f"target's p {_pct(d.target_prob)}{draw}<br><i>click: show the round</i>")
+

@@ -1,0 +1,518 @@
+"""The speculative decoding view: what was drafted, what the target kept, threw away and added, and what it saved.
+
+- The output text, marked: accepted drafts, rejected drafts (struck through, where they were rejected, just before
+  the target's correction) and the target's own tokens, in three colours used for the same meaning everywhere here.
+- A timeline of rounds (stacked bars: accepted, the target's own, rejected); click a round, or a token in the text,
+  to see that round's drafted tokens as bars of the drafter's q next to the target's p, with the verdict (and, for
+  sampled runs, the uniform draw).
+- Live figures, a chart of acceptance by draft position, and a what-if curve of the expected speed-up against k from
+  the measured acceptance and costs (an estimate, labelled as one; the measured speed-up comes with the run's end).
+
+Events are folded into a Qt-free ``SpeculativeState``; the text grows by the new marks only, and the plots' items are
+built once and updated with ``setOpts``/``setData``.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSplitter, QVBoxLayout, QWidget
+
+from playground.events import Event, RunStarted
+from playground.events.speculative import SpeculativeRound
+from playground.state import Run, visible_token_text
+from playground.state.speculative import ACCEPTED, REJECTED, TARGET, SpeculativeState
+from playground.ui.speculative_text import (
+    ACCEPTED_COLOR,
+    DRAFT_Q_COLOR,
+    REJECTED_COLOR,
+    TARGET_COLOR,
+    MarkedText,
+    swatch,
+)
+from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
+from playground.ui.views import register_view
+from playground.ui.views.base import View
+
+LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
+MAX_SLOTS = 17  # drafted tokens (k ≤ 16) + the target's own
+ABOVE_LEFT = [(1, 1), (1, 1)]  # a line's label: its bottom-right corner on the line (the text above, to the left)
+CSV_COLUMNS = ("round", "position", "token_id", "token", "kind", "draft_q", "target_p", "draw", "accepted")
+
+
+def _short(text: str, limit: int = 9) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plot(parent: QWidget, title: str, bottom: str, left: str) -> pg.PlotWidget:
+    plot = pg.PlotWidget(parent)
+    item = plot.getPlotItem()
+    item.setMenuEnabled(False)
+    item.hideButtons()
+    item.setMouseEnabled(x=False, y=False)
+    item.setTitle(title, size="10pt")
+    item.setLabel("bottom", bottom)
+    item.setLabel("left", left)
+    plot.setMinimumHeight(120)
+    return plot
+
+
+def _bars(color: str, pattern: bool = False) -> pg.BarGraphItem:
+    brush = QBrush(QColor(color), Qt.BrushStyle.BDiagPattern) if pattern else pg.mkBrush(color)
+    pen = pg.mkPen(color, width=1) if pattern else pg.mkPen(None)
+    return pg.BarGraphItem(x=[], height=[], width=0.8, brush=brush, pen=pen)
+
+
+def _dashed(color: str):
+    return pg.mkPen(color, style=Qt.PenStyle.DashLine)
+
+
+@register_view
+class SpeculativeView(View):
+    name = "speculative"
+    title = "Speculative"
+    consumes = (SpeculativeRound,)
+    data_formats = ("csv",)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.state = SpeculativeState()
+        self.selected_round: int | None = None
+        self.follow_live = True  # the round chart follows the newest round until the user picks one
+        self._drawn_rounds = 0
+        self._plots_pending = False
+
+        self.header = rich_label(self)
+        self.legend = rich_label(self)
+        self.legend.setText(
+            f"{swatch(ACCEPTED, 'accepted draft')} &nbsp; {swatch(REJECTED, 'rejected draft')} (not in the "
+            "output; shown where it was rejected; hatched in the charts) &nbsp; "
+            f"{swatch(TARGET, 'target’s own token')} (correction or bonus) &nbsp; "
+            f"<span style='color:{DRAFT_Q_COLOR}'>■</span> drafter’s q &nbsp; "
+            f"<span style='color:{TARGET_COLOR}'>■</span> target’s p &nbsp; "
+            "<i>click a token or a round to inspect it</i>")
+        self.text = MarkedText(self.state, self)
+        self.text.mark_clicked.connect(self._mark_clicked)
+        self.show_rejected = QCheckBox("show rejected drafts", self)
+        self.show_rejected.setChecked(True)
+        self.show_rejected.setToolTip("Rejected drafts are not part of the output: hide them to read the output "
+                                      "alone")
+        self.show_rejected.toggled.connect(self._toggle_rejected)
+        self.figures = rich_label(self)
+        self.figures.setMinimumWidth(300)
+        self.round_note = rich_label(self)
+        self.what_if_note = rich_label(self)
+        self._build_timeline()
+        self._build_round_plot()
+        self._build_figure_plots()
+        self._build_layout()
+
+        self._plots_timer = QTimer(self)
+        self._plots_timer.setSingleShot(True)
+        self._plots_timer.setInterval(LIVE_PLOTS_MS)
+        self._plots_timer.timeout.connect(self._pending_plots)
+        self.reset()
+
+    def _build_timeline(self) -> None:
+        """One stacked bar per round: accepted, then the target's own token, then the rejected drafts."""
+        self.timeline = _plot(self, "Rounds", "round (click one to inspect it)", "tokens")
+        self.timeline.getPlotItem().showGrid(y=True, alpha=0.2)
+        self._band = pg.BarGraphItem(x=[], height=[], width=1.0, brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
+        self.timeline_bars = {ACCEPTED: _bars(ACCEPTED_COLOR), TARGET: _bars(TARGET_COLOR),
+                              REJECTED: _bars(REJECTED_COLOR, pattern=True)}
+        self._k_line = pg.InfiniteLine(angle=0, movable=False, pen=_dashed("#555555"))
+        for item in (self._band, *self.timeline_bars.values(), self._k_line):
+            self.timeline.addItem(item)
+        self._rounds_x: list[int] = []
+        self._rounds_counts: dict[str, list[int]] = {kind: [] for kind in self.timeline_bars}
+        self.timeline.scene().sigMouseClicked.connect(self._timeline_clicked)
+
+    def _build_round_plot(self) -> None:
+        """The selected round: q next to p for each drafted token, then the target's own token's p."""
+        self.round_plot = _plot(self, "Round", "", "probability")
+        self._q_bars = pg.BarGraphItem(x=[], height=[], width=0.36, brush=DRAFT_Q_COLOR, pen=pg.mkPen(None))
+        self._p_bars = pg.BarGraphItem(x=[], height=[], width=0.36, brush=TARGET_COLOR, pen=pg.mkPen(None))
+        self._draws = pg.ScatterPlotItem(symbol="t1", size=13, brush="#000000", pen=pg.mkPen("#FFFFFF", width=1))
+        for item in (self._q_bars, self._p_bars, self._draws):
+            self.round_plot.addItem(item)
+        self._verdicts: list[pg.TextItem] = []
+        for _ in range(MAX_SLOTS):
+            label = pg.TextItem("", anchor=(0.5, 1.0))
+            label.setVisible(False)
+            self.round_plot.addItem(label)
+            self._verdicts.append(label)
+
+    def _build_figure_plots(self) -> None:
+        """Acceptance by draft position, and the what-if curve of the expected speed-up against k."""
+        self.positions_plot = _plot(self, "Acceptance by draft position (of the drafts the target judged)",
+                                    "draft position in the round", "accepted ÷ judged")
+        self._position_bars = _bars(ACCEPTED_COLOR)
+        self._alpha_line = pg.InfiniteLine(angle=0, movable=False, pen=_dashed("#333333"), label="α",
+                                           labelOpts={"position": 0.99, "color": "#333333", "anchors": ABOVE_LEFT})
+        self.positions_plot.addItem(self._position_bars)
+        self.positions_plot.addItem(self._alpha_line)
+        self.positions_plot.setYRange(0, 1.05, padding=0)
+        self.what_if_plot = _plot(self, "What-if (estimate): expected speed-up against k",
+                                  "k (tokens drafted per round)", "speed-up ×")
+        self._what_if_curve = pg.PlotDataItem([], [], pen=pg.mkPen(TARGET_COLOR, width=2), symbol="o",
+                                              symbolSize=5, symbolBrush=TARGET_COLOR, symbolPen=None)
+        self._plain_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
+                                           pen=pg.mkPen("#777777", style=Qt.PenStyle.DotLine),
+                                           label="plain decoding = 1×",
+                                           labelOpts={"position": 0.99, "color": "#555555", "anchors": ABOVE_LEFT})
+        self._run_k_line = pg.InfiniteLine(angle=90, movable=False, pen=_dashed("#333333"), label="this run",
+                                           labelOpts={"position": 0.97, "color": "#333333",
+                                                      "anchors": [(0, 0), (0, 0)]})
+        self._measured = pg.ScatterPlotItem(symbol="star", size=16, brush=MARK_COLOR, pen=pg.mkPen("#333333"))
+        for item in (self._plain_line, self._what_if_curve, self._run_k_line, self._measured):
+            self.what_if_plot.addItem(item)
+
+    def _build_layout(self) -> None:
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        output_row = QHBoxLayout()
+        output_row.addWidget(QLabel("<b>Output</b>, marked by who proposed each token", left), 1)
+        output_row.addWidget(self.show_rejected)
+        left_layout.addLayout(output_row)
+        left_layout.addWidget(self.text, 1)
+        left_layout.addWidget(self.figures)
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.timeline, 3)
+        right_layout.addWidget(self.round_plot, 4)
+        right_layout.addWidget(self.round_note)
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(left)
+        top.addWidget(right)
+        top.setSizes([520, 620])
+        what_if = QVBoxLayout()
+        what_if.addWidget(self.what_if_plot, 1)
+        what_if.addWidget(self.what_if_note)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.positions_plot, 2)
+        bottom.addLayout(what_if, 3)
+        # All in a scroll area: a small dock scrolls instead of squeezing the plots (or growing the window).
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.header)
+        layout.addWidget(self.legend)
+        layout.addWidget(top, 5)
+        layout.addLayout(bottom, 3)
+        scroll = QScrollArea(self)
+        scroll.setWidget(content)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+    # --- the view interface ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._plots_timer.stop()
+        self._plots_pending = False
+        self.state.reset()
+        self.selected_round = None
+        self.follow_live = True
+        self._drawn_rounds = 0
+        self._rounds_x.clear()
+        for counts in self._rounds_counts.values():
+            counts.clear()
+        self.text.clear_marks()
+        self.text.setExtraSelections([])
+        self._draw_plots()
+        self.figures.setText("")
+        self.header.setText("<b>Speculative decoding</b> — choose the speculative strategy and generate: every "
+                            "round's drafts and verdicts appear here.")
+
+    def apply(self, run: Run, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, RunStarted):
+                self.reset()
+            self.state.apply(event)
+
+    def flush(self) -> None:
+        state = self.state
+        if self.text.drawn < state.settled:
+            self.text.append_marks(state.marks[self.text.drawn : state.settled])
+        if self.follow_live and state.rounds:
+            self.selected_round = len(state.rounds) - 1
+        if self._plots_timer.isActive() and not state.ended:  # streaming: at most every LIVE_PLOTS_MS
+            self._plots_pending = True
+            return
+        self._draw_plots()
+        if not state.ended:
+            self._plots_timer.start()
+
+    def end(self, run: Run) -> None:
+        self._plots_timer.stop()
+        if not self.state.ended:
+            self.state.end(run.status)
+        if self.follow_live:
+            self.follow_live = False
+            self.selected_round = self.state.most_interesting_round()
+        self.flush()
+
+    # --- selection ------------------------------------------------------------------------------------------
+    def select_round(self, index: int) -> None:
+        """Show round ``index`` in the round chart and band it in the text and the timeline (stops following)."""
+        if not 0 <= index < len(self.state.rounds):
+            return
+        self.follow_live = False
+        self.selected_round = index
+        self._draw_plots()
+
+    def _toggle_rejected(self, shown: bool) -> None:
+        self.text.show_rejected = shown
+        self.text.clear_marks()
+        self.text.append_marks(self.state.marks[: self.state.settled])
+        self._band_text()
+
+    def _band_text(self) -> None:
+        if self.selected_round is None or self.selected_round >= len(self.state.round_marks):
+            self.text.mark_range(0, 0)
+            return
+        first, end = self.state.round_marks[self.selected_round]
+        self.text.mark_range(first, min(end, self.text.drawn))
+
+    def _mark_clicked(self, index: int) -> None:
+        mark = self.state.marks[index]
+        if mark.round is not None:
+            self.select_round(mark.round)
+
+    def _timeline_clicked(self, event) -> None:
+        view = self.timeline.getPlotItem().getViewBox()
+        if event.button() != Qt.MouseButton.LeftButton or not view.sceneBoundingRect().contains(event.scenePos()):
+            return
+        self.select_round(round(view.mapSceneToView(event.scenePos()).x()))
+
+    # --- drawing --------------------------------------------------------------------------------------------
+    def _pending_plots(self) -> None:
+        if self._plots_pending:
+            self._plots_pending = False
+            self._draw_plots()
+            self._plots_timer.start()
+
+    def _draw_plots(self) -> None:
+        self._draw_timeline()
+        self._draw_round()
+        self._draw_positions()
+        self._draw_what_if()
+        self._draw_texts()
+
+    def _draw_timeline(self) -> None:
+        state = self.state
+        for index in range(self._drawn_rounds, len(state.rounds)):
+            self._rounds_x.append(index)
+            for kind, count in zip((ACCEPTED, REJECTED, TARGET), state.round_counts(index), strict=True):
+                self._rounds_counts[kind].append(count)
+        self._drawn_rounds = len(state.rounds)
+        x = np.asarray(self._rounds_x, dtype=float)
+        base = np.zeros(len(x))
+        for kind in (ACCEPTED, TARGET, REJECTED):  # stacked bottom to top
+            height = np.asarray(self._rounds_counts[kind], dtype=float)
+            self.timeline_bars[kind].setOpts(x=x, y0=base.copy(), height=height, width=0.8)
+            base = base + height
+        k = max(state.draft_k, int(base.max()) if len(base) else 0)
+        self._k_line.setValue(state.draft_k)
+        self._k_line.setVisible(state.draft_k > 0)
+        self.timeline.getPlotItem().setTitle(
+            f"Rounds: tokens of each round, stacked (dashed: k = {state.draft_k} drafted)" if state.draft_k
+            else "Rounds: tokens of each round, stacked", size="10pt")
+        selected = self.selected_round
+        if selected is None:
+            self._band.setOpts(x=[], height=[])
+        else:
+            self._band.setOpts(x=[selected], y0=[-0.3], height=[k + 1.6], width=1.0)
+        n = len(x)
+        item = self.timeline.getPlotItem()
+        item.setXRange(-0.7, max(n, 10) - 0.3, padding=0)
+        item.setYRange(0, k + 1.3, padding=0)
+        self._band_text()
+
+    def _draw_round(self) -> None:
+        state, index = self.state, self.selected_round
+        item = self.round_plot.getPlotItem()
+        for label in self._verdicts:
+            label.setVisible(False)
+        if index is None or index >= len(state.rounds):
+            self._q_bars.setOpts(x=[], height=[])
+            self._p_bars.setOpts(x=[], height=[])
+            self._draws.setData(x=[], y=[])
+            item.setTitle("Selected round: draft q next to target p (none yet)", size="10pt")
+            item.getAxis("bottom").setTicks([[]])
+            self.round_note.setText("")
+            return
+        r = state.rounds[index]
+        n = len(r.drafted)
+        xs = np.arange(n, dtype=float)
+        self._q_bars.setOpts(x=xs - 0.19, height=[d.draft_prob for d in r.drafted], width=0.36)
+        p_heights = [d.target_prob for d in r.drafted]
+        p_x = list(xs + 0.19)
+        if r.target_kind != "none":
+            p_heights.append(r.target_prob)
+            p_x.append(n + 0.0)
+        self._p_bars.setOpts(x=p_x, height=p_heights, width=0.36)
+        draws = [(i - 0.19, d.draw * d.draft_prob) for i, d in enumerate(r.drafted) if d.draw is not None]
+        self._draws.setData(x=[x for x, _ in draws], y=[y for _, y in draws])
+        ticks = []
+        compact = n > 6
+        for i, d in enumerate(r.drafted):
+            if i < r.accepted:
+                symbol, color, word = "✓", ACCEPTED_COLOR, "accepted"
+            elif i == r.accepted:
+                symbol, color, word = "✗", REJECTED_COLOR, "rejected"
+            else:
+                symbol, color, word = "✗", REJECTED_COLOR, "discarded"
+            text = symbol if compact else f"{symbol} {word}"
+            self._show_verdict(i, i, max(d.draft_prob, d.target_prob), text, color)
+            ticks.append((float(i), _short(visible_token_text(d.text))))
+        if r.target_kind != "none":
+            word = "correction" if r.target_kind == "correction" else "bonus" if n else "target's own"
+            self._show_verdict(n, n, r.target_prob, "★" if compact else f"★ {word}", TARGET_COLOR)
+            ticks.append((float(n), _short(visible_token_text(r.target_text))))
+        item.getAxis("bottom").setTicks([ticks])
+        slots = n + (r.target_kind != "none")
+        item.setXRange(-0.6, max(slots, 3) - 0.4, padding=0)
+        item.setYRange(0, 1.2, padding=0)
+        how = "sampled: rejection rule" if state.do_sample else "greedy: accepted iff the target's top token"
+        if n:
+            item.setTitle(f"Round {index}: {r.accepted} of {n} drafts accepted ({how})", size="10pt")
+        else:
+            item.setTitle(f"Round {index}: nothing drafted (the drafter had no proposal): the target's own token",
+                          size="10pt")
+        self.round_note.setText(self._round_note(r))
+
+    def _show_verdict(self, slot: int, x: float, top: float, text: str, color: str) -> None:
+        label = self._verdicts[slot]
+        label.setText(text, color=color)
+        label.setPos(x, top + 0.02)
+        label.setVisible(True)
+
+    def _round_note(self, r: SpeculativeRound) -> str:
+        state = self.state
+        step = f"output steps {r.first_step}–{r.first_step + r.accepted}" if r.target_kind != "none" else \
+            f"from output step {r.first_step}"
+        parts = [f"{step} · draft {r.draft_ms:.2f} ms · verify {r.verify_ms:.1f} ms (one target pass)"]
+        if state.do_sample:
+            parts.append("▲ = the uniform draw u, placed at u × q: accepted when ▲ is below p (u &lt; p/q); a "
+                         "rejected draft is replaced by a draw from max(0, p − q)")
+        else:
+            parts.append("Greedy: no draw; drafts after the first rejection are discarded unjudged")
+        return "<br>".join(parts)
+
+    def _draw_positions(self) -> None:
+        state = self.state
+        rates = state.position_rates()
+        xs = [i + 1 for i, rate in enumerate(rates) if rate is not None]
+        self._position_bars.setOpts(x=xs, height=[rate for rate in rates if rate is not None], width=0.7)
+        alpha = state.alpha
+        self._alpha_line.setVisible(alpha is not None)
+        if alpha is not None:
+            self._alpha_line.setValue(alpha)
+            self._alpha_line.label.setFormat(f"α = {alpha:.2f} (all positions)")
+        width = max(len(rates), state.draft_k, 1)
+        judged = [*state.reached_at, *[0] * (width - len(state.reached_at))]
+        self.positions_plot.getPlotItem().setXRange(0.4, width + 0.6, padding=0)
+        self.positions_plot.getPlotItem().getAxis("bottom").setTicks(
+            [[(i, f"{i} ({judged[i - 1]} judged)" if width <= 6 else str(i)) for i in range(1, width + 1)]])
+
+    def _draw_what_if(self) -> None:
+        state = self.state
+        what_if = state.what_if()
+        item = self.what_if_plot.getPlotItem()
+        if what_if is None:
+            self._what_if_curve.setData([], [])
+            self._measured.setData(x=[], y=[])
+            self._run_k_line.setVisible(False)
+            self.what_if_note.setText("<i>The what-if curve appears after the first round with a draft.</i>")
+            return
+        self._what_if_curve.setData(list(what_if.ks), list(what_if.speedups))
+        self._run_k_line.setVisible(True)
+        self._run_k_line.setValue(state.draft_k)
+        self._run_k_line.label.setFormat(f"this run: k = {state.draft_k}")
+        top = max(*what_if.speedups, 1.0)
+        if state.speedup is not None:
+            self._measured.setData(x=[state.draft_k], y=[state.speedup])
+            top = max(top, state.speedup)
+        else:
+            self._measured.setData(x=[], y=[])
+        item.setXRange(-0.5, what_if.ks[-1] + 0.5, padding=0)
+        item.setYRange(0, max(top * 1.15, 1.3), padding=0)
+        plain = (f"the measured plain decoding, {what_if.plain_ms:.1f} ms per token" if what_if.plain_measured else
+                 f"c<sub>verify</sub>(0) = {what_if.plain_ms:.1f} ms as one plain step (an estimate until the "
+                 "measured plain speed comes at the end)")
+        star = (f" · <span style='color:#B8860B'>★</span> measured: {state.speedup:.2f}×" if state.speedup is not None
+                else "")
+        self.what_if_note.setText(
+            f"<i>Estimate, not measured</i>: E(k) = (1 − α<sup>k+1</sup>) / (1 − α) tokens per round "
+            f"(Leviathan et al. 2023) with α = {what_if.alpha:.2f}, for k·c<sub>draft</sub> + c<sub>verify</sub>(k) "
+            f"ms per round: c<sub>draft</sub> = {what_if.draft_ms:.2f} ms per drafted token, "
+            f"c<sub>verify</sub>(k) = {what_if.verify_ms_0:.1f} + {what_if.verify_ms_per_draft:.1f}·k ms "
+            f"(fitted to the rounds); against {plain}{star}.")
+
+    def _draw_texts(self) -> None:
+        state = self.state
+        if not state.rounds and not state.emitted:
+            status = "waiting for the first round…" if not state.ended else "ended before any round"
+            drafter = f" · {html.escape(state.drafter)} drafts {state.draft_k}" if state.drafter else ""
+            self.header.setText(f"<b>Speculative decoding</b>{drafter} · {status}")
+            self.figures.setText("")
+            return
+        if state.stop_reason:
+            status = f"finished ({html.escape(state.stop_reason)})"
+        elif state.ended_status:
+            status = f"<b>{html.escape(state.ended_status)}</b>"
+        else:
+            status = "running…"
+        mode = "sampled (rejection rule)" if state.do_sample else "greedy"
+        self.header.setText(
+            f"<b>Speculative decoding</b> · drafter <b>{html.escape(state.drafter)}</b> "
+            f"({html.escape(state.detail)}) · k = {state.draft_k} · {mode} verification · "
+            f"{len(state.rounds)} rounds · {state.emitted} tokens · {status}")
+        self.figures.setText(self._figures_html())
+
+    def _figures_html(self) -> str:
+        s = self.state
+        rate = f"<b>{format_percent(s.acceptance_rate)}</b>" if s.acceptance_rate is not None else "—"
+        alpha = f"{s.alpha:.2f}" if s.alpha is not None else "—"
+        mean = f"<b>{s.mean_accepted:.2f}</b>" if s.mean_accepted is not None else "—"
+        per_call = s.emitted / s.target_calls if s.target_calls else 0.0
+        rows = [
+            f"Acceptance: {rate} of {s.drafted} drafts ({s.accepted} accepted, {s.rejected} rejected) · "
+            f"α = {alpha} of the drafts the target judged",
+            f"Mean accepted per round: {mean} drafts · {per_call:.2f} tokens per target call",
+            f"Target calls saved: <b>{s.calls_saved}</b> = {s.emitted} tokens − {s.target_calls} target calls "
+            "(prompt + one per round)",
+        ]
+        if s.speedup is not None and s.baseline_tokens_per_s:
+            rows.append(f"Speed-up, measured: <b>{s.speedup:.2f}×</b> ({s.tokens_per_s:.1f} tokens/s vs "
+                        f"{s.baseline_tokens_per_s:.1f} tokens/s decoding plainly on the same prompt)")
+        elif s.ended:
+            rows.append("Speed-up: not measured (the run skipped the plain baseline, or was stopped)")
+        else:
+            rows.append("Speed-up against plain decoding: <i>measured at the end</i> (a short plain run follows)")
+        return "<br>".join(rows)
+
+    # --- data -----------------------------------------------------------------------------------------------
+    def export_data(self, path: Path) -> None:
+        """Every drafted token and target token of the shown run, one row each."""
+        with path.open("w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(CSV_COLUMNS)
+            for r in self.state.rounds:
+                for i, d in enumerate(r.drafted):
+                    writer.writerow([r.round, i, d.token_id, d.text, ACCEPTED if d.accepted else REJECTED,
+                                     repr(d.draft_prob), repr(d.target_prob),
+                                     "" if d.draw is None else repr(d.draw), int(d.accepted)])
+                if r.target_kind != "none":
+                    writer.writerow([r.round, len(r.drafted), r.target_token_id, r.target_text,
+                                     f"{TARGET} ({r.target_kind})", "", repr(r.target_prob), "", ""])
