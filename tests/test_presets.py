@@ -13,7 +13,7 @@ from playground.presets import load_preset, preset_names
 
 EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
-    "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked",
+    "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked", "speculative-prompt-lookup",
 }
 
 
@@ -111,3 +111,18 @@ def test_top_k_keeps_k_while_top_p_follows_the_shape(default_lm):
     flat, peaked = max(steps, key=lambda s: s.entropy), min(steps, key=lambda s: s.entropy)
     assert flat.entropy - peaked.entropy >= 3
     assert kept(peaked) <= 3 and kept(flat) >= 40
+
+
+@pytest.mark.model
+def test_prompt_lookup_accepts_most_drafts_on_a_copying_task_and_changes_nothing(default_lm):
+    preset = load_preset("speculative-prompt-lookup")
+    _, done = run(default_lm, preset.name)
+    _, greedy = run_settings(default_lm, preset.settings.replace(strategy="greedy"))
+    assert done.token_ids == greedy.token_ids  # verification keeps the target's own greedy output
+    assert done.figures["acceptance_rate"] > 0.6
+    assert done.figures["target_calls"] < 0.5 * len(done.token_ids)  # fewer than one target pass per two tokens
+
+
+def run_settings(lm, settings) -> tuple[list[TokenStep], RunFinished]:
+    events = list(run_strategy(lm, settings))
+    return [e for e in events if isinstance(e, TokenStep)], events[-1]
