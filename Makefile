@@ -9,7 +9,7 @@ MODEL_STAMP := $(VENV)/.default-model
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup model gui-deps run test lint shot bench clean
+.PHONY: setup model gui-deps fonts run test lint shot bench clean
 
 setup: $(STAMP)
 
@@ -28,10 +28,14 @@ model: $(STAMP)
 gui-deps: $(STAMP)
 	-$(PY) -m playground.ui.system_libs --install
 
-run: model gui-deps
+# A font that covers Chinese (Debian's minimal images have none): installed once with apt-get if missing.
+fonts: $(STAMP)
+	-$(PY) -m playground.ui.fonts --install
+
+run: model gui-deps fonts
 	$(VENV)/bin/playground
 
-test: model
+test: model fonts
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest
 
 lint: $(STAMP)

@@ -125,7 +125,7 @@ def test_chart_rows_from_a_sampled_step_match_the_event(tiny_lm):
 def test_small_helpers():
     assert visible_token_text(" a\n\tb") == "␣a↵⇥b" and visible_token_text("") == "∅"
     # Control and bidi characters must not act on the text around them.
-    assert visible_token_text("a\u202eb\x05\x7f") == "a⟨U+202E⟩b␅␡"
+    assert visible_token_text("a\u202eb\x05\x7f\r") == "a⟨U+202E⟩b⟨U+0005⟩⟨U+007F⟩⟨CR⟩"
     assert flowing_token_text("x\r\ny\u2029z\u200b") == "x↵\ny↵\nz⟨U+200B⟩"
     assert shade_fraction(1.0) == 0.0 and shade_fraction(0.0) == 1.0 and shade_fraction(1e-9) == 1.0
     assert 0 < shade_fraction(0.1) < shade_fraction(0.01) < 1

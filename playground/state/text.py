@@ -9,11 +9,9 @@ _FORMAT_CHARS = {*range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 
 
 def _escape_char(ch: str) -> str:
     code = ord(ch)
-    if code < 0x20:
-        return chr(0x2400 + code)  # Unicode's "control pictures": ␀ ␁ … ␟
-    if code == 0x7F:
-        return "␡"
-    if code in _FORMAT_CHARS:
+    # Unicode's "control pictures" (␀ … ␟) would say it best, but common fonts (DejaVu, WenQuanYi) lack them and
+    # draw boxes: the code point is readable in any font.
+    if code < 0x20 or code == 0x7F or code in _FORMAT_CHARS:
         return f"⟨U+{code:04X}⟩"
     return ch
 
@@ -28,5 +26,5 @@ def visible_token_text(text: str) -> str:
     """Token text on one line with invisible characters made visible, for axis labels and lists."""
     if text == "":
         return "∅"
-    marks = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\u2028": "↵", "\u2029": "↵"}
+    marks = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "⟨CR⟩", "\u2028": "↵", "\u2029": "↵"}
     return "".join(marks.get(ch) or _escape_char(ch) for ch in text)

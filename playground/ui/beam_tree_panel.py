@@ -61,7 +61,7 @@ def format_mb(n_bytes: float) -> str:
 
 def sequence_text(text: str) -> str:
     """A whole sequence for one line: spaces stay spaces, line breaks and tabs become visible."""
-    return text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+    return text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "⟨CR⟩")
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -41,6 +41,45 @@ def _settle(app) -> None:
         app.processEvents()
 
 
+def shown_texts(window) -> list[str]:
+    """Every text the window can draw for the selected run: its widgets' texts and the run's token texts (chart
+    labels, tooltips and trees draw those)."""
+    import dataclasses
+
+    from PySide6.QtWidgets import QComboBox, QLabel, QLineEdit, QPlainTextEdit, QTextEdit
+
+    texts = [w.text() for w in window.findChildren(QLabel)] + [w.text() for w in window.findChildren(QLineEdit)]
+    texts += [w.toPlainText() for kind in (QPlainTextEdit, QTextEdit) for w in window.findChildren(kind)]
+    texts += [w.currentText() for w in window.findChildren(QComboBox)]
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            texts.append(value)
+        elif dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name))
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                walk(item)
+
+    run = window.session.selected
+    for event in run.events if run is not None else ():
+        walk(event)
+    return texts
+
+
+def warn_uncovered(window) -> list[str]:
+    """Name, on stderr, the characters of the picture that no installed font can draw (they come out as boxes)."""
+    from playground.ui.fonts import describe, uncovered_characters
+
+    missing = uncovered_characters(shown_texts(window))
+    if missing:
+        print(f"playground: warning: no installed font can draw {describe(missing)}: the picture shows boxes "
+              "for them (install a font that covers them, e.g. Debian's fonts-noto-cjk for Chinese, Japanese and "
+              "Korean)", file=sys.stderr)
+    return missing
+
+
 def save_picture(window, out_path: str | Path, view: str | None, hover: bool) -> Path:
     """The whole window (``view`` None) or one view, as PNG or SVG by the file's extension."""
     from PySide6.QtWidgets import QApplication
@@ -58,6 +97,7 @@ def save_picture(window, out_path: str | Path, view: str | None, hover: bool) ->
         window.docks[view].show()
         window.docks[view].raise_()
         _settle(QApplication.instance())
+    warn_uncovered(window)
     try:
         if out.suffix.lower() == ".png" and hover:
             widget.grab()  # a first grab lays out and scrolls; the second is the picture

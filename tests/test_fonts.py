@@ -1,0 +1,53 @@
+"""Every script readable: the set-up installs a font that covers Chinese, and a screenshot names the characters
+no installed font can draw instead of silently writing boxes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from PySide6.QtGui import QFont, QFontDatabase, QFontMetrics
+
+from playground.config import ModelSettings, RunSettings
+from playground.ui.fonts import covered, uncovered_characters
+
+CHINESE = "请用一句话介绍长城。"
+NO_FONT = "\U00010d30\U00010d31"  # Hanifi Rohingya digits: no font on these machines has them
+
+
+def test_the_set_up_installed_a_font_that_covers_chinese(qapp):
+    zh = [f for f in QFontDatabase.families() if QFontDatabase.WritingSystem.SimplifiedChinese
+          in QFontDatabase.writingSystems(f)]
+    assert zh, "make test installs a CJK font (fonts-wqy-microhei) when none is there"
+    metrics = QFontMetrics(QFont(zh[0]))
+    assert all(metrics.inFontUcs4(ord(ch)) for ch in CHINESE)
+
+
+def test_the_font_step_is_idempotent_and_skipped_when_a_font_covers_chinese():
+    out = subprocess.run([sys.executable, "-m", "playground.ui.fonts", "--install"], capture_output=True,
+                         text=True, check=False)
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == ""  # nothing installed, nothing said
+
+
+def test_uncovered_characters_are_found_and_named(qapp):
+    assert all(covered(ch) for ch in CHINESE + "The capital")
+    assert uncovered_characters([f"a{NO_FONT}b", " \n\t\u200b", NO_FONT]) == list(NO_FONT)
+
+
+def test_a_chinese_screenshot_has_no_box_and_an_uncoverable_one_says_so(qapp, tiny_lm, tmp_path, capsys):
+    from playground.ui.screenshot import render_screenshot
+
+    render_screenshot(ModelSettings(), RunSettings(prompt=CHINESE, max_new_tokens=6), tmp_path / "zh.png",
+                      lm=tiny_lm)
+    assert "no installed font" not in capsys.readouterr().err
+    render_screenshot(ModelSettings(), RunSettings(prompt=f"{CHINESE} {NO_FONT}", max_new_tokens=2),
+                      tmp_path / "x.png", lm=tiny_lm)
+    err = capsys.readouterr().err
+    assert "no installed font can draw \U00010d30 (U+10D30), \U00010d31 (U+10D31)" in err
+
+
+def test_the_marks_the_views_draw_are_in_the_installed_fonts(qapp):
+    from playground.state import flowing_token_text, visible_token_text
+
+    marks = visible_token_text(" \n\t\r\x05\x7f\u202e") + flowing_token_text("\r\x00") + "∅▶◆★✓✗▲…·─"
+    assert uncovered_characters([marks]) == []
