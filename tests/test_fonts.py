@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from PySide6.QtGui import QFont, QFontDatabase, QFontMetrics
 
 from playground.config import ModelSettings, RunSettings
@@ -51,3 +52,32 @@ def test_the_marks_the_views_draw_are_in_the_installed_fonts(qapp):
 
     marks = visible_token_text(" \n\t\r\x05\x7f\u202e") + flowing_token_text("\r\x00") + "∅▶◆★✓✗▲…·─"
     assert uncovered_characters([marks]) == []
+
+
+def forced_run_steps(lm, text: str):
+    from playground.engine.strategies import run_strategy
+
+    ids = tuple(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
+    settings = RunSettings(prompt="x", chat=False, max_new_tokens=len(ids), forced_token_ids=ids)
+    return [e for e in run_strategy(lm, settings) if e.type == "token"]
+
+
+def test_a_character_split_across_byte_tokens_appears_once_and_each_byte_says_what_it_is(tiny_lm):
+    from playground.state import split_characters
+
+    steps = forced_run_steps(tiny_lm, "长城")
+    assert len(steps) == 6  # the tiny vocabulary has no Chinese: one token per UTF-8 byte (precondition)
+    assert [s.text for s in steps] == ["", "", "长", "", "", "城"]  # each character once, where it completes
+    assert split_characters(steps) == {0: "byte 1 of 3 of 长", 1: "byte 2 of 3 of 长", 2: "byte 3 of 3 of 长",
+                                       3: "byte 1 of 3 of 城", 4: "byte 2 of 3 of 城", 5: "byte 3 of 3 of 城"}
+
+
+@pytest.mark.model
+def test_a_token_holding_a_space_and_three_bytes_of_an_emoji(default_lm):
+    from playground.state import split_characters
+
+    steps = forced_run_steps(default_lm, " é 😀!")
+    texts = [s.text for s in steps]
+    assert "" in texts and " 😀" in texts  # the emoji's bytes are split across tokens (precondition)
+    first, last = texts.index(""), texts.index(" 😀")
+    assert split_characters(steps) == {first: "bytes 1–3 of 4 of 😀", last: "byte 4 of 4 of 😀"}

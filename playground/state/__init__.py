@@ -11,6 +11,8 @@ from playground.state.tokens import (
     cut_summary,
     most_interesting_step,
     shade_fraction,
+    split_characters,
+    token_bytes,
 )
 
 __all__ = [
@@ -27,5 +29,7 @@ __all__ = [
     "most_interesting_step",
     "settings_summary",
     "shade_fraction",
+    "split_characters",
+    "token_bytes",
     "visible_token_text",
 ]

@@ -4,6 +4,7 @@ showing first."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from playground.events import Candidate, TokenStep
@@ -87,3 +88,74 @@ def most_interesting_step(steps: list[TokenStep]) -> int | None:
         return None
     pool = [s for s in steps[:-1] if not s.forced] or [s for s in steps if not s.forced] or steps
     return max(pool, key=lambda s: s.entropy).step
+
+
+_BYTE_TOKEN = re.compile(r"(?:<0x[0-9A-Fa-f]{2}>)+")
+
+
+def token_bytes(step: TokenStep) -> bytes:
+    """The bytes the chosen token stands for: its ``<0xE9>`` pieces when it is part of a character, else the UTF-8
+    of its text."""
+    own = next((c.text for c in step.candidates if c.token_id == step.token_id), step.text)
+    if _BYTE_TOKEN.fullmatch(own):
+        return bytes(int(own[i + 3 : i + 5], 16) for i in range(0, len(own), 6))
+    return own.encode("utf-8")
+
+
+def _char_spans(data: bytes) -> list[tuple[int, int]]:
+    """Byte spans of the UTF-8 characters in ``data`` (a stray byte is a span of its own)."""
+    spans, i = [], 0
+    while i < len(data):
+        lead = data[i]
+        size = 1 if lead < 0x80 else 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else \
+            4 if lead >> 3 == 0b11110 else 1
+        spans.append((i, min(i + size, len(data))))
+        i += size
+    return spans
+
+
+def split_characters(steps: list[TokenStep]) -> dict[int, str]:
+    """For the tokens that carry part of a character, what part: ``{step: "byte 1 of 3 of 长"}``.
+
+    A character split across byte tokens (``<0xE9>``, ``<0x95>``, ``<0xBF>`` → 长) appears in the output once, at the
+    token that completes it; this says, for each of those tokens, which of its bytes it holds.
+    """
+    notes: dict[int, str] = {}
+    group: list[tuple[int, bytes]] = []
+    for index, step in enumerate(steps):
+        group.append((index, token_bytes(step)))
+        if not step.text:
+            continue  # held back: the character is not complete yet
+        if len(group) > 1 or any(len(b) and not _is_text(b) for _, b in group):
+            notes.update(_describe_group(group))
+        group = []
+    return notes
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _describe_group(group: list[tuple[int, bytes]]) -> dict[int, str]:
+    data = b"".join(b for _, b in group)
+    spans = _char_spans(data)
+    notes: dict[int, str] = {}
+    start = 0
+    for index, piece in group:
+        end = start + len(piece)
+        parts = []
+        for a, b in spans:
+            lo, hi = max(a, start), min(b, end)
+            if lo >= hi or (lo == a and hi == b):
+                continue  # not in this token, or whole in it
+            char = data[a:b].decode("utf-8", errors="replace")
+            which = f"byte {lo - a + 1}" if hi - lo == 1 else f"bytes {lo - a + 1}–{hi - a}"
+            parts.append(f"{which} of {b - a} of {char}")
+        if parts:
+            notes[index] = "; ".join(parts)
+        start = end
+    return notes
