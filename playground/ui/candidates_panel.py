@@ -4,7 +4,8 @@ Items are built once and updated with ``setOpts``/``setTicks``; the value labels
 Bars are horizontal so token labels read left to right on the axis.
 
 While a run streams the chart is redrawn several times a second, and on a 2-core CPU every millisecond the GUI
-thread spends is taken from the model: hence the two cheap items below (measured by benchmarks/bench_window.py).
+thread spends is taken from the model: hence the opaque grid, the single value-label item, the header outside the
+layout and the stepped axis extent below (benchmarks/bench_window.py measures the window against a plain thread).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import html
 import time
 
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPen
-from PySide6.QtWidgets import QApplication, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from playground.events import TokenStep
 from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
@@ -32,6 +33,9 @@ from playground.ui.style import (
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
 LABEL_CHARS = 20
 BAR = 0.36  # thickness of one bar; a row holds two (raw above, processed below)
+# The probability axis ends at one of these (percent): steps in a row mostly share one, so while a run streams
+# the axis keeps still and is not drawn again for every step (a third of a chart update here).
+X_EXTENTS = (10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
 
 
 def _pct(prob: float) -> str:
@@ -140,6 +144,53 @@ class ValueLabels(pg.GraphicsObject):
                 painter.drawText(QPointF(anchor.x() + self.PAD_PX, anchor.y() + self._baseline), label.text)
 
 
+class LabelBox(QWidget):
+    """Holds a word-wrapped label outside any layout, so a new text does not lay the whole window out again.
+
+    A label in a layout asks every layout up to the main window (docks and all) to recompute on each new text,
+    and its transparent background has every widget beneath it repaint. Here the request stops at this box,
+    which changes its own height only when the text needs more or fewer lines; the label paints its own
+    background.
+    """
+
+    def __init__(self, label: QLabel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.label = label
+        label.setParent(self)
+        label.setAutoFillBackground(True)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self._fit()
+
+    def _fit(self) -> None:
+        width = max(1, self.width())
+        height = self.label.heightForWidth(width) if self.label.wordWrap() else -1
+        if height < 0:
+            height = self.label.sizeHint().height()
+        if height != self.minimumHeight() or height != self.maximumHeight():
+            self.setFixedHeight(height)
+        self.label.setGeometry(0, 0, width, height)
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.label.sizeHint().width(), self.minimumHeight())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(50, self.minimumHeight())
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.LayoutRequest:  # the label's text (or font) changed
+            self._fit()
+            return True
+        return super().event(event)
+
+    def resizeEvent(self, event) -> None:
+        self._fit()
+        super().resizeEvent(event)
+
+
+def _x_extent(needed: float) -> float:
+    return float(next((x for x in X_EXTENTS if x >= needed), needed))
+
+
 def _axis_label(row: ChartRow) -> str:
     text = row.label if len(row.label) <= LABEL_CHARS else row.label[: LABEL_CHARS - 1] + "…"
     return f"▶ {text}" if row.chosen else text
@@ -158,6 +209,7 @@ class CandidatesPanel(QWidget):
         self._last_click: tuple[int | None, float] = (None, 0.0)
 
         self.header = rich_label(self)
+        header_box = LabelBox(self.header, self)  # redrawn several times a second while a run streams
         self.legend = rich_label(self)
         self.legend.setText(
             f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
@@ -177,6 +229,8 @@ class CandidatesPanel(QWidget):
         item.getAxis("left").setStyle(tickFont=QFont("DejaVu Sans Mono", 9), autoExpandTextSpace=True)
         item.getAxis("left").setWidth(150)
         item.getAxis("bottom").setZValue(-1)  # the grid behind the plot area and its bars (PlotItem sets 0.5)
+        for side in ("left", "bottom"):  # no units to scale; else every range change re-sets the label's HTML
+            item.getAxis(side).enableAutoSIPrefix(False)
 
         self._band = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
         self._raw = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=RAW_COLOR, pen=pg.mkPen(None))
@@ -194,7 +248,7 @@ class CandidatesPanel(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.header)
+        layout.addWidget(header_box)
         layout.addWidget(self.plot, 1)
         layout.addWidget(self.legend)
         self.reset()
@@ -233,7 +287,7 @@ class CandidatesPanel(QWidget):
         raw = [r.raw_prob * 100 for r in rows]
         processed = [0.0 if r.cut_by else r.processed_prob * 100 for r in rows]
         cut_rows = [i for i, r in enumerate(rows) if r.cut_by]
-        x_max = max(8.0, max(raw + processed) * 1.18 + 6)  # room for the value labels
+        x_max = _x_extent(max(8.0, max(raw + processed) * 1.18 + 6))  # room for the value labels
         chosen_pen = pg.mkPen(CHOSEN_COLOR, width=2)
         pens = [chosen_pen if r.chosen else pg.mkPen(None) for r in rows]
 

@@ -1,4 +1,7 @@
-"""The list of a session's runs: the original and every branch, click one to view it again."""
+"""The list of a session's runs: the original and every branch, click one to view it again.
+
+A running run's row is relabelled with every batch of tokens, so a relabel does no work that grows with the run.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,21 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QWidget
 
 from playground.state import Run, settings_summary
+
+TOOLTIP_TEXT_CHARS = 500
+
+
+def _text_start(run: Run, chars: int = TOOLTIP_TEXT_CHARS) -> str:
+    """The first ``chars`` characters of ``run.text``, without joining every step of a long running run."""
+    if run.finished is not None:
+        return run.finished.text[:chars]
+    parts, size = [], 0
+    for step in run.steps:
+        if size >= chars:
+            break
+        parts.append(step.text)
+        size += len(step.text)
+    return "".join(parts)[:chars]
 
 
 class RunsList(QListWidget):
@@ -22,9 +40,13 @@ class RunsList(QListWidget):
         while self.count() <= run.index:
             self.addItem(QListWidgetItem())
         item = self.item(run.index)
-        item.setText(run.label())
-        detail = run.error or run.text[:500]
-        item.setToolTip(f"{settings_summary(run.settings)}\nprompt: {run.settings.prompt[:200]}\n\n{detail}")
+        label = run.label()
+        if item.text() != label:
+            item.setText(label)
+        detail = run.error or _text_start(run)
+        tooltip = f"{settings_summary(run.settings)}\nprompt: {run.settings.prompt[:200]}\n\n{detail}"
+        if item.toolTip() != tooltip:  # each change is a model update and a repaint of the row
+            item.setToolTip(tooltip)
 
     def mark_selected(self, index: int) -> None:
         self.blockSignals(True)

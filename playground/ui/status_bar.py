@@ -1,4 +1,11 @@
-"""Status bar: what ran where and how fast (measured numbers only)."""
+"""Status bar: what ran where and how fast (measured numbers only).
+
+While a run streams, the numbers change with every batch of tokens. Their labels have a fixed size, so a new
+number repaints only its own label: a label whose size may change asks the status bar to lay itself out again,
+and QStatusBar answers that by repainting itself whole (and the window beneath it), several times per token. They
+paint their own background too, so nothing beneath them repaints.
+The decode speed is summed as steps arrive instead of over the whole run on every update.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,14 @@ from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 from playground.events import PrefillDone, RunFinished, RunStarted
 from playground.state import Run
+
+# The widest text each live field is expected to hold: its label starts that wide and only ever grows.
+LIVE_FIELD_WIDEST = {
+    "speed": "9999.9 tokens/s",
+    "per_token": "9999.9 ms/token",
+    "prefill": "prefill 99999 ms",
+    "kv": "KV cache 999.9 MB",
+}
 
 
 def _bytes(n: float) -> str:
@@ -17,19 +32,56 @@ def _bytes(n: float) -> str:
     return f"{n:.2f} GB"
 
 
+class _StepTiming:
+    """A run's mean decode time per step, as ``Run.decode_ms_per_token`` computes it, summed incrementally."""
+
+    def __init__(self) -> None:
+        self.run: Run | None = None
+        self.seen = 0
+        self.total_ms = 0.0
+        self.timed = 0
+
+    def ms_per_step(self, run: Run) -> float | None:
+        if run is not self.run or len(run.step_events) < self.seen:
+            self.run, self.seen, self.total_ms, self.timed = run, 0, 0.0, 0
+        events = run.step_events
+        for event in events[self.seen:]:
+            if not getattr(event, "forced", False) and hasattr(event, "step_ms"):
+                self.total_ms += event.step_ms
+                self.timed += 1
+        self.seen = len(events)
+        return self.total_ms / self.timed if self.timed else None
+
+
 class RunStatusBar(QStatusBar):
     FIELDS = ("speed", "per_token", "prefill", "kv", "device", "dtype", "model")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.labels: dict[str, QLabel] = {}
+        self._timing = _StepTiming()
         for name in self.FIELDS:
             label = QLabel("")
             label.setContentsMargins(6, 0, 6, 0)
             self.labels[name] = label
             self.addPermanentWidget(label)
+        for name, widest in LIVE_FIELD_WIDEST.items():
+            label = self.labels[name]
+            label.setText(widest)
+            label.setFixedSize(label.sizeHint())
+            label.setAutoFillBackground(True)  # opaque: the bar and the window beneath need no repaint
         self.show_model("none", "—", "—")
         self.show_run(None)
+
+    def _set_live(self, name: str, text: str) -> None:
+        """Set a fixed-size field; it grows (once, with a relayout) only for text wider than it has held."""
+        label = self.labels[name]
+        if label.text() == text:
+            return
+        label.setText(text)
+        hint = label.sizeHint()
+        if hint.width() > label.width() or hint.height() > label.height():
+            label.setFixedSize(max(hint.width(), label.width()), max(hint.height(), label.height()))
 
     def show_model(self, name: str, device: str, dtype: str) -> None:
         self.labels["model"].setText(f"model: {name}")
@@ -37,15 +89,18 @@ class RunStatusBar(QStatusBar):
         self.labels["dtype"].setText(f"dtype: {dtype}")
 
     def show_run(self, run: Run | None) -> None:
-        speed = run.tokens_per_s() if run else None
-        per_token = run.decode_ms_per_token() if run else None
+        per_token = self._timing.ms_per_step(run) if run is not None else None
+        if run is not None and run.finished is not None:
+            speed: float | None = run.finished.tokens_per_s
+        else:
+            speed = 1000.0 / per_token if per_token else None
         prefill = run.prefill.prefill_ms if run and run.prefill else None
         kv = run.kv_cache_bytes if run is not None else None
         unit = run.step_unit if run is not None else "token"
-        self.labels["speed"].setText(f"{speed:.1f} {unit}s/s" if speed else f"— {unit}s/s")
-        self.labels["per_token"].setText(f"{per_token:.1f} ms/{unit}" if per_token else f"— ms/{unit}")
-        self.labels["prefill"].setText(f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —")
-        self.labels["kv"].setText(f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
+        self._set_live("speed", f"{speed:.1f} {unit}s/s" if speed else f"— {unit}s/s")
+        self._set_live("per_token", f"{per_token:.1f} ms/{unit}" if per_token else f"— ms/{unit}")
+        self._set_live("prefill", f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —")
+        self._set_live("kv", f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
         if run is not None:
             source: RunStarted | RunFinished | PrefillDone | None = run.finished or run.started
             if isinstance(source, (RunStarted, RunFinished)):

@@ -2,8 +2,8 @@
 
 Why a ``QThread`` subclass and not a worker object moved to a thread: the thread object itself lives in the GUI
 thread, so its ``finished`` signal is safe to wait on in tests and nothing needs a queued ``quit()`` (which
-deadlocks against a blocking ``wait()``). Items go through a queue that a ~30 Hz GUI timer drains, so a fast
-model costs one repaint per frame, not one per token.
+deadlocks against a blocking ``wait()``). Items go through a queue that a GUI timer drains ``FRAME_MS`` apart, so a
+fast model costs one repaint per frame, not one per token.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
-from playground.config import ConfigError
-
 StopCheck = Callable[[], bool]
 Progress = Callable[[str, float], None]
 # A job's body: gets a stop check and a progress callback, returns an iterator of items for the GUI.
 JobBody = Callable[[StopCheck, Progress], Iterator[Any]]
 
-FRAME_MS = 33
+# How often the GUI takes what the job yielded: 12.5 batches a second, so streamed tokens still appear smoothly.
+# Each batch costs the GUI thread a few milliseconds (views, runs list, status bar, repaints) whatever its size, and
+# on a 2-core CPU those are taken from the model: at 33 ms (~20 tokens/s, one token a batch) the window cost about
+# 0.4 ms more GUI time per token than at 80 ms (benchmarks/bench_window.py measures the decode side by side).
+FRAME_MS = 80
 # After Stop, how many more items a job that polls ``should_stop`` may yield (the step in flight, the final
 # event) before the worker closes it anyway.
 STOP_GRACE_ITEMS = 3
@@ -39,6 +41,13 @@ def describe_error(error: BaseException) -> str:
     if isinstance(error, MemoryError):
         return "out of memory: try a smaller model, fewer tokens or a smaller dtype"
     return f"{type(error).__name__}: {error}"
+
+
+def is_user_error(error: BaseException) -> bool:
+    """One of the project's errors whose message is meant for the user (``playground.errors.USER_ERRORS``)."""
+    from playground.errors import USER_ERRORS
+
+    return isinstance(error, USER_ERRORS)
 
 
 class _GeneratorThread(QThread):
@@ -66,7 +75,7 @@ class _GeneratorThread(QThread):
                     if grace <= 0:
                         break
         except Exception as error:  # any failure becomes a message; the app stays usable
-            if not isinstance(error, (ConfigError, ValueError)):  # ours say what to do; others need a trace
+            if not is_user_error(error):  # ours say what to do; others need a trace
                 traceback.print_exc(file=sys.stderr)
             self._inbox.put(("error", describe_error(error)))
         finally:
