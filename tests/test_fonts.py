@@ -81,3 +81,38 @@ def test_a_token_holding_a_space_and_three_bytes_of_an_emoji(default_lm):
     assert "" in texts and " 😀" in texts  # the emoji's bytes are split across tokens (precondition)
     first, last = texts.index(""), texts.index(" 😀")
     assert split_characters(steps) == {first: "bytes 1–3 of 4 of 😀", last: "byte 4 of 4 of 😀"}
+
+
+def test_hover_and_chart_say_which_byte_of_which_character(qtbot, tiny_lm, tmp_path):
+    from PySide6.QtCore import QPoint, QSettings, Qt
+    from PySide6.QtGui import QTextCursor
+    from PySide6.QtWidgets import QToolTip
+
+    from playground.ui.main_window import MainWindow
+
+    ids = tuple(tiny_lm.tokenizer("长城", add_special_tokens=False)["input_ids"])
+    w = MainWindow(store=QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(w)
+    w.resize(1500, 950)
+    w.show()
+    w.set_model(tiny_lm)
+    w.start_run(RunSettings(prompt="x", chat=False, max_new_tokens=len(ids) + 1, forced_token_ids=ids))
+    qtbot.waitUntil(lambda: not w.busy, timeout=20000)
+    view = w.views["tokens"]
+    text = view.token_view.text
+    assert [s.text for s in text.steps[:6]] == ["", "", "长", "", "", "城"]
+    cursor = QTextCursor(text.document())
+    cursor.setPosition(text._starts[1])
+    left = text.cursorRect(cursor)
+    cursor.setPosition(text._starts[1] + 1)
+    point = QPoint((left.x() + text.cursorRect(cursor).x()) // 2, left.center().y())  # the middle of its mark
+    qtbot.mouseMove(text.viewport(), point)
+    assert text.step_at(point) == 1
+    qtbot.waitUntil(lambda: "byte 2 of 3 of 长" in QToolTip.text(), timeout=3000)
+
+    view.show_chart_step(4)
+    ticks = dict(view.chart.plot.getPlotItem().getAxis("left")._tickLevels[0])
+    assert any(label.startswith("▶ ") and label.endswith("(城)") for label in ticks.values())
+    qtbot.keyClick(text, Qt.Key.Key_Right)  # to step 5, which completes 城: its own byte, the same character
+    ticks = dict(view.chart.plot.getPlotItem().getAxis("left")._tickLevels[0])
+    assert any(label.startswith("▶ ") and label.endswith("(城)") for label in ticks.values())

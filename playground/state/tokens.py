@@ -159,3 +159,20 @@ def _describe_group(group: list[tuple[int, bytes]]) -> dict[int, str]:
             notes[index] = "; ".join(parts)
         start = end
     return notes
+
+
+def character_piece(steps: list[TokenStep], index: int) -> tuple[str, str] | None:
+    """(note, characters) when step ``index`` holds part of a split character — ``("byte 1 of 3 of 长", "长")`` —
+    looking only at the tokens of its character (work proportional to the group, not the run)."""
+    start = index
+    while start > 0 and not steps[start - 1].text:
+        start -= 1
+    end = index
+    while end < len(steps) - 1 and not steps[end].text:
+        end += 1
+    notes = _describe_group([(i, token_bytes(steps[i])) for i in range(start, end + 1)])
+    note = notes.get(index)
+    if note is None:
+        return None
+    chars = "".join(part.rsplit(" of ", 1)[1] for part in note.split("; "))
+    return note, chars

@@ -191,8 +191,11 @@ def _x_extent(needed: float) -> float:
     return float(next((x for x in X_EXTENTS if x >= needed), needed))
 
 
-def _axis_label(row: ChartRow) -> str:
+def _axis_label(row: ChartRow, character: str | None = None) -> str:
+    """The token's text, shortened; the chosen row is marked, with the character its byte belongs to if known."""
     text = row.label if len(row.label) <= LABEL_CHARS else row.label[: LABEL_CHARS - 1] + "…"
+    if row.chosen and character:
+        text = f"{text} ({character})"
     return f"▶ {text}" if row.chosen else text
 
 
@@ -277,7 +280,7 @@ class CandidatesPanel(QWidget):
     def _labels(self) -> list[ValueLabel]:
         return self._value_labels.labels
 
-    def show_step(self, step: TokenStep, total_steps: int | None = None) -> None:
+    def show_step(self, step: TokenStep, total_steps: int | None = None, character: str | None = None) -> None:
         self.step = step
         if total_steps is not None:
             self.total_steps = total_steps
@@ -312,7 +315,7 @@ class CandidatesPanel(QWidget):
             label.visible = False
 
         item = self.plot.getPlotItem()
-        item.getAxis("left").setTicks([[(i, _axis_label(r)) for i, r in enumerate(rows)]])
+        item.getAxis("left").setTicks([[(i, _axis_label(r, character)) for i, r in enumerate(rows)]])
         item.setXRange(0, x_max, padding=0)
         item.setYRange(-0.6, n - 0.4, padding=0)
         self._apply_range()

@@ -42,7 +42,15 @@ from PySide6.QtWidgets import (
 )
 
 from playground.events import TokenStep
-from playground.state import Run, chart_rows, chosen_text, flowing_token_text, shade_fraction, visible_token_text
+from playground.state import (
+    Run,
+    character_piece,
+    chart_rows,
+    chosen_text,
+    flowing_token_text,
+    shade_fraction,
+    visible_token_text,
+)
 from playground.ui.style import (
     MARK_COLOR,
     SHADE_TICKS,
@@ -75,10 +83,14 @@ def step_prob(step: TokenStep, mode: str) -> float:
     return step.prob if mode == SHADE_PROCESSED else step.raw_prob
 
 
-def token_tooltip_html(step: TokenStep, limit: int = 10) -> str:
-    """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest."""
+def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] | None = None) -> str:
+    """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest.
+
+    ``piece``: (note, characters) when the token holds part of a character split across byte tokens."""
+    part = (f"<b>{html.escape(piece[0])}</b> — the character shows once in the output, at the token that "
+            "completes it<br>") if piece else ""
     head = (f"<b>Step {step.step}</b> · chose <code>{html.escape(visible_token_text(chosen_text(step)))}</code>"
-            f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>"
+            f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>{part}"
             f"log-prob (raw model, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
             f"raw rank {step.raw_rank} · "
             f"raw entropy {step.entropy:.2f} bits")
@@ -325,7 +337,8 @@ class TokenTextEdit(QTextEdit):
         if index is None:
             QToolTip.hideText()
         elif index != self._hovered or not QToolTip.isVisible():
-            QToolTip.showText(event.globalPosition().toPoint(), token_tooltip_html(self.steps[index]), self)
+            QToolTip.showText(event.globalPosition().toPoint(), token_tooltip_html(
+                self.steps[index], piece=character_piece(self.steps, index)), self)
         self._hovered = index
         super().mouseMoveEvent(event)
 

@@ -10,7 +10,7 @@ from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted, TokenStep
-from playground.state import Run, most_interesting_step
+from playground.state import Run, character_piece, most_interesting_step
 from playground.ui.candidates_panel import CandidatesPanel
 from playground.ui.token_view import TokenView, token_tooltip_html
 from playground.ui.views import register_view
@@ -113,7 +113,8 @@ class TokensView(View):
             return
         self.follow_live = follow
         self.chart_index = index
-        self.chart.show_step(run.steps[index], len(run.steps))
+        piece = character_piece(run.steps, index)
+        self.chart.show_step(run.steps[index], len(run.steps), piece[1] if piece else None)
         self.token_view.text.mark_step(index)
 
     def _show_live_step(self) -> None:
@@ -154,7 +155,7 @@ class TokensView(View):
             return
         view = self.token_view.text
         rect = view.step_rect(index)
-        tip = QLabel(token_tooltip_html(run.steps[index]))
+        tip = QLabel(token_tooltip_html(run.steps[index], piece=character_piece(run.steps, index)))
         tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
         tip.adjustSize()
         anchor = view.viewport().mapTo(origin, rect.bottomLeft() + QPoint(12, 6))
