@@ -87,8 +87,7 @@ def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] 
     """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest.
 
     ``piece``: (note, characters) when the token holds part of a character split across byte tokens."""
-    part = (f"<b>{html.escape(piece[0])}</b> — the character shows once in the output, at the token that "
-            "completes it<br>") if piece else ""
+    part = f"<b>{html.escape(piece[0])}</b> (a split character shows once, where it completes)<br>" if piece else ""
     head = (f"<b>Step {step.step}</b> · chose <code>{html.escape(visible_token_text(chosen_text(step)))}</code>"
             f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>{part}"
             f"log-prob (raw model, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
