@@ -27,6 +27,15 @@ def tiny_lm_eos():
 
 
 @pytest.fixture(scope="session")
+def model_folder(tiny_lm, tmp_path_factory):
+    """``tiny_lm`` saved as a Hugging Face folder (for the CLI and the loaders)."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tiny_lm.model.save_pretrained(folder)
+    tiny_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def default_lm():
     """The real default model (SmolLM2-135M-Instruct), fetched and converted once into the user cache."""
     from playground.config import ModelSettings

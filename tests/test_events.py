@@ -139,14 +139,6 @@ def test_codec_on_hand_built_non_finite_values():
 # ---------------------------------------------------------------------------------------------------------------
 # Traces written by `playground trace`.
 
-@pytest.fixture(scope="module")
-def model_folder(tiny_lm, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def write_cli_trace(folder, out, *options) -> list[str]:
     from playground.cli import main
 

@@ -14,11 +14,8 @@ from playground.models.loading import ModelLoadError, load_model
 
 
 @pytest.fixture(scope="module")
-def saved_tiny(tmp_path_factory, tiny_lm):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
-    return folder
+def saved_tiny(model_folder):
+    return model_folder
 
 
 def test_folder_loads_and_decodes_like_the_original(saved_tiny, tiny_lm):

@@ -17,14 +17,6 @@ TRUNCATED = "the trace ends before the run did (no 'done' event): it shows the r
 
 
 @pytest.fixture(scope="module")
-def model_folder(tiny_lm, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tiny_lm.model.save_pretrained(folder)
-    tiny_lm.tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def greedy_trace(model_folder, tmp_path_factory):
     """A greedy trace written by `playground trace`: its path and its lines."""
     from playground.cli import main
