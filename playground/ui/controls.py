@@ -104,9 +104,9 @@ class RunControls(QWidget):
     def __init__(self, settings: RunSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.strategy = QComboBox()
-        for i, strategy in enumerate(STRATEGIES.values()):
-            self.strategy.addItem(strategy.name)
-            self.strategy.setItemData(i, strategy.help, role=3)  # Qt.ToolTipRole
+        for i, entry in enumerate(STRATEGIES.values()):
+            self.strategy.addItem(entry.name)
+            self.strategy.setItemData(i, entry.help, role=3)  # Qt.ToolTipRole
         self.strategy.setToolTip(" · ".join(f"{s.name}: {s.help}" for s in STRATEGIES.values()))
         self.widgets: dict[str, QWidget] = {"strategy": self.strategy}
         self._shared: dict[str, Binding] = {}
