@@ -141,7 +141,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 draft.tokens = draft.tokens[: max(0, room - 1)]
             draft_ms = (time.perf_counter() - start) * 1000
             start = time.perf_counter()
-            raw, processed, forwarded = _score(lm, target, ids, draft.tokens, pipeline)  # [n + 1, vocab] each
+            context = torch.tensor([ids + draft.tokens], device=lm.device)  # [1, len(ids) + n]
+            raw, processed, forwarded = _score(lm, target, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
             target_calls += forwarded
             verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
             # The target's token after the kept prefix comes in the round only when there is room for it.
@@ -155,18 +156,19 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
             verify_ms = (time.perf_counter() - start) * 1000
 
-            first_step = len(generated)
+            first_step, read = len(generated), len(ids)
+            kv_bytes = kv_cache_bytes(target.cache)
             steps, ended = [], None
             for j, token in enumerate(emitted):
-                prefix = torch.tensor([ids], device=lm.device)
-                analysis = analyse_step(pipeline, prefix, raw[j : j + 1], settings.num_candidates)
+                # Token j follows ids + draft[:j] (every emitted token but the last is an accepted draft).
+                analysis = analyse_step(pipeline, context[:, : read + j], raw[j : j + 1], settings.num_candidates)
                 analysis.token_id = token
                 text = decoder.push(token)
                 ids.append(token)
                 generated.append(token)
                 steps.append(analysis.to_event(
                     step=len(generated) - 1, text=text, forced=forcing and j < len(draft.tokens),
-                    step_ms=0.0, kv_bytes=kv_cache_bytes(target.cache), token_text=token_text))
+                    step_ms=0.0, kv_bytes=kv_bytes, token_text=token_text))
                 if token in eos_ids:
                     ended = "eos"
                 elif stop_watch.hit(text):
@@ -186,7 +188,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 yield _round_event(rounds - 1, first_step, len(steps), draft, verdict, target_probs, lm, token_text,
                                    "none" if cut or not with_target else
                                    ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
-                                   draft_ms, verify_ms, kv_cache_bytes(target.cache))
+                                   draft_ms, verify_ms, kv_bytes)
             yield from steps
             if ended:
                 stop_reason = ended
@@ -209,7 +211,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     yield dataclasses.replace(finished, figures=figures)
 
 
-def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int],
+def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int], context: torch.Tensor,
            pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The target's raw and processed logits [len(draft) + 1, vocab] for every drafted position and the one after,
     in one forward pass over (the last emitted token, if not read yet) + the draft; and the number of forward
@@ -223,8 +225,9 @@ def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int],
         out = lm.model(input_ids=torch.tensor([feed], device=lm.device), cache=target.cache, use_cache=True)
         logits = out.logits[0].float()  # [len(feed), vocab]
         rows.append(logits[len(ids) - cached - 1 :] if target.next_logits is None else logits)
-    raw = torch.cat(rows)[: len(draft) + 1]  # row j predicts the token after ids + draft[:j]
-    context = torch.tensor([ids + draft], device=lm.device)
+    raw = torch.cat(rows)[: len(draft) + 1]  # row j predicts the token after ids + draft[:j] (= context[:, :n + j])
+    if not pipeline:
+        return raw, raw, int(bool(feed))
     processed = torch.cat([run_pipeline(pipeline, context[:, : len(ids) + j], raw[j : j + 1])
                            for j in range(len(draft) + 1)])
     return raw, processed, int(bool(feed))
