@@ -115,29 +115,8 @@ def _char_spans(data: bytes) -> list[tuple[int, int]]:
 
 
 def split_characters(steps: list[TokenStep]) -> dict[int, str]:
-    """For the tokens that carry part of a character, what part: ``{step: "byte 1 of 3 of 长"}``.
-
-    A character split across byte tokens (``<0xE9>``, ``<0x95>``, ``<0xBF>`` → 长) appears in the output once, at the
-    token that completes it; this says, for each of those tokens, which of its bytes it holds.
-    """
-    notes: dict[int, str] = {}
-    group: list[tuple[int, bytes]] = []
-    for index, step in enumerate(steps):
-        group.append((index, token_bytes(step)))
-        if not step.text:
-            continue  # held back: the character is not complete yet
-        if len(group) > 1 or any(len(b) and not _is_text(b) for _, b in group):
-            notes.update(_describe_group(group))
-        group = []
-    return notes
-
-
-def _is_text(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+    """For every token of a run that carries part of a character, what part: ``{step: "byte 1 of 3 of 长"}``."""
+    return {index: piece[0] for index in range(len(steps)) if (piece := character_piece(steps, index))}
 
 
 def _describe_group(group: list[tuple[int, bytes]]) -> dict[int, str]:
