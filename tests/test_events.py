@@ -205,7 +205,7 @@ def test_trace_of_banned_tokens_is_strict_json(banned_beam_events):
 # The trace format, written out: a renamed or added field is a format change and must show up here.
 START_KEYS = {"type", "strategy", "prompt_text", "prompt_token_ids", "forced_token_ids", "model_name", "model_path",
               "device", "dtype", "settings"}
-PREFILL_KEYS = {"type", "prompt_tokens", "prefill_ms", "kv_cache_bytes"}
+PREFILL_KEYS = {"type", "prompt_tokens", "prefill_ms", "kv_cache_bytes", "forward_passes", "deferred_tokens"}
 TOKEN_KEYS = {"type", "step", "token_id", "text", "prob", "raw_prob", "logprob", "raw_rank", "entropy",
               "processed_entropy", "candidates", "shown_raw_mass", "effects", "forced", "step_ms", "kv_cache_bytes"}
 CANDIDATE_KEYS = {"token_id", "text", "raw_prob", "processed_prob", "raw_rank", "cut_by"}
@@ -227,6 +227,7 @@ def test_greedy_trace_format(cli_traces, model_folder):
     start, prefill, *tokens, done = lines
     assert set(start) == START_KEYS and set(prefill) == PREFILL_KEYS and set(done) == DONE_KEYS
     assert set(start["settings"]) == SETTINGS_KEYS  # greedy reads no group: none written
+    assert (prefill["forward_passes"], prefill["deferred_tokens"]) == (1, 0)  # a short prompt, read in one pass
     assert start["settings"]["stop_strings"] == ["zzz"] and start["settings"]["max_new_tokens"] == 4
     assert (start["model_path"], start["device"], start["dtype"]) == (str(model_folder), "cpu", "float32")
     assert len(tokens) == 4

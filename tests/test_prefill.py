@@ -10,6 +10,7 @@ from playground.config import RunSettings
 from playground.engine.forward import PREFILL_CHUNK, prefill, prefill_in_chunks
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, PrefillDone, PrefillProgress, RunFinished, TokenStep
+from playground.events.speculative import SpeculativeRound
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,36 @@ def test_greedy_after_a_chunked_prefill_equals_generate(long_lm):
     assert list(events[-1].token_ids) == expected
 
 
-@pytest.mark.parametrize("strategy", [{"strategy": "greedy"}, {"strategy": "beam", "num_beams": 3}])
+def test_speculative_reads_the_prompts_last_chunk_with_its_first_draft(long_lm, monkeypatch):
+    calls = [0]
+    real_forward = long_lm.model.forward
+
+    def forward(*args, **kwargs):
+        calls[0] += 1
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(long_lm.model, "forward", forward)
+    settings = RunSettings.from_flat(prompt=long_prompt(long_lm, 2 * PREFILL_CHUNK), chat=False, max_new_tokens=12,
+                                     strategy="speculative", draft="prompt-lookup", draft_k=4, baseline_tokens=0)
+    events = list(run_strategy(long_lm, settings))
+    total = len(events[0].prompt_token_ids)
+    tail = total - 2 * PREFILL_CHUNK
+    assert 0 < tail <= PREFILL_CHUNK  # precondition: two whole chunks, then a part of one
+    progress = [e.done_tokens for e in events if isinstance(e, PrefillProgress)]
+    assert progress == [PREFILL_CHUNK]  # progress between the chunks read before the first round
+    prefill_done = next(e for e in events if isinstance(e, PrefillDone))
+    assert (prefill_done.forward_passes, prefill_done.deferred_tokens) == (2, tail)
+    rounds = [e for e in events if isinstance(e, SpeculativeRound)]
+    assert [r.prompt_read for r in rounds] == [tail] + [0] * (len(rounds) - 1)
+    assert events[-1].figures["target_calls"] == calls[0] == 2 + len(rounds)
+    ids = torch.tensor([events[0].prompt_token_ids])
+    expected = real_forward.__self__.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                              max_new_tokens=12, pad_token_id=long_lm.tokenizer.pad_token_id)
+    assert list(events[-1].token_ids) == expected[0, total:].tolist()
+
+
+@pytest.mark.parametrize("strategy", [{"strategy": "greedy"}, {"strategy": "beam", "num_beams": 3},
+                                      {"strategy": "speculative", "draft": "prompt-lookup"}])
 def test_stop_between_chunks_ends_the_run_before_any_step(long_lm, strategy):
     settings = RunSettings.from_flat(prompt=long_prompt(long_lm, 4 * PREFILL_CHUNK), chat=False,
                                      max_new_tokens=8, **strategy)

@@ -155,15 +155,16 @@ def binned(expected: dict[int, float], total: int) -> list[set[int]]:
 
 
 def lookup_reference(ids: list[int], k: int, max_ngram: int) -> list[int]:
-    """Prompt lookup written out plainly: for n from max_ngram down to 1, the last n tokens' latest earlier
-    occurrence (not the trailing one itself) gives the next k tokens after it."""
+    """Prompt lookup written out plainly: for n from max_ngram down to 1, every earlier occurrence of the last n
+    tokens (not the trailing one itself) offers the next k tokens after it; the longest offer wins, the latest
+    of equally long ones."""
     for n in range(max_ngram, 0, -1):
         if n >= len(ids):
             continue
         suffix = ids[len(ids) - n :]
-        matches = [s for s in range(len(ids) - n) if ids[s : s + n] == suffix]
-        if matches:
-            s = max(matches)
+        offers = [(len(ids[s + n : s + n + k]), s) for s in range(len(ids) - n) if ids[s : s + n] == suffix]
+        if offers and max(offers)[0] > 0:
+            _, s = max(offers)
             return ids[s + n : s + n + k]
     return []
 
@@ -830,8 +831,18 @@ def test_rollback_leaves_the_caches_as_a_plain_run_would(tiny_lm, drafts, cache_
 def test_lookup_continuation_latest_match_wins():
     ids = [1, 2, 3, 1, 2, 4, 9, 1, 2]
     assert lookup_continuation(ids, 2, 2) == [4, 9]
-    assert lookup_continuation(ids, 5, 2) == [4, 9, 1, 2]  # the continuation may run into the suffix itself
+    assert lookup_continuation(ids, 4, 2) == [4, 9, 1, 2]  # the continuation may run into the suffix itself
     assert lookup_continuation(ids, 1, 2) == [4]
+
+
+def test_lookup_continuation_prefers_a_match_with_a_full_continuation():
+    ids = [1, 2, 3, 1, 2, 4, 9, 1, 2]
+    # The latest [1, 2] (index 3) has only 4 tokens after it; the earlier one (index 0) has 5.
+    assert lookup_continuation(ids, 5, 2) == [3, 1, 2, 4, 9]
+    # No occurrence has 9 after it: the longest continuation, not the latest.
+    assert lookup_continuation(ids, 9, 2) == [3, 1, 2, 4, 9, 1, 2]
+    # Clipped continuations: the earliest match has the most tokens after it.
+    assert lookup_continuation([5, 6, 5, 6, 5], 9, 1) == [6, 5, 6, 5]
 
 
 def test_lookup_continuation_prefers_the_longest_ngram_then_falls_back():
@@ -911,6 +922,10 @@ def test_events_order_figures_and_round_trip(tiny_lm, drafts, drafter, sample):
     assert events[1].drafter == drafter and events[1].draft_k == 4 and events[1].do_sample is sample
     assert events[1].baseline_tokens == 0
     assert isinstance(events[2], PrefillDone)
+    # The short prompt is read by the first verification pass, with the first draft: no pass of its own.
+    prefill = events[2]
+    assert (prefill.forward_passes, prefill.deferred_tokens, prefill.kv_cache_bytes) == (0, len(run.prompt_ids), 0)
+    assert run.rounds[0].prompt_read == len(run.prompt_ids) and all(r.prompt_read == 0 for r in run.rounds[1:])
     assert run.start.settings["speculative"]["draft"] == drafter
     for i, event in enumerate(events):
         if isinstance(event, SpeculativeRound):
@@ -921,11 +936,10 @@ def test_events_order_figures_and_round_trip(tiny_lm, drafts, drafter, sample):
     assert set(figures) == {"rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted", "target_calls",
                             "draft_ms", "verify_ms"}
     drafted, accepted, rounds = run.drafted, run.accepted, len(run.rounds)
-    assert len(run.rounds[0].drafted) > 0  # (with an empty first draft the prefill's logits serve the round)
     assert figures["rounds"] == rounds and figures["drafted"] == drafted and figures["accepted"] == accepted
     assert figures["acceptance_rate"] == accepted / drafted
     assert figures["mean_accepted"] == accepted / rounds
-    assert figures["target_calls"] == rounds + 1
+    assert figures["target_calls"] == rounds
     assert figures["draft_ms"] >= 0 and figures["verify_ms"] > 0
     assert len(run.steps) == 24 == sum(r.accepted for r in run.rounds) + rounds  # each round adds its own token
 
@@ -946,19 +960,11 @@ def count_target_forwards(lm, monkeypatch) -> list[int]:
     return calls
 
 
-def test_target_calls_count_the_target_forward_passes(tiny_lm, monkeypatch):
+@pytest.mark.parametrize(("prompt", "max_new_tokens"), [("Hello", 24), ("Hi", 1), ("Hi", 12)])
+def test_target_calls_count_the_target_forward_passes(tiny_lm, monkeypatch, prompt, max_new_tokens):
     calls = count_target_forwards(tiny_lm, monkeypatch)
-    run = spec(tiny_lm, prompt="Hello", max_new_tokens=24, draft="prompt-lookup")
-    assert len(run.rounds[0].drafted) > 0
-    assert run.done.figures["target_calls"] == calls[0] == len(run.rounds) + 1
-
-
-@pytest.mark.parametrize("max_new_tokens", [1, 12])
-def test_target_calls_when_the_first_draft_is_empty(tiny_lm, monkeypatch, max_new_tokens):
-    calls = count_target_forwards(tiny_lm, monkeypatch)
-    run = spec(tiny_lm, prompt="Hi", chat=False, max_new_tokens=max_new_tokens, draft="prompt-lookup")
-    assert run.rounds[0].drafted == ()  # precondition: nothing to look up in a two-token prompt
-    # The prefill's logits serve the first round: no forward pass of its own.
+    run = spec(tiny_lm, prompt=prompt, chat=prompt == "Hello", max_new_tokens=max_new_tokens, draft="prompt-lookup")
+    # A short prompt is read with the first draft (an empty one when nothing recurs in "Hi"): one pass per round.
     assert run.done.figures["target_calls"] == calls[0] == len(run.rounds)
 
 

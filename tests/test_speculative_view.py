@@ -100,14 +100,15 @@ def test_the_folds_numbers_equal_a_count_from_the_events(fixture, request):
     assert state.acceptance_rate == pytest.approx(accepted / drafted)
     assert state.alpha == pytest.approx(accepted / judged)
     assert state.mean_accepted == pytest.approx(accepted / len(rounds))
-    # Plain decoding calls the target once per token; here once for the prompt and once per round.
+    # Plain decoding calls the target once per token (the prompt's pass gives the first); here once per round,
+    # the first reading the short prompt with its draft.
     assert state.emitted == len(tokens) == len(events[-1].token_ids)
-    assert state.calls_saved == len(tokens) - (1 + len(rounds))
+    assert state.calls_saved == len(tokens) - len(rounds)
 
     figures = events[-1].figures  # and the engine's own figures agree
     assert state.acceptance_rate == pytest.approx(figures["acceptance_rate"])
     assert state.mean_accepted == pytest.approx(figures["mean_accepted"])
-    assert state.target_calls == figures["target_calls"] == 1 + len(rounds)
+    assert state.target_calls == figures["target_calls"] == len(rounds)
     assert state.speedup == figures["speedup"] and state.baseline_tokens_per_s == figures["baseline_tokens_per_s"]
 
 
@@ -121,7 +122,7 @@ def test_a_branchs_forced_tokens_are_marks_of_their_own(tiny_lm, greedy_events, 
     assert [m.kind for m in state.marks[: len(forced)]] == [FORCED] * len(forced)
     assert [m.step for m in state.marks[: len(forced)]] == [s.step for s in steps if s.forced]
     # The forced tokens took one target pass (the target's own token after them came from it).
-    assert state.target_calls == events[-1].figures["target_calls"] == 1 + 1 + len(rounds_of(events))
+    assert state.target_calls == events[-1].figures["target_calls"] == 1 + len(rounds_of(events))
     assert state.speedup is None
     view.show_run(as_run(events))
     assert "not measured" in view.figures.text()
@@ -257,13 +258,17 @@ def test_the_what_if_curve_is_the_formula(view):
     def draft(accepted: bool) -> DraftToken:
         return DraftToken(token_id=1, text="a", draft_prob=1.0, target_prob=0.9, accepted=accepted, draw=None)
 
-    full = SpeculativeRound(round=0, first_step=0, emitted=5, drafted=(draft(True),) * 4, accepted=4, target_token_id=2,
+    # The first round found nothing to draft and read the prompt: its 500 ms are not a verification's cost.
+    opening = SpeculativeRound(round=0, first_step=0, emitted=1, drafted=(), accepted=0, target_token_id=2,
+                               target_text="b", target_kind="bonus", target_prob=0.5, draft_ms=0.0, verify_ms=500.0,
+                               kv_cache_bytes=0, prompt_read=3)
+    full = SpeculativeRound(round=1, first_step=1, emitted=5, drafted=(draft(True),) * 4, accepted=4, target_token_id=2,
                             target_text="b", target_kind="bonus", target_prob=0.5, draft_ms=8.0, verify_ms=50.0,
                             kv_cache_bytes=0)
-    cut = SpeculativeRound(round=1, first_step=5, emitted=2, drafted=(draft(True), draft(False)), accepted=1,
+    cut = SpeculativeRound(round=2, first_step=6, emitted=2, drafted=(draft(True), draft(False)), accepted=1,
                            target_token_id=2, target_text="b", target_kind="correction", target_prob=0.5,
                            draft_ms=4.0, verify_ms=40.0, kv_cache_bytes=0)
-    done = RunFinished(token_ids=(1,) * 7, text="", stop_reason="max_new_tokens", tokens_per_s=30.0, prefill_ms=1.0,
+    done = RunFinished(token_ids=(1,) * 8, text="", stop_reason="max_new_tokens", tokens_per_s=30.0, prefill_ms=1.0,
                        decode_ms=1.0, prompt_tokens=3, model_name="m", model_path="m", device="cpu", dtype="float32",
                        figures={"baseline_tokens_per_s": 25.0, "speedup": 1.2, "target_calls": 3.0})
     start = RunStarted(strategy="speculative", prompt_text="p", prompt_token_ids=(1, 2, 3), forced_token_ids=(),
@@ -271,7 +276,8 @@ def test_the_what_if_curve_is_the_formula(view):
                        settings={"strategy": "speculative"})
     events = [start, SpeculativeStarted(drafter="prompt-lookup", detail="", draft_k=4, do_sample=False,
                                        baseline_tokens=32),
-              PrefillDone(prompt_tokens=3, prefill_ms=1.0, kv_cache_bytes=0), full, cut, done]
+              PrefillDone(prompt_tokens=3, prefill_ms=0.0, kv_cache_bytes=0, forward_passes=0, deferred_tokens=3),
+              opening, full, cut, done]
     run = Run(index=0, settings=speculative())
     for event in events:
         run.apply(event)

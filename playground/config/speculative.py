@@ -17,7 +17,7 @@ class SpeculativeSettings(SettingsGroup):
     title = "Speculative decoding"
 
     draft: str = setting(
-        "prompt-lookup", "drafter", "who proposes tokens: prompt-lookup copies the continuation of the latest "
+        "prompt-lookup", "drafter", "who proposes tokens: prompt-lookup copies the continuation of a recent "
         "matching n-gram of the text; layers = the target's own first layers (LayerSkip-style); model = a separate "
         "small model with the same tokenizer; jacobi = the target refining a guess in parallel (Jacobi iteration); "
         "quantized = the target's quantized copy", choices=DRAFTERS)

@@ -14,6 +14,12 @@ from transformers import DynamicCache
 PREFILL_CHUNK = 256
 
 
+def deferred_tail(prompt_len: int, chunk: int = PREFILL_CHUNK) -> int:
+    """How many of the prompt's last tokens a step can read with its own input while the rest is still read in
+    whole chunks: the last chunk's worth (1 to ``chunk`` tokens; the whole of a short prompt)."""
+    return prompt_len - (max(prompt_len - 1, 0) // chunk) * chunk
+
+
 def sync_device(device: torch.device) -> None:
     """Wait for the device's queued work, so timings measure the work and not just its launch."""
     if device.type == "cuda":
@@ -22,10 +28,11 @@ def sync_device(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def _last_logits_only(model: Any) -> dict[str, Any]:
-    # Only the last position's logits are computed where the model allows it, as ``generate`` does: the others
-    # would be a [prompt_len, vocab] matrix nobody reads.
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+def keep_last_logits(model: Any, n: int) -> dict[str, Any]:
+    """Forward-pass arguments that compute logits for the last ``n`` positions only, where the model allows it
+    (as ``generate`` does): the others would be a [positions, vocab] matrix nobody reads. Callers still slice
+    the last ``n`` rows, for models without the option."""
+    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def prefill_in_chunks(
@@ -37,7 +44,7 @@ def prefill_in_chunks(
     [1, vocab] and the filled cache.
     """
     cache = DynamicCache(config=model.config)
-    extra = _last_logits_only(model)
+    extra = keep_last_logits(model, 1)
     total = prompt.shape[1]
     logits = None
     for start in range(0, total, chunk):

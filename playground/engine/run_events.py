@@ -9,6 +9,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from playground.config import RunSettings, SettingsGroup
 from playground.engine.forward import prefill_in_chunks, sync_device
@@ -34,6 +35,7 @@ class RunRecorder:
         self.groups = groups  # capability settings written into the start event even at their defaults
         self.prompt_tokens = 0
         self.prefill_ms = 0.0
+        self.prefill_passes = 0  # model calls the prefill took
         self.decode_ms = 0.0
         self._step_start = 0.0
 
@@ -46,27 +48,37 @@ class RunRecorder:
             device=str(lm.device), dtype=lm.dtype_name, settings=s.as_plain_dict(include=self.groups),
         )
 
-    def prefill(self, ids: torch.Tensor) -> Generator[Event, None, tuple[torch.Tensor, Any] | None]:
-        """Read ``ids`` [1, n] into a new cache, yielding progress for long prompts and ``PrefillDone``.
+    def prefill(self, ids: torch.Tensor, defer: int = 0
+                ) -> Generator[Event, None, tuple[torch.Tensor | None, Any] | None]:
+        """Read ``ids`` [1, n] but the last ``defer`` tokens into a new cache, yielding progress for long prompts
+        and ``PrefillDone``.
 
-        Returns (last logits [1, vocab], cache), or None when Stop came between two chunks.
+        Returns (last logits [1, vocab], cache) — logits None when nothing was read (everything deferred) — or
+        None when Stop came between two chunks.
         """
         start = time.perf_counter()
-        chunks = prefill_in_chunks(self.lm.model, ids)
-        while True:
-            try:
-                done = next(chunks)
-            except StopIteration as end:
-                logits, cache = end.value
-                break
-            if self.should_stop():
-                self.prefill_ms = (time.perf_counter() - start) * 1000
-                return None
-            yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])
+        read = ids[:, : ids.shape[1] - defer]
+        passes = 0
+        if read.shape[1] == 0:
+            logits, cache = None, DynamicCache(config=self.lm.model.config)
+        else:
+            chunks = prefill_in_chunks(self.lm.model, read)
+            while True:
+                passes += 1
+                try:
+                    done = next(chunks)
+                except StopIteration as end:
+                    logits, cache = end.value
+                    break
+                if self.should_stop():
+                    self.prefill_ms = (time.perf_counter() - start) * 1000
+                    return None
+                yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])
         sync_device(self.lm.device)
         self.prefill_ms = (time.perf_counter() - start) * 1000
+        self.prefill_passes = passes
         yield PrefillDone(prompt_tokens=self.prompt_tokens, prefill_ms=self.prefill_ms,
-                          kv_cache_bytes=kv_cache_bytes(cache))
+                          kv_cache_bytes=kv_cache_bytes(cache), forward_passes=passes, deferred_tokens=defer)
         return logits, cache
 
     def step_started(self) -> None:

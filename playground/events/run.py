@@ -69,6 +69,10 @@ class PrefillDone:
     prompt_tokens: int
     prefill_ms: float
     kv_cache_bytes: int  # measured size of the cache after prefill
+    forward_passes: int = 1  # model calls the prefill took (one per chunk of a long prompt)
+    # Prompt tokens left for the first step to read with its own input (speculative decoding reads the prompt's
+    # tail together with its first draft, in one pass, as transformers' assisted generation does).
+    deferred_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,4 @@ class SpeculativeRound:
     draft_ms: float
     verify_ms: float
     kv_cache_bytes: int  # the target's cache after the rollback
+    prompt_read: int = 0  # prompt tokens this verification pass also read (the first round reads the prompt's tail)

@@ -99,7 +99,8 @@ class SpeculativeState:
         self.accepted_at: list[int] = []  # ... that kept it
         self.draft_ms = 0.0
         self.verify_ms = 0.0
-        self.prefills = 0  # target passes over the prompt (one)
+        self.prefill_passes = 0  # target passes over the prompt before the first round (0 for a short prompt)
+        self.prompt_passes = 0  # ... and in plain decoding, where the prompt's last pass gives the first token
         self.forced_rounds = 0  # target passes that verified forced tokens (branching)
         self._fit = [0.0] * 5  # n, Σx, Σy, Σx², Σxy of (drafted, verify_ms) per round
         self._pending: dict[int, int] = {}  # step -> index of its mark, until its token event comes
@@ -118,7 +119,8 @@ class SpeculativeState:
             self.drafter, self.detail = event.drafter, event.detail
             self.draft_k, self.do_sample = event.draft_k, event.do_sample
         elif isinstance(event, PrefillDone):
-            self.prefills = 1
+            self.prefill_passes = event.forward_passes
+            self.prompt_passes = event.forward_passes + int(event.deferred_tokens > 0)
         elif isinstance(event, SpeculativeRound):
             self._add_round(event)
         elif isinstance(event, TokenStep):
@@ -162,12 +164,13 @@ class SpeculativeState:
                 self.accepted_at[i] += 1
         self.draft_ms += r.draft_ms
         self.verify_ms += r.verify_ms
-        fit = self._fit
-        fit[0] += 1
-        fit[1] += n
-        fit[2] += r.verify_ms
-        fit[3] += n * n
-        fit[4] += n * r.verify_ms
+        if not r.prompt_read:  # a pass that also read the prompt is not what verifying a draft costs
+            fit = self._fit
+            fit[0] += 1
+            fit[1] += n
+            fit[2] += r.verify_ms
+            fit[3] += n * n
+            fit[4] += n * r.verify_ms
         self._last_forced = False
         self._advance_settled()
 
@@ -232,16 +235,21 @@ class SpeculativeState:
 
     @property
     def target_calls(self) -> int:
-        """Target forward passes: the prompt's, one per round, one per forced stretch (the final figure once it
-        came)."""
+        """Target forward passes: the prompt's before the first round (none for a short prompt, read with the
+        first draft), one per round, one per forced stretch (the final figure once it came)."""
         if "target_calls" in self.figures:
             return int(self.figures["target_calls"])
-        return self.prefills + len(self.rounds) + self.forced_rounds
+        return self.prefill_passes + len(self.rounds) + self.forced_rounds
+
+    @property
+    def plain_calls(self) -> int:
+        """Target passes plain decoding makes for as many tokens: the prompt's (its last gives the first token),
+        then one per token."""
+        return self.prompt_passes + max(self.emitted - 1, 0)
 
     @property
     def calls_saved(self) -> int:
-        """Tokens emitted − target calls: plain decoding makes one target call per token."""
-        return self.emitted - self.target_calls
+        return self.plain_calls - self.target_calls
 
     @property
     def baseline_tokens_per_s(self) -> float | None:

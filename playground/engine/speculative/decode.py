@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from playground.config import ConfigError, ModelSettings, RunSettings, SpeculativeSettings
+from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
@@ -92,15 +92,6 @@ def load_draft_model(lm: LoadedModel, path: str) -> LoadedModel:
     return _DRAFT_MODELS[key]
 
 
-@dataclass
-class _Target:
-    """The target's side of the loop: its cache, and the logits that predict the next position if it already
-    read everything (only right after the prefill)."""
-
-    cache: object
-    next_logits: torch.Tensor | None  # [1, vocab] raw
-
-
 def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, drafter: Drafter,
             pipeline: tuple[NamedTransform, ...], generator: torch.Generator, prompt_ids: list[int],
             prompt_text: str, record: RunRecorder) -> Iterator[Event]:
@@ -120,12 +111,15 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     rounds = drafted_total = accepted_total = target_calls = 0
     draft_ms_total = verify_ms_total = 0.0
     with torch.inference_mode():
-        prefilled = yield from record.prefill(torch.tensor([prompt_ids], device=lm.device))
+        # The prompt's tail (all of a short prompt) is read by the first verification pass together with the first
+        # draft: one target pass fewer than a separate prefill, as in transformers' assisted generation.
+        tail = deferred_tail(len(prompt_ids))
+        prefilled = yield from record.prefill(torch.tensor([prompt_ids], device=lm.device), defer=tail)
         if prefilled is None:
             max_steps, stop_reason = 0, "stopped"
         else:
-            target = _Target(prefilled[1], prefilled[0].float())
-            target_calls += 1
+            cache = prefilled[1]
+            target_calls += record.prefill_passes
         while len(generated) < max_steps:
             if record.should_stop():
                 stop_reason = "stopped"
@@ -142,8 +136,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             draft_ms = (time.perf_counter() - start) * 1000
             start = time.perf_counter()
             context = torch.tensor([ids + draft.tokens], device=lm.device)  # [1, len(ids) + n]
-            raw, processed, forwarded = _score(lm, target, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
-            target_calls += forwarded
+            prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
+            raw, processed = _score(lm, cache, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
+            target_calls += 1
             verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
             # The target's token after the kept prefix comes in the round only when there is room for it.
             emitted = draft.tokens[: verdict.accepted]
@@ -151,13 +146,12 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             if with_target:
                 emitted = [*emitted, verdict.token_id]
             kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
-            roll_back(target.cache, kept)
-            target.next_logits = None
+            roll_back(cache, kept)
             drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
             verify_ms = (time.perf_counter() - start) * 1000
 
             first_step, read = len(generated), len(ids)
-            kv_bytes = kv_cache_bytes(target.cache)
+            kv_bytes = kv_cache_bytes(cache)
             steps, ended = [], None
             for j, token in enumerate(emitted):
                 # Token j follows ids + draft[:j] (every emitted token but the last is an accepted draft).
@@ -188,7 +182,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 yield _round_event(rounds - 1, first_step, len(steps), draft, verdict, target_probs, lm, token_text,
                                    "none" if cut or not with_target else
                                    ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
-                                   draft_ms, verify_ms, kv_bytes)
+                                   draft_ms, verify_ms, kv_bytes, prompt_read)
             yield from steps
             if ended:
                 stop_reason = ended
@@ -211,26 +205,20 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     yield dataclasses.replace(finished, figures=figures)
 
 
-def _score(lm: LoadedModel, target: _Target, ids: list[int], draft: list[int], context: torch.Tensor,
-           pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _score(lm: LoadedModel, cache: object, ids: list[int], draft: list[int], context: torch.Tensor,
+           pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's raw and processed logits [len(draft) + 1, vocab] for every drafted position and the one after,
-    in one forward pass over (the last emitted token, if not read yet) + the draft; and the number of forward
-    passes it took (0 when the prefill's logits were all it needed)."""
-    cached = target.cache.get_seq_length()
-    feed = ids[cached:] + draft
-    rows = []
-    if target.next_logits is not None:
-        rows.append(target.next_logits)
-    if feed:
-        out = lm.model(input_ids=torch.tensor([feed], device=lm.device), cache=target.cache, use_cache=True)
-        logits = out.logits[0].float()  # [len(feed), vocab]
-        rows.append(logits[len(ids) - cached - 1 :] if target.next_logits is None else logits)
-    raw = torch.cat(rows)[: len(draft) + 1]  # row j predicts the token after ids + draft[:j] (= context[:, :n + j])
+    in one forward pass over what the cache has not read (the last emitted token; the prompt's tail in the first
+    round) + the draft. Row j predicts the token after ids + draft[:j] (= context[:, :len(ids) + j])."""
+    feed = ids[cache.get_seq_length():] + draft
+    rows = len(draft) + 1
+    out = lm.model(input_ids=torch.tensor([feed], device=lm.device), cache=cache, use_cache=True,
+                   **keep_last_logits(lm.model, rows))
+    raw = out.logits[0, -rows:].float()
     if not pipeline:
-        return raw, raw, int(bool(feed))
-    processed = torch.cat([run_pipeline(pipeline, context[:, : len(ids) + j], raw[j : j + 1])
-                           for j in range(len(draft) + 1)])
-    return raw, processed, int(bool(feed))
+        return raw, raw
+    processed = torch.cat([run_pipeline(pipeline, context[:, : len(ids) + j], raw[j : j + 1]) for j in range(rows)])
+    return raw, processed
 
 
 def _verify(draft: Draft, processed: torch.Tensor, sample: bool, generator: torch.Generator,
@@ -252,7 +240,7 @@ def _verify(draft: Draft, processed: torch.Tensor, sample: bool, generator: torc
 
 def _round_event(index: int, first_step: int, emitted: int, draft: Draft, verdict: Verdict, target_probs: torch.Tensor,
                  lm: LoadedModel, token_text: TokenTextCache, kind: str, draft_ms: float, verify_ms: float,
-                 kv_bytes: int) -> SpeculativeRound:
+                 kv_bytes: int, prompt_read: int) -> SpeculativeRound:
     drafted = []
     for i, token in enumerate(draft.tokens):
         q = float(draft.probs[i, token]) if draft.probs is not None else 1.0
@@ -263,7 +251,8 @@ def _round_event(index: int, first_step: int, emitted: int, draft: Draft, verdic
     return SpeculativeRound(
         round=index, first_step=first_step, emitted=emitted, drafted=tuple(drafted), accepted=verdict.accepted,
         target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,
-        target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes)
+        target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes,
+        prompt_read=prompt_read)
 
 
 def plain_tokens_per_s(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int) -> float:

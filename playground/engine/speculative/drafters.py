@@ -1,6 +1,7 @@
 """Who proposes the tokens the target verifies: four drafters behind one small interface.
 
-- ``PromptLookupDrafter``: copies what followed the latest earlier occurrence of the text's last n-gram (no model).
+- ``PromptLookupDrafter``: copies what followed an earlier occurrence of the text's last n-gram (no model): the
+  latest one with k tokens after it.
 - ``LayersDrafter``: the target's own first N layers, its final norm and LM head (LayerSkip's self-drafting);
   shares the target's weights, keeps its own KV cache.
 - ``ModelDrafter``: a separate small model with the target's tokenizer, its own KV cache.
@@ -52,21 +53,32 @@ class PromptLookupDrafter(Drafter):
 
     def __init__(self, max_ngram: int) -> None:
         self.max_ngram = max_ngram
-        self.detail = f"longest n-gram {max_ngram}, latest match"
+        self.detail = f"longest n-gram {max_ngram}, latest match with a full continuation"
 
     def propose(self, ids: list[int], k: int) -> Draft:
         return Draft(lookup_continuation(ids, k, self.max_ngram), None)
 
 
 def lookup_continuation(ids: list[int], k: int, max_ngram: int) -> list[int]:
-    """The ``k`` tokens that followed the latest earlier occurrence of the last n-gram of ``ids``, trying
-    n = max_ngram down to 1; [] when no n-gram recurs."""
+    """The tokens that followed an earlier occurrence of the last n-gram of ``ids``, trying n = max_ngram down to
+    1; [] when no n-gram recurs. Of the occurrences of that n-gram, the latest one followed by ``k`` tokens wins
+    (recent text is the likeliest to repeat); when none is, the one followed by the most tokens (the latest of
+    equals) — a match near the end has a clipped continuation, and a short draft wastes the verification pass."""
+    if k <= 0:
+        return []
     for n in range(min(max_ngram, len(ids) - 1), 0, -1):
         suffix = ids[-n:]
+        best: list[int] = []
         # Latest first; the suffix itself (ending at the last token) has no continuation.
         for start in range(len(ids) - n - 1, -1, -1):
             if ids[start : start + n] == suffix:
-                return ids[start + n : start + n + k]
+                continuation = ids[start + n : start + n + k]
+                if len(continuation) > len(best):
+                    best = continuation
+                    if len(best) == k:
+                        break
+        if best:
+            return best
     return []
 
 

@@ -490,8 +490,8 @@ class SpeculativeView(View):
             f"Acceptance: {rate} of {s.drafted} drafts ({s.accepted} accepted, {s.rejected} rejected) · "
             f"α = {alpha} of the drafts the target judged",
             f"Mean accepted per round: {mean} drafts · {per_call:.2f} tokens per target call",
-            f"Target calls saved: <b>{s.calls_saved}</b> = {s.emitted} tokens − {s.target_calls} target calls "
-            "(prompt + one per round)",
+            f"Target calls saved: <b>{s.calls_saved}</b> = {s.plain_calls} plain ({s.emitted} tokens) − "
+            f"{s.target_calls} speculative (one per round, the first reading the prompt too)",
         ]
         if s.speedup is not None and s.baseline_tokens_per_s:
             rows.append(f"Speed-up, measured: <b>{s.speedup:.2f}×</b> ({s.tokens_per_s:.1f} tokens/s vs "
