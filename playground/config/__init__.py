@@ -4,10 +4,11 @@ form and validation (``playground.config.table``).
 Capability modules register their group on import; list each one here.
 """
 
-from playground.config import beam, speculative  # noqa: F401  (each registers its settings group)
+from playground.config import beam, layers, speculative  # noqa: F401  (each registers its settings group)
 from playground.config.beam import EARLY_STOPPING, BeamSettings
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, SettingsGroup, register_group
+from playground.config.layers import EXIT_METRICS, LayerSettings, LensSettings, parse_layer_set
 from playground.config.run import DEFAULT_PROMPT, DEVICES, DTYPES, ModelSettings, RunSettings
 from playground.config.speculative import DRAFTERS, SpeculativeSettings
 from playground.config.table import Row, Setting, rows, setting
@@ -18,15 +19,19 @@ __all__ = [
     "DRAFTERS",
     "DTYPES",
     "EARLY_STOPPING",
+    "EXIT_METRICS",
     "GROUPS",
     "BeamSettings",
     "ConfigError",
+    "LayerSettings",
+    "LensSettings",
     "ModelSettings",
     "Row",
     "RunSettings",
     "Setting",
     "SettingsGroup",
     "SpeculativeSettings",
+    "parse_layer_set",
     "register_group",
     "rows",
     "setting",

@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from playground.config import RunSettings
+from playground.config import LayerSettings, LensSettings, RunSettings
 from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.layers.lens import LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
@@ -40,11 +41,12 @@ def run_sampling(
     settings.validate()
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids), settings)
-    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop))
+    lens = _lens_recorder(lm, settings)
+    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop), lens)
 
 
 def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
-            record: RunRecorder) -> Iterator[Event]:
+            record: RunRecorder, lens: LensRecorder | None) -> Iterator[Event]:
     sampling = settings.strategy == "sample"
     pipeline = build_pipeline(settings, sampling=sampling)
     generator = make_generator(lm.device, settings.seed)
@@ -55,11 +57,14 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
     max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
 
     yield record.started(prompt_ids, prompt_text)
+    if lens is not None:
+        yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
     generated: list[int] = []
     stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
-        prefilled = yield from record.prefill(ids)
+        # With the lens the first step reads the prompt's last token itself, so every step's layers are recorded.
+        prefilled = yield from record.prefill(ids, defer=1 if lens is not None else 0)
         if prefilled is None:
             max_steps, stop_reason = 0, "stopped"
         else:
@@ -71,17 +76,22 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
                 stop_reason = "stopped"
                 break
             record.step_started()
-            if step > 0:
+            if lens is not None:
+                logits = lens.forward(ids[:, -1:], cache).float()
+            elif step > 0:
                 logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
             forced = step < len(settings.forced_token_ids)
             analysis = _choose(pipeline, ids, logits, settings, sampling, generator,
                                settings.forced_token_ids[step] if forced else None)
             token_id = analysis.token_id
             ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
+            layer_step = lens.step_event(step) if lens is not None else None
             step_ms = record.step_ended()
 
             text = decoder.push(token_id)
             generated.append(token_id)
+            if layer_step is not None:
+                yield layer_step
             yield analysis.to_event(step=step, text=text, forced=forced, step_ms=step_ms,
                                     kv_bytes=kv_cache_bytes(cache), token_text=token_text)
             if token_id in eos_ids:
@@ -93,6 +103,11 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
 
     yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
                           steps=len(generated))
+
+
+def _lens_recorder(lm: LoadedModel, settings: RunSettings) -> LensRecorder | None:
+    lens = settings.group(LensSettings)
+    return LensRecorder(lm.model, lens.lens_top, TokenTextCache(lm.tokenizer)) if lens.lens else None
 
 
 def _choose(

@@ -11,8 +11,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from playground.config import BeamSettings, ConfigError, RunSettings, SettingsGroup, SpeculativeSettings
+from playground.config import (
+    BeamSettings,
+    ConfigError,
+    LayerSettings,
+    LensSettings,
+    RunSettings,
+    SettingsGroup,
+    SpeculativeSettings,
+)
 from playground.events import BeamStep, Event, TokenStep
+from playground.events.layers import LayerStep
 from playground.events.speculative import SpeculativeRound
 
 if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help, saved runs, the Qt-free state)
@@ -50,10 +59,11 @@ def register_strategy(strategy: Strategy) -> Strategy:
 
 register_strategy(Strategy(
     "greedy", "always the most likely token (after the penalties)", "playground.engine.sampling:run_sampling",
-    sections=("penalties",), step_events=(TokenStep,)))
+    sections=("penalties",), groups=(LensSettings,), step_events=(TokenStep,)))
 register_strategy(Strategy(
     "sample", "draw from the processed distribution (temperature, top-k, top-p, min-p)",
-    "playground.engine.sampling:run_sampling", sections=("sampling", "penalties"), step_events=(TokenStep,)))
+    "playground.engine.sampling:run_sampling", sections=("sampling", "penalties"), groups=(LensSettings,),
+    step_events=(TokenStep,)))
 register_strategy(Strategy(
     "beam", "keep several hypotheses, expand all of them every step", "playground.engine.beam:run_beam_search",
     sections=("penalties",), groups=(BeamSettings,), step_events=(BeamStep,)))
@@ -62,6 +72,16 @@ register_strategy(Strategy(
     "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
     "playground.engine.speculative.decode:run_speculative", sections=("sampling", "penalties"),
     groups=(SpeculativeSettings,), step_events=(SpeculativeRound, TokenStep)))
+
+
+register_strategy(Strategy(
+    "early-exit", "each token leaves the layer stack at the first layer whose logit lens is confident enough",
+    "playground.engine.layers.decode:run_early_exit", sections=("penalties",), groups=(LayerSettings, LensSettings),
+    step_events=(LayerStep, TokenStep)))
+register_strategy(Strategy(
+    "layer-skip", "each token passes some layers by: a fixed set, or after a layer that barely changed it",
+    "playground.engine.layers.decode:run_layer_skip", sections=("penalties",), groups=(LayerSettings, LensSettings),
+    step_events=(LayerStep, TokenStep)))
 
 
 def strategy_names() -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import ConfigError, ModelSettings, RunSettings, SpeculativeSettings
+from playground.engine.baseline import plain_greedy
 from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
@@ -199,7 +200,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
                                steps=len(generated))
     if spec.baseline_tokens and generated and stop_reason != "stopped":
-        baseline = plain_tokens_per_s(lm, settings, prompt_ids, min(spec.baseline_tokens, len(generated)))
+        _, baseline = plain_greedy(lm, settings, prompt_ids, min(spec.baseline_tokens, len(generated)))
         figures["baseline_tokens_per_s"] = baseline
         figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
     yield dataclasses.replace(finished, figures=figures)
@@ -253,25 +254,3 @@ def _round_event(index: int, first_step: int, emitted: int, draft: Draft, verdic
         target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,
         target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes,
         prompt_read=prompt_read)
-
-
-def plain_tokens_per_s(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int) -> float:
-    """The same prompt decoded plainly, one target pass per token with the same per-token analysis, for
-    ``tokens`` tokens: the measured speed speculative decoding is compared with."""
-    from playground.engine.forward import prefill, sync_device
-
-    pipeline = build_pipeline(settings, sampling=False)
-    ids = torch.tensor([prompt_ids], device=lm.device)
-    logits, cache = prefill(lm.model, ids)
-    sync_device(lm.device)
-    start = time.perf_counter()
-    for step in range(tokens):
-        if step:
-            logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
-        analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)
-        token = int(analysis.processed_logits.argmax(dim=-1).item())
-        analysis.token_id = token
-        analysis.to_event(step=step, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=lambda t: "")
-        ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
-    sync_device(lm.device)
-    return tokens / (time.perf_counter() - start)

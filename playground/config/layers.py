@@ -1,0 +1,90 @@
+"""Layer-wise decoding settings: the logit lens (any token strategy), early exit, and layer skipping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playground.config.groups import SettingsGroup, register_group
+from playground.config.table import setting
+
+EXIT_METRICS = ("entropy", "max-prob")
+
+
+def parse_layer_set(text: str) -> tuple[int, ...]:
+    """"3,10-12" → (3, 10, 11, 12): 1-based layer numbers, sorted, no repeats. ValueError with the reason."""
+    layers: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"{part!r} is not a layer number or a range such as 10-20")
+        low, high = int(first), int(last) if dash else int(first)
+        if low < 1 or high < low:
+            raise ValueError(f"{part!r}: layers are numbered from 1, and a range goes upwards")
+        layers.update(range(low, high + 1))
+    return tuple(sorted(layers))
+
+
+@register_group
+@dataclass(frozen=True)
+class LensSettings(SettingsGroup):
+    name = "lens"
+    title = "Logit lens"
+
+    lens: bool = setting(False, "logit lens", "record, for every generated token, each layer's next-token "
+                         "distribution (the final norm and LM head applied to that layer's output): entropy, top "
+                         "candidates, agreement with the last layer (early-exit and layer-skip runs always do)")
+    lens_top: int = setting(5, "lens candidates", "top candidates recorded per layer and token", minimum=1,
+                            maximum=20)
+
+    def summary(self) -> str:
+        return f"lens, top {self.lens_top}" if self.lens else "no lens"
+
+
+@register_group
+@dataclass(frozen=True)
+class LayerSettings(SettingsGroup):
+    name = "layers"
+    title = "Early exit and layer skipping"
+
+    exit_metric: str = setting("entropy", "exit metric", "early exit: entropy = exit at the first layer whose "
+                               "distribution has at most the threshold's bits; max-prob = whose top token has at "
+                               "least the threshold's probability", choices=EXIT_METRICS)
+    exit_threshold: float = setting(1.0, "exit threshold", "early exit: bits of entropy (at most) or top-token "
+                                    "probability (at least) that make a layer confident enough to answer",
+                                    minimum=0.0, maximum=64.0, step=0.05)
+    min_exit_layer: int = setting(1, "min exit layer", "early exit: the first layer allowed to answer (1-based; "
+                                  "layers before it always run)", minimum=1, maximum=512)
+    skip_layers: str = setting("", "skip layers", "layer skip: layers never run, 1-based, e.g. 10-20,25 (their keys "
+                               "and values are filled from their input)")
+    skip_threshold: float = setting(0.0, "skip threshold", "layer skip: also skip a layer when the layer before it "
+                                    "changed the residual stream by less than this fraction of its norm "
+                                    "(‖Δh‖ / ‖h‖; 0 = off); never two in a row", minimum=0.0, maximum=1.0,
+                                    step=0.01, decimals=3, off_text="off")
+    compare_full: bool = setting(True, "compare with full model", "early exit / layer skip: after the run, decode "
+                                 "the same prompt with every layer to report agreement and the time saved")
+
+    def summary(self) -> str:
+        parts = []
+        sign = "≤" if self.exit_metric == "entropy" else "≥"
+        parts.append(f"exit at {self.exit_metric} {sign} {self.exit_threshold:g} from layer {self.min_exit_layer}")
+        if self.skip_layers or self.skip_threshold:
+            parts.append(f"skip {self.skip_layers or '—'} / Δ<{self.skip_threshold:g}")
+        return " · ".join(parts)
+
+    def cross_checks(self) -> list[tuple[bool, str]]:
+        try:
+            parse_layer_set(self.skip_layers)
+            layers_ok, why = True, ""
+        except ValueError as error:
+            layers_ok, why = False, str(error)
+        return [
+            (self.exit_metric != "max-prob" or self.exit_threshold <= 1.0,
+             f"exit_threshold is a probability with --exit-metric max-prob: between 0 and 1 (got "
+             f"{self.exit_threshold:g})"),
+            (layers_ok, f"skip_layers: {why}"),
+        ]
+
+    def skip_set(self) -> tuple[int, ...]:
+        return parse_layer_set(self.skip_layers)

@@ -1,0 +1,39 @@
+"""Plain greedy decoding of a prompt, timed: the reference that speculative decoding, early exit and layer
+skipping are compared with (the same per-token analysis as a greedy run, no events)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from playground.config import RunSettings
+from playground.engine.forward import prefill, sync_device
+from playground.engine.processors import build_pipeline
+from playground.engine.step_analysis import analyse_step
+from playground.models.loaded import LoadedModel
+
+
+def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int
+                 ) -> tuple[list[int], float]:
+    """``tokens`` greedy tokens after ``prompt_ids`` with every layer (the settings' penalties apply), one target
+    pass per token with a greedy run's per-token analysis; returns the tokens and the decode speed (tokens/s,
+    prefill excluded)."""
+    pipeline = build_pipeline(settings, sampling=False)
+    ids = torch.tensor([prompt_ids], device=lm.device)
+    chosen: list[int] = []
+    with torch.inference_mode():
+        logits, cache = prefill(lm.model, ids)
+        sync_device(lm.device)
+        start = time.perf_counter()
+        for step in range(tokens):
+            if step:
+                logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
+            analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)
+            token = int(analysis.processed_logits.argmax(dim=-1).item())
+            analysis.token_id = token
+            analysis.to_event(step=step, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=lambda t: "")
+            chosen.append(token)
+            ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
+        sync_device(lm.device)
+    return chosen, tokens / (time.perf_counter() - start)

@@ -1,0 +1,139 @@
+"""Early-exit and layer-skip greedy decoding: each generated token goes through the layers one at a time
+(``LayerLoop``), stopping at the first confident layer or passing layers by, and every token's lens is recorded.
+
+The prompt is read with every layer (all but its last token, in the ordinary prefill); each step then feeds one
+token through the loop. At the end the same prompt is decoded with every layer to report agreement and time saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import torch
+
+from playground.config import ConfigError, LayerSettings, LensSettings, RunSettings
+from playground.engine.baseline import plain_greedy
+from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.layers.lens import layers_started, lens_step
+from playground.engine.layers.loop import KV_FILL, LayerLoop, exit_rule, skip_rule
+from playground.engine.processors import build_pipeline
+from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_events import RunRecorder
+from playground.engine.step_analysis import analyse_step
+from playground.engine.stop_strings import StopStringWatch
+from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.events import Event
+from playground.models.loaded import LoadedModel
+
+StopCheck = Callable[[], bool]
+
+
+def run_early_exit(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+    """Greedy decoding that stops each token at the first layer whose lens is confident enough."""
+    return _prepare(lm, settings, should_stop, "early-exit")
+
+
+def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+    """Greedy decoding that passes some layers by for each token (a fixed set, or after a small residual update)."""
+    return _prepare(lm, settings, should_stop, "layer-skip")
+
+
+def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None, mode: str) -> Iterator[Event]:
+    settings.validate()
+    layers = settings.group(LayerSettings)
+    loop = LayerLoop(lm.model)
+    count = loop.stack.count
+    if mode == "early-exit":
+        if layers.min_exit_layer > count:
+            raise ConfigError(f"min_exit_layer must be between 1 and {count} for this {count}-layer model "
+                              f"(got {layers.min_exit_layer})")
+        rules = {"exit_rule": exit_rule(layers.exit_metric, layers.exit_threshold, layers.min_exit_layer)}
+    else:
+        fixed = layers.skip_set()
+        if fixed and fixed[-1] > count:
+            raise ConfigError(f"skip_layers names layer {fixed[-1]}, but this model has {count} layers (1–{count})")
+        if len(fixed) >= count:
+            raise ConfigError("skip_layers skips every layer: leave at least one to run")
+        if not fixed and layers.skip_threshold <= 0:
+            raise ConfigError("layer-skip needs --skip-layers (e.g. 10-20) or a --skip-threshold above 0")
+        rules = {"skip_rule": skip_rule(fixed, layers.skip_threshold, count)}
+    prompt_ids, prompt_text = encode_prompt(lm, settings)
+    check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
+    record = RunRecorder(lm, settings, should_stop, groups=(LensSettings, LayerSettings))
+    return _decode(lm, settings, mode, loop, rules, prompt_ids, prompt_text, record)
+
+
+def _decode(lm: LoadedModel, settings: RunSettings, mode: str, loop: LayerLoop, rules: dict, prompt_ids: list[int],
+            prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+    lens, layers = settings.group(LensSettings), settings.group(LayerSettings)
+    pipeline = build_pipeline(settings, sampling=False)
+    token_text = TokenTextCache(lm.tokenizer)
+    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
+    stop_watch = StopStringWatch(settings.stop_strings)
+    eos_ids = set(lm.eos_token_ids)
+    forced = settings.forced_token_ids
+    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
+    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
+    count = loop.stack.count
+
+    yield record.started(prompt_ids, prompt_text)
+    yield layers_started(mode, count, lens, layers, KV_FILL)
+    generated: list[int] = []
+    computed = 0
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
+        prefilled = yield from record.prefill(ids, defer=1)  # the loop reads the prompt's last token
+        if prefilled is None:
+            max_steps, stop_reason = 0, "stopped"
+        else:
+            cache = prefilled[1]
+        for step in range(max_steps):
+            if record.should_stop():
+                stop_reason = "stopped"
+                break
+            record.step_started()
+            token_pass = loop.run(int(ids[0, -1]), cache, **rules)
+            analysis = analyse_step(pipeline, ids, token_pass.logits, settings.num_candidates)
+            token_id = forced[step] if step < len(forced) else int(analysis.processed_logits.argmax(dim=-1).item())
+            analysis.token_id = token_id
+            layer_step = lens_step(loop.stack, step, token_pass.outputs, token_pass.updates, lens.lens_top,
+                                   token_text, exit_layer=token_pass.exit_layer, skipped=token_pass.skipped,
+                                   forward_ms=token_pass.forward_ms, logprobs=token_pass.lens_rows)
+            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
+            step_ms = record.step_ended()
+            computed += layer_step.layers_computed
+            text = decoder.push(token_id)
+            generated.append(token_id)
+            yield layer_step
+            yield analysis.to_event(step=step, text=text, forced=step < len(forced), step_ms=step_ms,
+                                    kv_bytes=kv_cache_bytes(cache), token_text=token_text)
+            if token_id in eos_ids:
+                stop_reason = "eos"
+                break
+            if stop_watch.hit(text):
+                stop_reason = "stop_string"
+                break
+
+    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                               steps=len(generated))
+    total = count * len(generated)
+    figures = {"layers_total": float(total), "layers_computed": float(computed),
+               "compute_saved": 1 - computed / total if total else 0.0}
+    if layers.compare_full and generated and stop_reason != "stopped":
+        figures.update(agreement(lm, settings, prompt_ids, generated, finished.tokens_per_s))
+    yield dataclasses.replace(finished, figures=figures)
+
+
+def agreement(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
+              tokens_per_s: float) -> dict[str, float]:
+    """The full model's greedy decode of as many tokens: where the outputs first differ (−1: nowhere), the share
+    of positions that agree, its speed and the time this run saved per token against it."""
+    forced = list(settings.forced_token_ids[: len(generated)])  # a branch: the full model continues it too
+    rest, full_tokens_per_s = plain_greedy(lm, settings, prompt_ids + forced, len(generated) - len(forced))
+    full = forced + rest
+    same = [a == b for a, b in zip(generated, full, strict=True)]
+    first = same.index(False) if False in same else -1
+    return {"identical_fraction": sum(same) / len(same), "first_divergence": float(first),
+            "full_tokens_per_s": full_tokens_per_s,
+            "time_saved": 1 - full_tokens_per_s / tokens_per_s if tokens_per_s > 0 else 0.0}

@@ -1,0 +1,169 @@
+"""The logit lens: every layer's next-token distribution, from the final norm and LM head applied to that layer's
+output (nostalgebraist 2020), all layers of a step in one batched matrix product.
+
+``LayerStack`` is the seam to the model's internals (decoder layers, final norm, LM head); ``lens_step`` turns the
+hidden states of the layers that ran into a ``LayerStep`` event.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from playground.config import ConfigError, LayerSettings, LensSettings
+from playground.events.layers import LayersStarted, LayerStep, LensCandidate
+
+LN2 = math.log(2)
+
+
+@dataclass
+class LayerStack:
+    """The parts of a decoder-only model the lens and the layer loop need (Llama-like: model.model.layers, .norm,
+    .embed_tokens, .rotary_emb and lm_head)."""
+
+    model: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
+    lm_head: nn.Module
+
+    @classmethod
+    def of(cls, model: nn.Module) -> LayerStack:
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
+            raise ConfigError(f"the logit lens needs a decoder-only model with model.layers, model.norm and lm_head "
+                              f"({type(model).__name__} has another shape)")
+        return cls(model, layers, inner.norm, model.lm_head)
+
+    @property
+    def count(self) -> int:
+        return len(self.layers)
+
+    def lens_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] layer outputs (before the final norm) → [n, vocab] logits, one matrix product."""
+        return self.lm_head(self.norm(hidden)).float()
+
+
+class LayerOutputs:
+    """Forward hooks that keep each decoder layer's input and output at the last position while active (the
+    model's own forward runs unchanged)."""
+
+    def __init__(self, stack: LayerStack) -> None:
+        self.stack = stack
+        self.inputs: list[torch.Tensor | None] = [None] * stack.count  # [hidden] each
+        self.outputs: list[torch.Tensor | None] = [None] * stack.count
+        self._handles: list = []
+
+    def __enter__(self) -> LayerOutputs:
+        for i, layer in enumerate(self.stack.layers):
+            self._handles.append(layer.register_forward_hook(self._hook(i)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, index: int) -> Callable:
+        def keep(_module: nn.Module, args: tuple, output: object) -> None:
+            hidden_in = args[0] if args else None
+            hidden_out = output[0] if isinstance(output, tuple) else output
+            self.inputs[index] = hidden_in[0, -1] if isinstance(hidden_in, torch.Tensor) else None
+            self.outputs[index] = hidden_out[0, -1]
+
+        return keep
+
+
+def relative_update(hidden_in: torch.Tensor, hidden_out: torch.Tensor) -> float:
+    """‖h_out − h_in‖ / ‖h_in‖: how much a layer changed the residual stream at this position."""
+    base = float(hidden_in.float().norm())
+    return float((hidden_out.float() - hidden_in.float()).norm()) / base if base > 0 else 0.0
+
+
+def lens_logprobs(stack: LayerStack, hidden: torch.Tensor) -> torch.Tensor:
+    """[n, hidden] layer outputs → [n, vocab] log-probabilities of their lens distributions."""
+    return stack.lens_logits(hidden).log_softmax(dim=-1)
+
+
+def entropy_bits(logprobs: torch.Tensor) -> torch.Tensor:
+    """[n, vocab] log-probabilities → [n] entropies in bits."""
+    return -(logprobs.exp() * logprobs).nan_to_num(0.0).sum(dim=-1) / LN2
+
+
+def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | None],
+              updates: Sequence[float | None], top: int, token_text: Callable[[int], str], *,
+              exit_layer: int | None = None, skipped: tuple[int, ...] = (), forward_ms: float = 0.0,
+              logprobs: torch.Tensor | None = None) -> LayerStep:
+    """The ``LayerStep`` of one token from each layer's output at its position (None: the layer did not run).
+
+    ``logprobs`` [ran, vocab]: the lens rows of the layers that ran, when the caller already has them (early
+    exit computes them layer by layer); otherwise one batched product here. The answering layer is the exit layer,
+    or the last layer that ran."""
+    start = time.perf_counter()
+    ran = [i for i, h in enumerate(outputs) if h is not None]
+    if logprobs is None:
+        logprobs = lens_logprobs(stack, torch.stack([outputs[i] for i in ran]))  # [ran, vocab]
+    entropy = entropy_bits(logprobs).tolist()
+    top_lp, top_ids = logprobs.topk(top, dim=-1)  # [ran, top]
+    top_p, top_ids = top_lp.exp().tolist(), top_ids.tolist()
+    answering = ran.index(exit_layer - 1) if exit_layer is not None else len(ran) - 1
+    final_top = top_ids[answering][0]
+
+    n = stack.count
+    layer_entropy: list[float | None] = [None] * n
+    layer_top_prob: list[float | None] = [None] * n
+    layer_top: list[tuple[LensCandidate, ...]] = [()] * n
+    agrees: list[bool | None] = [None] * n
+    for row, i in enumerate(ran):
+        layer_entropy[i] = entropy[row]
+        layer_top_prob[i] = top_p[row][0]
+        layer_top[i] = tuple(LensCandidate(t, token_text(t), p) for t, p in zip(top_ids[row], top_p[row],
+                                                                                   strict=True))
+        agrees[i] = top_ids[row][0] == final_top
+    lens_ms = (time.perf_counter() - start) * 1000
+    return LayerStep(
+        step=step, layer_entropy=tuple(layer_entropy), layer_top_prob=tuple(layer_top_prob),
+        layer_top=tuple(layer_top), agrees_with_final=tuple(agrees), residual_update=tuple(updates),
+        exit_layer=exit_layer, skipped=skipped, layers_computed=len(ran), layers_total=n, lens_ms=lens_ms,
+        forward_ms=forward_ms)
+
+
+class LensRecorder:
+    """The lens on a plain decoding run (greedy, sampling): the model's own forward pass, with hooks that keep each
+    layer's output at the newest position."""
+
+    def __init__(self, model: nn.Module, top: int, token_text: Callable[[int], str]) -> None:
+        self.stack = LayerStack.of(model)
+        self.top = top
+        self.token_text = token_text
+        self._captured: LayerOutputs | None = None
+        self._forward_ms = 0.0
+
+    def forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:
+        """One decoding forward pass over ``input_ids`` [1, n], recording the layers: last logits [1, vocab]."""
+        start = time.perf_counter()
+        with LayerOutputs(self.stack) as captured:
+            logits = self.stack.model(input_ids=input_ids, cache=cache, use_cache=True).logits[:, -1, :]
+        self._captured = captured
+        self._forward_ms = (time.perf_counter() - start) * 1000
+        return logits
+
+    def step_event(self, step: int) -> LayerStep:
+        captured = self._captured
+        assert captured is not None, "forward() first"
+        updates = [relative_update(h_in, h_out) if h_in is not None and h_out is not None else None
+                   for h_in, h_out in zip(captured.inputs, captured.outputs, strict=True)]
+        return lens_step(self.stack, step, captured.outputs, updates, self.top, self.token_text,
+                         forward_ms=self._forward_ms)
+
+
+def layers_started(mode: str, count: int, lens: LensSettings, layers: LayerSettings, kv_fill: str) -> LayersStarted:
+    return LayersStarted(
+        mode=mode, layers=count, lens_top=lens.lens_top, exit_metric=layers.exit_metric,
+        exit_threshold=layers.exit_threshold, min_exit_layer=layers.min_exit_layer, skip_layers=layers.skip_set(),
+        skip_threshold=layers.skip_threshold, kv_fill=kv_fill)
