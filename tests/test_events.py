@@ -66,6 +66,7 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events):
         (long_lm, RunSettings(strategy="greedy", chat=False, prompt="The capital of France is Paris. " * 27,
                               max_new_tokens=2)),
         (tiny_lm, RunSettings.from_flat(strategy="speculative", draft="jacobi", max_new_tokens=6, baseline_tokens=2)),
+        (tiny_lm, RunSettings.from_flat(strategy="early-exit", max_new_tokens=3, exit_threshold=8.0)),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
     return events + banned_beam_events

@@ -58,7 +58,7 @@ class LayerSettings(SettingsGroup):
                                   "layers before it always run)", minimum=1, maximum=512)
     skip_layers: str = setting("", "skip layers", "layer skip: layers never run, 1-based, e.g. 10-20,25 (their keys "
                                "and values are filled from their input)")
-    skip_threshold: float = setting(0.0, "skip threshold", "layer skip: also skip a layer when the layer before it "
+    skip_threshold: float = setting(0.1, "skip threshold", "layer skip: also skip a layer when the layer before it "
                                     "changed the residual stream by less than this fraction of its norm "
                                     "(‖Δh‖ / ‖h‖; 0 = off); never two in a row", minimum=0.0, maximum=1.0,
                                     step=0.01, decimals=3, off_text="off")

@@ -1,0 +1,333 @@
+"""The logit lens, early exit and layer skipping, against independent references: a full forward pass with
+``output_hidden_states`` (the lens computed by hand), ``model.generate`` (greedy output), and the model's own
+key/value projections (the filled cache entries)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from playground.config import ConfigError, RunSettings
+from playground.engine.kv_cache import kv_bytes_per_token
+from playground.engine.layers.loop import LayerLoop
+from playground.engine.prompt import encode_prompt
+from playground.engine.strategies import run_strategy
+from playground.events import RunFinished, TokenStep, dumps_event, event_from_dict
+from playground.events.layers import LayersStarted, LayerStep
+
+LAYERS = 6
+PROMPT = "the cat sat on the mat"
+
+
+@pytest.fixture(scope="module")
+def deep_lm():
+    from playground.tiny_models import build_tiny_lm
+
+    return build_tiny_lm(seed=5, layers=LAYERS)
+
+
+def run(lm, **settings) -> list:
+    settings.setdefault("prompt", PROMPT)
+    settings.setdefault("chat", False)
+    return list(run_strategy(lm, RunSettings.from_flat(**settings)))
+
+
+def of_type(events: list, cls: type) -> list:
+    return [e for e in events if isinstance(e, cls)]
+
+
+def prompt_ids(lm, **settings) -> list[int]:
+    return encode_prompt(lm, RunSettings.from_flat(prompt=PROMPT, chat=False, **settings))[0]
+
+
+def generate(lm, ids: list[int], n: int, **kwargs) -> list[int]:
+    tensor = torch.tensor([ids])
+    out = lm.model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False, max_new_tokens=n,
+                            min_new_tokens=n, pad_token_id=lm.tokenizer.pad_token_id, **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def reference_lens(model, ids: list[int]) -> torch.Tensor:
+    """[layers, vocab] log-probs of every layer's lens at the last position, from one full forward pass without a
+    cache: the final norm and LM head on each layer's hidden state, the model's own logits for the last layer
+    (transformers hands the last hidden state back already normalised)."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        rows = [model.lm_head(model.model.norm(h[0, -1])) for h in out.hidden_states[1:-1]]
+        rows.append(out.logits[0, -1])
+    return torch.stack(rows).float().log_softmax(dim=-1)
+
+
+def bits(logprobs: torch.Tensor) -> list[float]:
+    return (-(logprobs.exp() * logprobs).sum(dim=-1) / torch.log(torch.tensor(2.0))).tolist()
+
+
+# ------------------------------------------------------------------------------------------------ the lens
+
+
+def test_the_lens_of_every_layer_equals_a_full_forward_by_hand(deep_lm):
+    events = run(deep_lm, lens=True, lens_top=3, max_new_tokens=6)
+    start = of_type(events, LayersStarted)
+    assert len(start) == 1 and start[0].mode == "lens" and start[0].layers == LAYERS
+    steps = of_type(events, LayerStep)
+    tokens = of_type(events, TokenStep)
+    assert [s.step for s in steps] == [t.step for t in tokens] == list(range(6))
+    # Every LayerStep comes right before the token event of its step.
+    for i, event in enumerate(events):
+        if isinstance(event, LayerStep):
+            assert isinstance(events[i + 1], TokenStep) and events[i + 1].step == event.step
+    context = prompt_ids(deep_lm)
+    for step, token in zip(steps, tokens, strict=True):
+        expected = reference_lens(deep_lm.model, context)  # [layers, vocab]
+        assert step.layer_entropy == pytest.approx(bits(expected), abs=1e-4)
+        top_p, top_ids = expected.exp().topk(3, dim=-1)
+        assert [[c.token_id for c in layer] for layer in step.layer_top] == top_ids.tolist()
+        got = [c.prob for layer in step.layer_top for c in layer]
+        assert got == pytest.approx(top_p.flatten().tolist(), abs=1e-5)
+        assert step.layer_top_prob == pytest.approx(top_p[:, 0].tolist(), abs=1e-5)
+        final = int(top_ids[-1, 0])
+        assert step.agrees_with_final == tuple(int(t) == final for t in top_ids[:, 0])
+        assert (step.exit_layer, step.skipped, step.layers_computed, step.layers_total) == (None, (), LAYERS, LAYERS)
+        context.append(token.token_id)
+
+
+def test_the_lens_at_the_last_layer_is_the_models_own_distribution(deep_lm):
+    events = run(deep_lm, lens=True, max_new_tokens=5)
+    for step, token in zip(of_type(events, LayerStep), of_type(events, TokenStep), strict=True):
+        # The greedy token event's raw entropy and top candidate come from the model's logits.
+        assert step.layer_entropy[-1] == pytest.approx(token.entropy, abs=1e-4)
+        assert step.layer_top[-1][0].token_id == token.token_id == token.candidates[0].token_id
+        assert step.layer_top_prob[-1] == pytest.approx(token.raw_prob, abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample"])
+def test_recording_the_lens_changes_no_token(deep_lm, strategy):
+    options = {"strategy": strategy, "max_new_tokens": 10, "seed": 4, "repetition_penalty": 1.3}
+    with_lens, without = run(deep_lm, lens=True, **options), run(deep_lm, **options)
+    assert with_lens[-1].token_ids == without[-1].token_ids
+    if strategy == "greedy":
+        assert list(with_lens[-1].token_ids) == generate(deep_lm, prompt_ids(deep_lm), 10, repetition_penalty=1.3)
+    assert not of_type(without, LayerStep) and len(of_type(with_lens, LayerStep)) == 10
+
+
+def test_a_lens_trace_carries_layer_entropy_per_layer(model_folder, tmp_path):
+    from playground.cli import main
+
+    out = tmp_path / "lens.jsonl"
+    assert main(["trace", "--model", str(model_folder), "--device", "cpu", "--lens", "--max-new-tokens", "3",
+                 "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    layers = [line for line in lines if line["type"] == "layers"]
+    layer_count = json.loads((model_folder / "config.json").read_text())["num_hidden_layers"]
+    assert len(layers) == 3 and all(len(line["layer_entropy"]) == layer_count for line in layers)
+    assert all(isinstance(v, float) for line in layers for v in line["layer_entropy"])
+    for line in lines:
+        assert event_from_dict(line) is not None
+
+
+# ------------------------------------------------------------------------------------------------ early exit
+
+
+@pytest.mark.parametrize("penalties", [{}, {"repetition_penalty": 1.5, "no_repeat_ngram_size": 2}])
+@pytest.mark.parametrize("exit_settings", [
+    {"exit_threshold": 0.0},  # no distribution has zero entropy: never exits
+    {"exit_metric": "max-prob", "exit_threshold": 1.0},  # no top token has probability 1
+    {"exit_threshold": 64.0, "min_exit_layer": LAYERS},  # every layer passes, but only the last may answer
+], ids=["unreachable", "unreachable-max-prob", "forced-at-last"])
+def test_early_exit_that_never_exits_is_plain_greedy(deep_lm, exit_settings, penalties):
+    events = run(deep_lm, strategy="early-exit", max_new_tokens=12, **exit_settings, **penalties)
+    steps = of_type(events, LayerStep)
+    assert all(s.exit_layer is None and s.layers_computed == LAYERS for s in steps)
+    assert list(events[-1].token_ids) == generate(deep_lm, prompt_ids(deep_lm), 12, **penalties)
+    figures = events[-1].figures
+    assert figures["compute_saved"] == 0.0
+    assert figures["identical_fraction"] == 1.0 and figures["first_divergence"] == -1.0
+
+
+def first_token_lens(lm) -> torch.Tensor:
+    return reference_lens(lm.model, prompt_ids(lm))
+
+
+@pytest.mark.parametrize("metric", ["entropy", "max-prob"])
+def test_the_exit_layer_is_the_first_that_passes_the_threshold(deep_lm, metric):
+    lens = first_token_lens(deep_lm)  # [layers, vocab]
+    score = bits(lens) if metric == "entropy" else lens.exp().max(dim=-1).values.tolist()
+    passes = (lambda v, t: v <= t) if metric == "entropy" else (lambda v, t: v >= t)
+    checked = []
+    for min_layer in range(1, LAYERS):
+        for layer in range(min_layer + 1, LAYERS):  # 1-based; an exit at the last layer is no exit
+            # A threshold this layer passes and no layer from min_layer on before it does: halfway to the nearest.
+            target, earlier = score[layer - 1], score[min_layer - 1 : layer - 1]
+            if any(passes(v, target) for v in earlier):
+                continue
+            nearest = min(earlier, key=lambda v: abs(v - target))
+            threshold = target + (nearest - target) / 2
+            events = run(deep_lm, strategy="early-exit", exit_metric=metric, exit_threshold=threshold,
+                         min_exit_layer=min_layer, max_new_tokens=1, compare_full=False)
+            (step,) = of_type(events, LayerStep)
+            assert step.exit_layer == layer, (score, min_layer, threshold)
+            assert step.layers_computed == layer
+            assert step.layer_entropy[layer:] == (None,) * (LAYERS - layer)
+            # The token is the exit layer's own top token, and its lens matches the hand-computed one.
+            assert events[-1].token_ids == (int(lens[layer - 1].argmax()),)
+            assert step.layer_entropy[:layer] == pytest.approx(bits(lens)[:layer], abs=1e-4)
+            checked.append((min_layer, layer))
+    assert checked, f"the model's layers give no exit past a failing layer to test: {score}"
+
+
+@pytest.mark.parametrize("min_layer", [1, 2, 3])
+def test_min_exit_layer_holds_the_exit_back(deep_lm, min_layer):
+    events = run(deep_lm, strategy="early-exit", exit_threshold=64.0, min_exit_layer=min_layer, max_new_tokens=4,
+                 compare_full=False)
+    assert [s.exit_layer for s in of_type(events, LayerStep)] == [min_layer] * 4
+    assert events[-1].figures["compute_saved"] == pytest.approx(1 - min_layer / LAYERS)
+
+
+def test_filled_keys_and_values_are_the_projections_of_the_exit_state(deep_lm):
+    model = deep_lm.model
+    ids = prompt_ids(deep_lm)
+    n = len(ids)
+    loop = LayerLoop(model)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True)
+        token_pass = loop.run(ids[-1], cache, exit_rule=lambda index, _row: index == 0)  # exit after layer 1
+        assert token_pass.exit_layer == 1 and token_pass.filled == list(range(1, LAYERS))
+
+        full = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=True)
+        exit_state = full.hidden_states[1][:, -1:]  # layer 1's output at the last prompt position [1, 1, hidden]
+        cos, sin = model.model.rotary_emb(exit_state, position_ids=torch.tensor([[n - 1]]))
+        for j in range(LAYERS):
+            keys, values = cache.layers[j].keys, cache.layers[j].values
+            assert keys.shape == values.shape == (1, model.config.num_key_value_heads, n, model.config.hidden_size // model.config.num_attention_heads)
+            # Earlier positions: exactly what the full model cached.
+            torch.testing.assert_close(keys[:, :, : n - 1], full.cache.layers[j].keys[:, :, : n - 1])
+            torch.testing.assert_close(values[:, :, : n - 1], full.cache.layers[j].values[:, :, : n - 1])
+            if j == 0:  # layer 1 ran: its entry is the full model's
+                torch.testing.assert_close(keys[:, :, -1], full.cache.layers[0].keys[:, :, -1])
+                continue
+            layer = model.model.layers[j]
+            x = layer.input_layernorm(exit_state)
+            k = layer.self_attn.k_proj(x).view(1, 1, -1, layer.self_attn.head_dim).transpose(1, 2)
+            v = layer.self_attn.v_proj(x).view(1, 1, -1, layer.self_attn.head_dim).transpose(1, 2)
+            _, k = apply_rotary_pos_emb(k, k, cos, sin)
+            torch.testing.assert_close(keys[:, :, -1:], k)
+            torch.testing.assert_close(values[:, :, -1:], v)
+        # The answer is layer 1's lens.
+        expected = model.lm_head(model.model.norm(exit_state[0]))
+        torch.testing.assert_close(token_pass.logits, expected.float())
+
+
+def test_generation_continues_after_exits_with_a_whole_cache(deep_lm):
+    lens = first_token_lens(deep_lm)
+    threshold = sorted(bits(lens))[1]  # some tokens exit early, not all at the first layer
+    events = run(deep_lm, strategy="early-exit", exit_threshold=threshold, max_new_tokens=20)
+    steps, tokens = of_type(events, LayerStep), of_type(events, TokenStep)
+    assert len(tokens) == 20 and events[-1].stop_reason == "max_new_tokens"
+    exits = {s.exit_layer for s in steps}
+    assert len(exits) >= 2, f"precondition: a mix of exits, got {exits}"
+    per_token = kv_bytes_per_token(deep_lm.model.config, torch.float32)
+    n = len(prompt_ids(deep_lm))
+    # Every layer holds every position after each step (filled or computed): the cache is never short.
+    assert [t.kv_cache_bytes for t in tokens] == [(n + i) * per_token for i in range(20)]
+    computed = sum(s.layers_computed for s in steps)
+    figures = events[-1].figures
+    assert figures["compute_saved"] == pytest.approx(1 - computed / (20 * LAYERS))
+    assert figures["layers_computed"] == computed and figures["layers_total"] == 20 * LAYERS
+    full = generate(deep_lm, prompt_ids(deep_lm), 20)
+    same = [a == b for a, b in zip(events[-1].token_ids, full, strict=True)]
+    assert figures["identical_fraction"] == sum(same) / 20
+    assert figures["first_divergence"] == (same.index(False) if False in same else -1)
+    assert figures["full_tokens_per_s"] > 0
+
+
+# ------------------------------------------------------------------------------------------------ layer skip
+
+
+def test_a_fixed_skip_set_is_skipped_for_every_token(deep_lm):
+    events = run(deep_lm, strategy="layer-skip", skip_layers="2-3", skip_threshold=0.0, max_new_tokens=8)
+    steps = of_type(events, LayerStep)
+    assert [s.skipped for s in steps] == [(2, 3)] * 8
+    assert all(s.layers_computed == LAYERS - 2 for s in steps)
+    assert all(s.layer_entropy[1] is None and s.layer_entropy[2] is None for s in steps)
+    assert all(s.layer_entropy[0] is not None and s.layer_entropy[3] is not None for s in steps)
+    assert events[-1].figures["compute_saved"] == pytest.approx(2 / LAYERS)
+
+
+def test_skipping_a_layer_feeds_its_input_to_the_next(deep_lm):
+    """With layer 2 skipped, the first token's answer is layers 1, 3, 4 applied in a row to the last prompt
+    position (the prompt itself read with every layer), computed here with the model's own layers."""
+    model = deep_lm.model
+    ids = prompt_ids(deep_lm)
+    events = run(deep_lm, strategy="layer-skip", skip_layers="2", skip_threshold=0.0, max_new_tokens=1,
+                 compare_full=False)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True)
+        h = model.model.embed_tokens(torch.tensor([[ids[-1]]]))
+        position = torch.tensor([[len(ids) - 1]])
+        rope = model.model.rotary_emb(h, position_ids=position)
+        for j, layer in enumerate(model.model.layers):
+            if j == 1:
+                continue  # its cache entry is not read by this token (only later ones attend to it)
+            h = layer(h, position_ids=position, cache=cache, use_cache=True, position_embeddings=rope)
+        expected = int(model.lm_head(model.model.norm(h))[0, -1].argmax())
+    assert events[-1].token_ids == (expected,)
+
+
+def test_the_dynamic_rule_skips_after_a_small_update(deep_lm):
+    events = run(deep_lm, strategy="layer-skip", skip_threshold=1.0, max_new_tokens=10, compare_full=False)
+    for step in of_type(events, LayerStep):
+        last_update, previous_skipped = None, False
+        for index in range(LAYERS):
+            skipped = index + 1 in step.skipped
+            should = (0 < index < LAYERS - 1 and not previous_skipped and last_update is not None
+                      and last_update < 1.0)
+            assert skipped == should, step
+            if not skipped:
+                last_update = step.residual_update[index]
+            previous_skipped = skipped
+    assert any(of_type(events, LayerStep)[i].skipped for i in range(10)), "precondition: the rule skipped some"
+
+
+def test_a_threshold_no_update_falls_below_is_plain_greedy(deep_lm):
+    events = run(deep_lm, strategy="layer-skip", skip_threshold=1e-6, max_new_tokens=10)
+    assert all(s.skipped == () for s in of_type(events, LayerStep))
+    assert list(events[-1].token_ids) == generate(deep_lm, prompt_ids(deep_lm), 10)
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"strategy": "early-exit", "min_exit_layer": LAYERS + 1},
+     f"min_exit_layer must be between 1 and {LAYERS} for this {LAYERS}-layer model (got {LAYERS + 1})"),
+    ({"strategy": "layer-skip", "skip_layers": "2,9"},
+     f"skip_layers names layer 9, but this model has {LAYERS} layers (1–{LAYERS})"),
+    ({"strategy": "layer-skip", "skip_layers": f"1-{LAYERS}"}, "skip_layers skips every layer: leave at least one "
+                                                               "to run"),
+    ({"strategy": "layer-skip", "skip_threshold": 0.0}, "layer-skip needs --skip-layers (e.g. 10-20) or a --skip-threshold above 0"),
+    ({"strategy": "early-exit", "exit_metric": "max-prob", "exit_threshold": 2.0},
+     "exit_threshold is a probability with --exit-metric max-prob: between 0 and 1 (got 2)"),
+    ({"strategy": "layer-skip", "skip_layers": "3-1"}, "skip_layers: '3-1': layers are numbered from 1, and a range "
+                                                       "goes upwards"),
+    ({"strategy": "layer-skip", "skip_layers": "two"}, "skip_layers: 'two' is not a layer number or a range such as "
+                                                       "10-20"),
+])
+def test_impossible_layer_settings_are_refused_before_the_run(deep_lm, settings, message):
+    with pytest.raises(ConfigError) as error:
+        run_strategy(deep_lm, RunSettings.from_flat(prompt=PROMPT, **settings))
+    assert str(error.value) == message
+
+
+def test_layer_events_round_trip_through_json(deep_lm):
+    events = run(deep_lm, strategy="early-exit", exit_threshold=sorted(bits(first_token_lens(deep_lm)))[1],
+                 max_new_tokens=5)
+    assert isinstance(events[1], LayersStarted) and events[1].mode == "early-exit"
+    assert isinstance(events[-1], RunFinished)
+    for event in events:
+        assert event_from_dict(json.loads(dumps_event(event))) == event
