@@ -114,6 +114,30 @@ def test_recording_the_lens_changes_no_token(deep_lm, strategy):
     assert not of_type(without, LayerStep) and len(of_type(with_lens, LayerStep)) == 10
 
 
+def test_the_lens_of_a_speculative_run_is_each_emitted_tokens_own(deep_lm):
+    """Several tokens come out of one verification pass: each one's lens is that of its own position."""
+    events = run(deep_lm, strategy="speculative", draft="prompt-lookup", prompt=PROMPT + " the cat sat on",
+                 lens=True, lens_top=2, max_new_tokens=16, baseline_tokens=0)
+    rounds = [e for e in events if type(e).__name__ == "SpeculativeRound"]
+    assert any(r.accepted > 0 for r in rounds), "precondition: a round that emitted several tokens"
+    steps, tokens = of_type(events, LayerStep), of_type(events, TokenStep)
+    assert [s.step for s in steps] == [t.step for t in tokens] == list(range(16))
+    context = encode_prompt(deep_lm, RunSettings.from_flat(prompt=PROMPT + " the cat sat on", chat=False))[0]
+    for step, token in zip(steps, tokens, strict=True):
+        expected = reference_lens(deep_lm.model, context)
+        assert step.layer_entropy == pytest.approx(bits(expected), abs=1e-4)
+        assert [layer[0].token_id for layer in step.layer_top] == expected.argmax(dim=-1).tolist()
+        context.append(token.token_id)
+
+
+def test_beam_search_refuses_the_lens_naming_who_records_it(deep_lm):
+    with pytest.raises(ConfigError) as error:
+        run_strategy(deep_lm, RunSettings.from_flat(strategy="beam", lens=True))
+    assert str(error.value) == ("--lens records each generated token's layers: beam does not record them (it keeps "
+                                "several hypotheses per step); use greedy, sample, speculative, early-exit, "
+                                "layer-skip")
+
+
 def test_a_lens_trace_carries_layer_entropy_per_layer(model_folder, tmp_path):
     from playground.cli import main
 

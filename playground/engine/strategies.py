@@ -71,7 +71,7 @@ register_strategy(Strategy(
 register_strategy(Strategy(
     "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
     "playground.engine.speculative.decode:run_speculative", sections=("sampling", "penalties"),
-    groups=(SpeculativeSettings,), step_events=(SpeculativeRound, TokenStep)))
+    groups=(SpeculativeSettings, LensSettings), step_events=(SpeculativeRound, TokenStep)))
 
 
 register_strategy(Strategy(
@@ -103,4 +103,8 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
     """
     strategy = get_strategy(settings.strategy)
     settings.validate()
+    if settings.group(LensSettings).lens and LensSettings not in strategy.groups:
+        readers = ", ".join(s.name for s in STRATEGIES.values() if LensSettings in s.groups)
+        raise ConfigError(f"--lens records each generated token's layers: {strategy.name} does not record them "
+                          f"(it keeps several hypotheses per step); use {readers}")
     return strategy.load_runner()(lm, settings, should_stop)

@@ -50,12 +50,13 @@ class LayerStack:
 
 
 class LayerOutputs:
-    """Forward hooks that keep each decoder layer's input and output at the last position while active (the
-    model's own forward runs unchanged)."""
+    """Forward hooks that keep each decoder layer's input and output at the last ``rows`` positions while active
+    (the model's own forward runs unchanged)."""
 
-    def __init__(self, stack: LayerStack) -> None:
+    def __init__(self, stack: LayerStack, rows: int = 1) -> None:
         self.stack = stack
-        self.inputs: list[torch.Tensor | None] = [None] * stack.count  # [hidden] each
+        self.rows = rows
+        self.inputs: list[torch.Tensor | None] = [None] * stack.count  # [rows, hidden] each
         self.outputs: list[torch.Tensor | None] = [None] * stack.count
         self._handles: list = []
 
@@ -73,10 +74,18 @@ class LayerOutputs:
         def keep(_module: nn.Module, args: tuple, output: object) -> None:
             hidden_in = args[0] if args else None
             hidden_out = output[0] if isinstance(output, tuple) else output
-            self.inputs[index] = hidden_in[0, -1] if isinstance(hidden_in, torch.Tensor) else None
-            self.outputs[index] = hidden_out[0, -1]
+            self.inputs[index] = hidden_in[0, -self.rows :] if isinstance(hidden_in, torch.Tensor) else None
+            self.outputs[index] = hidden_out[0, -self.rows :]
 
         return keep
+
+    def step_event(self, row: int, step: int, top: int, token_text: Callable[[int], str],
+                   forward_ms: float = 0.0) -> LayerStep:
+        """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions."""
+        outputs = [h[row] if h is not None else None for h in self.outputs]
+        updates = [relative_update(h_in[row], h_out[row]) if h_in is not None and h_out is not None else None
+                   for h_in, h_out in zip(self.inputs, self.outputs, strict=True)]
+        return lens_step(self.stack, step, outputs, updates, top, token_text, forward_ms=forward_ms)
 
 
 def relative_update(hidden_in: torch.Tensor, hidden_out: torch.Tensor) -> float:
@@ -154,12 +163,8 @@ class LensRecorder:
         return logits
 
     def step_event(self, step: int) -> LayerStep:
-        captured = self._captured
-        assert captured is not None, "forward() first"
-        updates = [relative_update(h_in, h_out) if h_in is not None and h_out is not None else None
-                   for h_in, h_out in zip(captured.inputs, captured.outputs, strict=True)]
-        return lens_step(self.stack, step, captured.outputs, updates, self.top, self.token_text,
-                         forward_ms=self._forward_ms)
+        assert self._captured is not None, "forward() first"
+        return self._captured.step_event(0, step, self.top, self.token_text, self._forward_ms)
 
 
 def layers_started(mode: str, count: int, lens: LensSettings, layers: LayerSettings, kv_fill: str) -> LayersStarted:

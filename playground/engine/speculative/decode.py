@@ -12,13 +12,22 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 
 import torch
 
-from playground.config import ConfigError, ModelSettings, RunSettings, SpeculativeSettings
+from playground.config import (
+    ConfigError,
+    LayerSettings,
+    LensSettings,
+    ModelSettings,
+    RunSettings,
+    SpeculativeSettings,
+)
 from playground.engine.baseline import plain_greedy
 from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.layers.lens import LayerOutputs, LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
@@ -56,7 +65,9 @@ def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     pipeline = build_pipeline(settings, sampling=spec.do_sample)
     drafter = make_drafter(lm, spec, pipeline, generator)
     record = RunRecorder(lm, settings, should_stop, groups=(SpeculativeSettings,))
-    return _decode(lm, settings, spec, drafter, pipeline, generator, prompt_ids, prompt_text, record)
+    lens_settings = settings.group(LensSettings)
+    lens = LensRecorder(lm.model, lens_settings.lens_top, TokenTextCache(lm.tokenizer)) if lens_settings.lens else None
+    return _decode(lm, settings, spec, drafter, pipeline, generator, prompt_ids, prompt_text, record, lens)
 
 
 def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[NamedTransform, ...],
@@ -95,7 +106,7 @@ def load_draft_model(lm: LoadedModel, path: str) -> LoadedModel:
 
 def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, drafter: Drafter,
             pipeline: tuple[NamedTransform, ...], generator: torch.Generator, prompt_ids: list[int],
-            prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+            prompt_text: str, record: RunRecorder, lens: LensRecorder | None) -> Iterator[Event]:
     token_text = TokenTextCache(lm.tokenizer)
     decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
     stop_watch = StopStringWatch(settings.stop_strings)
@@ -107,6 +118,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     yield record.started(prompt_ids, prompt_text)
     yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
                              do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens)
+    if lens is not None:
+        yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
     ids = list(prompt_ids)  # prompt + emitted tokens
     generated: list[int] = []
     rounds = drafted_total = accepted_total = target_calls = 0
@@ -138,7 +151,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             start = time.perf_counter()
             context = torch.tensor([ids + draft.tokens], device=lm.device)  # [1, len(ids) + n]
             prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
-            raw, processed = _score(lm, cache, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
+            captured = LayerOutputs(lens.stack, len(draft.tokens) + 1) if lens is not None else nullcontext()
+            with captured:  # the lens: every layer's output at the verified positions
+                raw, processed = _score(lm, cache, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
             target_calls += 1
             verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
             # The target's token after the kept prefix comes in the round only when there is room for it.
@@ -153,7 +168,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
 
             first_step, read = len(generated), len(ids)
             kv_bytes = kv_cache_bytes(cache)
-            steps, ended = [], None
+            steps, lens_steps, ended = [], [], None
             for j, token in enumerate(emitted):
                 # Token j follows ids + draft[:j] (every emitted token but the last is an accepted draft).
                 analysis = analyse_step(pipeline, context[:, : read + j], raw[j : j + 1], settings.num_candidates)
@@ -161,6 +176,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 text = decoder.push(token)
                 ids.append(token)
                 generated.append(token)
+                if lens is not None:
+                    lens_steps.append(captured.step_event(j, len(generated) - 1, lens.top, token_text))
                 steps.append(analysis.to_event(
                     step=len(generated) - 1, text=text, forced=forcing and j < len(draft.tokens),
                     step_ms=0.0, kv_bytes=kv_bytes, token_text=token_text))
@@ -184,7 +201,10 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                                    "none" if cut or not with_target else
                                    ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
                                    draft_ms, verify_ms, kv_bytes, prompt_read)
-            yield from steps
+            for j, step in enumerate(steps):
+                if lens_steps:
+                    yield lens_steps[j]
+                yield step
             if ended:
                 stop_reason = ended
                 break
