@@ -227,7 +227,8 @@ def test_filled_keys_and_values_are_the_projections_of_the_exit_state(deep_lm):
         cos, sin = model.model.rotary_emb(exit_state, position_ids=torch.tensor([[n - 1]]))
         for j in range(LAYERS):
             keys, values = cache.layers[j].keys, cache.layers[j].values
-            assert keys.shape == values.shape == (1, model.config.num_key_value_heads, n, model.config.hidden_size // model.config.num_attention_heads)
+            head_dim = model.config.hidden_size // model.config.num_attention_heads
+            assert keys.shape == values.shape == (1, model.config.num_key_value_heads, n, head_dim)
             # Earlier positions: exactly what the full model cached.
             torch.testing.assert_close(keys[:, :, : n - 1], full.cache.layers[j].keys[:, :, : n - 1])
             torch.testing.assert_close(values[:, :, : n - 1], full.cache.layers[j].values[:, :, : n - 1])
@@ -334,7 +335,8 @@ def test_a_threshold_no_update_falls_below_is_plain_greedy(deep_lm):
      f"skip_layers names layer 9, but this model has {LAYERS} layers (1–{LAYERS})"),
     ({"strategy": "layer-skip", "skip_layers": f"1-{LAYERS}"}, "skip_layers skips every layer: leave at least one "
                                                                "to run"),
-    ({"strategy": "layer-skip", "skip_threshold": 0.0}, "layer-skip needs --skip-layers (e.g. 10-20) or a --skip-threshold above 0"),
+    ({"strategy": "layer-skip", "skip_threshold": 0.0},
+     "layer-skip needs --skip-layers (e.g. 10-20) or a --skip-threshold above 0"),
     ({"strategy": "early-exit", "exit_metric": "max-prob", "exit_threshold": 2.0},
      "exit_threshold is a probability with --exit-metric max-prob: between 0 and 1 (got 2)"),
     ({"strategy": "layer-skip", "skip_layers": "3-1"}, "skip_layers: '3-1': layers are numbered from 1, and a range "

@@ -58,6 +58,9 @@ class Run:
     prefill: PrefillDone | None = None
     steps: list[TokenStep] = field(default_factory=list)  # greedy/sampling tokens (what the tokens view shows)
     step_events: list[Event] = field(default_factory=list)  # every per-step event, whatever the strategy
+    # The per-step events that each produce the run's unit (a token, a beam step), not those that describe one
+    # (a lens step): what counts and speeds are made of.
+    unit_steps: list[Event] = field(default_factory=list)
     finished: RunFinished | None = None
     error: str | None = None
     source: str | None = None  # the saved trace it was opened from (None: decoded in this window)
@@ -72,6 +75,8 @@ class Run:
             self.finished = event
         elif hasattr(event, "step"):
             self.step_events.append(event)
+            if hasattr(type(event), "unit"):
+                self.unit_steps.append(event)
             if isinstance(event, TokenStep):
                 self.steps.append(event)
 
@@ -102,8 +107,8 @@ class Run:
     @property
     def step_unit(self) -> str:
         """What one step produces: "token", or "step" where a step grows several sequences (beam search)."""
-        if self.step_events:
-            return getattr(type(self.step_events[-1]), "unit", "step")
+        if self.unit_steps:
+            return type(self.unit_steps[-1]).unit
         strategy = STRATEGIES.get(self.settings.strategy)
         if strategy is not None and strategy.step_events:
             return getattr(strategy.step_events[0], "unit", "step")
@@ -112,13 +117,13 @@ class Run:
     @property
     def kv_cache_bytes(self) -> int | None:
         """The KV cache's measured size after the latest step (or the prefill)."""
-        for event in (self.step_events[-1:] or [self.prefill]):
+        for event in (self.unit_steps[-1:] or [self.prefill]):
             if event is not None and hasattr(event, "kv_cache_bytes"):
                 return event.kv_cache_bytes
         return None
 
     def count_label(self) -> str:
-        return f"{len(self.step_events)} {self.step_unit}s"
+        return f"{len(self.unit_steps)} {self.step_unit}s"
 
     def label(self) -> str:
         """One line for the runs list."""
@@ -131,7 +136,7 @@ class Run:
         return f"{head} · {self.count_label()} · {self.status}"
 
     def decode_ms_per_token(self) -> float | None:
-        timed = [e.step_ms for e in self.step_events if not getattr(e, "forced", False) and hasattr(e, "step_ms")]
+        timed = [e.step_ms for e in self.unit_steps if not getattr(e, "forced", False)]
         return sum(timed) / len(timed) if timed else None
 
     def tokens_per_s(self) -> float | None:

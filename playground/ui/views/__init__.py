@@ -14,6 +14,7 @@ VIEW_MODULES = (
     "playground.ui.views.tokens",
     "playground.ui.views.beam_tree",
     "playground.ui.views.speculative",
+    "playground.ui.views.layers",
 )
 
 _REGISTRY: dict[str, type[View]] = {}
