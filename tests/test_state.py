@@ -146,3 +146,18 @@ def test_settings_summary_names_what_shaped_the_run():
     assert text.startswith("sample") and "T=0.7" in text and "top-k 5" in text and "2 forced" in text
     assert "top-p" not in text and "beams" not in text
     assert "4 beams" in settings_summary(RunSettings(strategy="beam"))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "early-exit"])
+def test_a_lens_step_is_not_counted_as_a_token(tiny_lm, strategy):
+    from playground.state import Run
+
+    settings = RunSettings.from_flat(strategy=strategy, lens=True, max_new_tokens=5, prompt="Hello")
+    run = Run(index=0, settings=settings)
+    for event in run_strategy(tiny_lm, settings):
+        run.apply(event)
+        # Between a lens step and its token, the run still counts tokens, and its KV figure is the last token's.
+        assert run.step_unit == "token"
+        if run.steps:
+            assert run.kv_cache_bytes == run.steps[-1].kv_cache_bytes
+    assert len(run.step_events) == 10 and run.count_label() == "5 tokens"
