@@ -110,9 +110,8 @@ class Run:
         if self.unit_steps:
             return type(self.unit_steps[-1]).unit
         strategy = STRATEGIES.get(self.settings.strategy)
-        if strategy is not None and strategy.step_events:
-            return getattr(strategy.step_events[0], "unit", "step")
-        return "token"
+        units = [kind.unit for kind in (strategy.step_events if strategy else ()) if hasattr(kind, "unit")]
+        return units[0] if units else "token"
 
     @property
     def kv_cache_bytes(self) -> int | None:
