@@ -191,7 +191,7 @@ def test_the_exit_layer_is_the_first_that_passes_the_threshold(deep_lm, metric):
             nearest = min(earlier, key=lambda v: abs(v - target))
             threshold = target + (nearest - target) / 2
             events = run(deep_lm, strategy="early-exit", exit_metric=metric, exit_threshold=threshold,
-                         min_exit_layer=min_layer, max_new_tokens=1, compare_full=False)
+                         min_exit_layer=min_layer, max_new_tokens=1, compare_full=False, lens=True)
             (step,) = of_type(events, LayerStep)
             assert step.exit_layer == layer, (score, min_layer, threshold)
             assert step.layers_computed == layer
@@ -201,6 +201,17 @@ def test_the_exit_layer_is_the_first_that_passes_the_threshold(deep_lm, metric):
             assert step.layer_entropy[:layer] == pytest.approx(bits(lens)[:layer], abs=1e-4)
             checked.append((min_layer, layer))
     assert checked, f"the model's layers give no exit past a failing layer to test: {score}"
+
+
+def test_without_the_lens_early_exit_records_only_the_layers_it_checks(deep_lm):
+    lens = first_token_lens(deep_lm)
+    events = run(deep_lm, strategy="early-exit", exit_threshold=0.0, min_exit_layer=4, max_new_tokens=3,
+                 compare_full=False)  # never exits: layers 4 and 5 are checked, layer 6 answers
+    for step in of_type(events, LayerStep):
+        assert [v is not None for v in step.layer_entropy] == [False] * 3 + [True] * 3
+        assert step.layers_computed == LAYERS and all(u is not None for u in step.residual_update)
+    first = of_type(events, LayerStep)[0]
+    assert first.layer_entropy[3:] == pytest.approx(bits(lens)[3:], abs=1e-4)
 
 
 @pytest.mark.parametrize("min_layer", [1, 2, 3])
@@ -274,7 +285,8 @@ def test_generation_continues_after_exits_with_a_whole_cache(deep_lm):
 
 
 def test_a_fixed_skip_set_is_skipped_for_every_token(deep_lm):
-    events = run(deep_lm, strategy="layer-skip", skip_layers="2-3", skip_threshold=0.0, max_new_tokens=8)
+    events = run(deep_lm, strategy="layer-skip", skip_layers="2-3", skip_threshold=0.0, max_new_tokens=8,
+                 lens=True)
     steps = of_type(events, LayerStep)
     assert [s.skipped for s in steps] == [(2, 3)] * 8
     assert all(s.layers_computed == LAYERS - 2 for s in steps)

@@ -48,7 +48,8 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
         if layers.min_exit_layer > count:
             raise ConfigError(f"min_exit_layer must be between 1 and {count} for this {count}-layer model "
                               f"(got {layers.min_exit_layer})")
-        rules = {"exit_rule": exit_rule(layers.exit_metric, layers.exit_threshold, layers.min_exit_layer)}
+        rules = {"exit_rule": exit_rule(layers.exit_metric, layers.exit_threshold, layers.min_exit_layer),
+                 "check_from": layers.min_exit_layer - 1}
     else:
         fixed = layers.skip_set()
         if fixed and fixed[-1] > count:
@@ -99,7 +100,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, mode: str, loop: LayerLoop, 
             analysis.token_id = token_id
             layer_step = lens_step(loop.stack, step, token_pass.outputs, token_pass.updates, lens.lens_top,
                                    token_text, exit_layer=token_pass.exit_layer, skipped=token_pass.skipped,
-                                   forward_ms=token_pass.forward_ms, logprobs=token_pass.lens_rows)
+                                   forward_ms=token_pass.forward_ms, known=token_pass.lens_rows, full=lens.lens)
             ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
             step_ms = record.step_ended()
             computed += layer_step.layers_computed

@@ -107,28 +107,34 @@ def entropy_bits(logprobs: torch.Tensor) -> torch.Tensor:
 def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | None],
               updates: Sequence[float | None], top: int, token_text: Callable[[int], str], *,
               exit_layer: int | None = None, skipped: tuple[int, ...] = (), forward_ms: float = 0.0,
-              logprobs: torch.Tensor | None = None) -> LayerStep:
+              known: dict[int, torch.Tensor] | None = None, full: bool = True) -> LayerStep:
     """The ``LayerStep`` of one token from each layer's output at its position (None: the layer did not run).
 
-    ``logprobs`` [ran, vocab]: the lens rows of the layers that ran, when the caller already has them (early
-    exit computes them layer by layer); otherwise one batched product here. The answering layer is the exit layer,
-    or the last layer that ran."""
+    ``known``: lens log-prob rows [vocab] the caller already has, by 0-based layer (early exit computes them on
+    the way). ``full``: the lens of every layer that ran (the missing rows in one batched product); otherwise only
+    the known rows and the answering layer's — recording then costs next to nothing. The answering layer is the
+    exit layer, or the last layer that ran."""
     start = time.perf_counter()
     ran = [i for i, h in enumerate(outputs) if h is not None]
-    if logprobs is None:
-        logprobs = lens_logprobs(stack, torch.stack([outputs[i] for i in ran]))  # [ran, vocab]
+    answering = exit_layer - 1 if exit_layer is not None else ran[-1]
+    rows = dict(known or {})
+    wanted = ran if full else sorted({*rows, answering})
+    missing = [i for i in wanted if i not in rows]
+    if missing:
+        computed = lens_logprobs(stack, torch.stack([outputs[i] for i in missing]))  # [missing, vocab]
+        rows.update(zip(missing, computed, strict=True))
+    logprobs = torch.stack([rows[i] for i in wanted])  # [wanted, vocab]
     entropy = entropy_bits(logprobs).tolist()
-    top_lp, top_ids = logprobs.topk(top, dim=-1)  # [ran, top]
+    top_lp, top_ids = logprobs.topk(top, dim=-1)  # [wanted, top]
     top_p, top_ids = top_lp.exp().tolist(), top_ids.tolist()
-    answering = ran.index(exit_layer - 1) if exit_layer is not None else len(ran) - 1
-    final_top = top_ids[answering][0]
+    final_top = top_ids[wanted.index(answering)][0]
 
     n = stack.count
     layer_entropy: list[float | None] = [None] * n
     layer_top_prob: list[float | None] = [None] * n
     layer_top: list[tuple[LensCandidate, ...]] = [()] * n
     agrees: list[bool | None] = [None] * n
-    for row, i in enumerate(ran):
+    for row, i in enumerate(wanted):
         layer_entropy[i] = entropy[row]
         layer_top_prob[i] = top_p[row][0]
         layer_top[i] = tuple(LensCandidate(t, token_text(t), p) for t, p in zip(top_ids[row], top_p[row],

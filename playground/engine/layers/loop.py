@@ -39,7 +39,8 @@ class TokenPass:
     updates: list[float | None]  # per layer: ‖Δh‖ / ‖h‖
     exit_layer: int | None  # 1-based, None when the last layer answered
     skipped: tuple[int, ...]  # 1-based
-    lens_rows: torch.Tensor | None = None  # [ran, vocab] lens log-probs computed on the way (early exit)
+    lens_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # 0-based layer -> lens log-probs [vocab]
+    # computed on the way (early exit's checks)
     forward_ms: float = 0.0
     filled: list[int] = field(default_factory=list)  # 0-based layers whose keys/values were filled
 
@@ -61,8 +62,11 @@ class LayerLoop:
         self.config = model.config
 
     def run(self, token_id: int, cache: object, exit_rule: ExitRule | None = None,
-            skip_rule: SkipRule | None = None) -> TokenPass:
-        """The token at the next position through the layers, reading and extending ``cache`` at every layer."""
+            skip_rule: SkipRule | None = None, check_from: int = 0) -> TokenPass:
+        """The token at the next position through the layers, reading and extending ``cache`` at every layer.
+
+        ``exit_rule`` is asked from the 0-based layer ``check_from`` on: each check costs an LM-head product (for
+        SmolLM2, as many multiply-adds as 8 layers), so none is made where no exit is allowed."""
         start = time.perf_counter()
         device = self.stack.lm_head.weight.device
         h = self.embed(torch.tensor([[token_id]], device=device))  # [1, 1, hidden]
@@ -76,7 +80,7 @@ class LayerLoop:
         updates: list[float | None] = [None] * n
         skipped: list[int] = []
         filled: list[int] = []
-        rows: list[torch.Tensor] = []
+        rows: dict[int, torch.Tensor] = {}
         exit_layer = None
         last_update: float | None = None
         for i, layer in enumerate(self.stack.layers):
@@ -90,18 +94,18 @@ class LayerLoop:
                       position_embeddings=rope)
             outputs[i] = h[0, -1]
             updates[i] = last_update = relative_update(h_in[0, -1], h[0, -1])
-            if exit_rule is not None:
-                row = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)  # [1, vocab]
-                rows.append(row)
-                if i + 1 < n and exit_rule(i, row[0]):
+            if exit_rule is not None and check_from <= i < n - 1:
+                row = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)[0]  # [vocab]
+                rows[i] = row
+                if exit_rule(i, row):
                     exit_layer = i + 1
                     for j in range(i + 1, n):  # the layers after the exit: keys and values from the exit state
                         self.fill(j, h, rope, cache)
                         filled.append(j)
                     break
         logits = self.stack.lm_head(self.stack.norm(h[:, -1, :])).float()  # [1, vocab]
-        return TokenPass(logits, outputs, updates, exit_layer, tuple(skipped),
-                         torch.cat(rows) if rows else None, (time.perf_counter() - start) * 1000, filled)
+        return TokenPass(logits, outputs, updates, exit_layer, tuple(skipped), rows,
+                         (time.perf_counter() - start) * 1000, filled)
 
     def fill(self, index: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: object) -> None:
         """Keys and values of layer ``index`` for this position, from the hidden state ``h`` [1, 1, hidden]."""
