@@ -9,11 +9,13 @@ import pytest
 from playground.config import BeamSettings
 from playground.engine.strategies import STRATEGIES, run_strategy
 from playground.events import RunFinished, TokenStep
+from playground.events.layers import LayerStep
 from playground.presets import load_preset, preset_names
 
 EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
     "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked", "speculative-prompt-lookup",
+    "logit-lens", "early-exit",
 }
 
 
@@ -121,6 +123,35 @@ def test_prompt_lookup_accepts_most_drafts_on_a_copying_task_and_changes_nothing
     assert done.token_ids == greedy.token_ids  # verification keeps the target's own greedy output
     assert done.figures["acceptance_rate"] > 0.6
     assert done.figures["target_calls"] < 0.5 * len(done.token_ids)  # fewer than one target pass per two tokens
+
+
+@pytest.mark.model
+def test_the_lens_shows_the_answer_appearing_only_in_the_top_layers(default_lm):
+    events = list(run_strategy(default_lm, load_preset("logit-lens").settings))
+    steps = {e.step: e for e in events if isinstance(e, LayerStep)}
+    tokens = [e for e in events if isinstance(e, TokenStep)]
+    assert "".join(t.text for t in tokens).startswith("The capital of France is Paris.")
+    paris = next(t for t in tokens if t.text == " Paris")
+    lens = steps[paris.step]
+    assert lens.layer_top[-1][0].token_id == paris.token_id
+    agree = [i + 1 for i, a in enumerate(lens.agrees_with_final) if a]
+    assert min(agree) > 20  # no layer below 21 guesses it
+    # Early layers are confident about something else: the lowest-entropy layer of the first ten guesses another token.
+    sure = min(range(10), key=lambda i: lens.layer_entropy[i])
+    assert not lens.agrees_with_final[sure]
+
+
+@pytest.mark.model
+def test_early_exit_preset_keeps_the_text_and_skips_layers(default_lm):
+    preset = load_preset("early-exit")
+    events = list(run_strategy(default_lm, preset.settings))
+    exits = [e.exit_layer for e in events if isinstance(e, LayerStep)]
+    done = events[-1]
+    _, greedy = run_settings(default_lm, preset.settings.replace(strategy="greedy"))
+    assert done.token_ids == greedy.token_ids  # independent of the run's own agreement figure
+    assert done.figures["identical_fraction"] == 1.0
+    assert sum(e is not None for e in exits) >= 10 and all(e is None or e >= 20 for e in exits)
+    assert done.figures["compute_saved"] > 0.05
 
 
 def run_settings(lm, settings) -> tuple[list[TokenStep], RunFinished]:

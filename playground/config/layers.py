@@ -34,8 +34,8 @@ class LensSettings(SettingsGroup):
 
     lens: bool = setting(False, "logit lens", "record, for every generated token, each layer's next-token "
                          "distribution (the final norm and LM head applied to that layer's output): entropy, top "
-                         "candidates, agreement with the last layer (early-exit and layer-skip runs without it record only the "
-                         "layers they check anyway, so their speed is measured without the lens)")
+                         "candidates, agreement with the last layer (early-exit and layer-skip runs without it record "
+                         "only the layers they check anyway, so their speed is measured without the lens)")
     lens_top: int = setting(5, "lens candidates", "top candidates recorded per layer and token", minimum=1,
                             maximum=20)
 
