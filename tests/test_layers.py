@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from playground.config import ConfigError, RunSettings
 from playground.engine.kv_cache import kv_bytes_per_token
-from playground.engine.layers.loop import LayerLoop
+from playground.engine.layers.loop import ExitRule, LayerLoop
 from playground.engine.prompt import encode_prompt
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, TokenStep, dumps_event, event_from_dict
@@ -214,6 +214,29 @@ def test_without_the_lens_early_exit_records_only_the_layers_it_checks(deep_lm):
     assert first.layer_entropy[3:] == pytest.approx(bits(lens)[3:], abs=1e-4)
 
 
+def test_saturation_exits_where_a_layer_first_barely_turns_the_stream(deep_lm):
+    """Cosine similarity of each layer's output with its input at the last prompt position, from the full model's
+    hidden states: the exit is the first layer from min_layer on at or above the threshold, with no LM head."""
+    with torch.no_grad():
+        hidden = deep_lm.model(input_ids=torch.tensor([prompt_ids(deep_lm)]), output_hidden_states=True).hidden_states
+    cosine = [float(torch.cosine_similarity(hidden[i][0, -1], hidden[i + 1][0, -1], dim=0))
+              for i in range(LAYERS - 1)]  # layers 1 … L-1 (the last entry is normalised: no exit there anyway)
+    checked = 0
+    for layer in range(2, LAYERS):
+        earlier = cosine[1 : layer - 1]  # from min layer 2
+        if any(c >= cosine[layer - 1] for c in earlier):
+            continue
+        threshold = (cosine[layer - 1] + max(earlier)) / 2 if earlier else cosine[layer - 1]
+        events = run(deep_lm, strategy="early-exit", exit_metric="saturation", exit_threshold=threshold,
+                     min_exit_layer=2, max_new_tokens=1, compare_full=False)
+        (step,) = of_type(events, LayerStep)
+        assert step.exit_layer == layer, (cosine, threshold)
+        # No lens was needed to decide: only the answering layer's distribution is recorded.
+        assert [v is not None for v in step.layer_entropy] == [i == layer - 1 for i in range(LAYERS)]
+        checked += 1
+    assert checked, f"no exit past a failing layer to test: {cosine}"
+
+
 @pytest.mark.parametrize("min_layer", [1, 2, 3])
 def test_min_exit_layer_holds_the_exit_back(deep_lm, min_layer):
     events = run(deep_lm, strategy="early-exit", exit_threshold=64.0, min_exit_layer=min_layer, max_new_tokens=4,
@@ -230,7 +253,8 @@ def test_filled_keys_and_values_are_the_projections_of_the_exit_state(deep_lm):
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
         model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True)
-        token_pass = loop.run(ids[-1], cache, exit_rule=lambda index, _row: index == 0)  # exit after layer 1
+        # Every layer is sure enough at 64 bits: the exit is at layer 1.
+        token_pass = loop.run(ids[-1], cache, exit_rule=ExitRule("entropy", 64.0, 1))
         assert token_pass.exit_layer == 1 and token_pass.filled == list(range(1, LAYERS))
 
         full = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=True)
@@ -351,6 +375,8 @@ def test_a_threshold_no_update_falls_below_is_plain_greedy(deep_lm):
      "layer-skip needs --skip-layers (e.g. 10-20) or a --skip-threshold above 0"),
     ({"strategy": "early-exit", "exit_metric": "max-prob", "exit_threshold": 2.0},
      "exit_threshold is a probability with --exit-metric max-prob: between 0 and 1 (got 2)"),
+    ({"strategy": "early-exit", "exit_metric": "saturation", "exit_threshold": 1.5},
+     "exit_threshold is a cosine similarity with --exit-metric saturation: between 0 and 1 (got 1.5)"),
     ({"strategy": "layer-skip", "skip_layers": "3-1"}, "skip_layers: '3-1': layers are numbered from 1, and a range "
                                                        "goes upwards"),
     ({"strategy": "layer-skip", "skip_layers": "two"}, "skip_layers: 'two' is not a layer number or a range such as "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
 
-EXIT_METRICS = ("entropy", "max-prob")
+EXIT_METRICS = ("entropy", "max-prob", "saturation")
 
 
 def parse_layer_set(text: str) -> tuple[int, ...]:
@@ -50,10 +50,12 @@ class LayerSettings(SettingsGroup):
     title = "Early exit and layer skipping"
 
     exit_metric: str = setting("entropy", "exit metric", "early exit: entropy = exit at the first layer whose "
-                               "distribution has at most the threshold's bits; max-prob = whose top token has at "
-                               "least the threshold's probability", choices=EXIT_METRICS)
-    exit_threshold: float = setting(1.0, "exit threshold", "early exit: bits of entropy (at most) or top-token "
-                                    "probability (at least) that make a layer confident enough to answer",
+                               "lens distribution has at most the threshold's bits; max-prob = whose top token has at "
+                               "least the threshold's probability (both cost an LM-head product per check); "
+                               "saturation = whose output has at least the threshold's cosine similarity with its "
+                               "input (free)", choices=EXIT_METRICS)
+    exit_threshold: float = setting(1.0, "exit threshold", "early exit: bits of entropy (at most), top-token "
+                                    "probability or cosine similarity (at least) that make a layer answer",
                                     minimum=0.0, maximum=64.0, step=0.05)
     min_exit_layer: int = setting(1, "min exit layer", "early exit: the first layer allowed to answer (1-based; "
                                   "layers before it always run)", minimum=1, maximum=512)
@@ -81,9 +83,9 @@ class LayerSettings(SettingsGroup):
         except ValueError as error:
             layers_ok, why = False, str(error)
         return [
-            (self.exit_metric != "max-prob" or self.exit_threshold <= 1.0,
-             f"exit_threshold is a probability with --exit-metric max-prob: between 0 and 1 (got "
-             f"{self.exit_threshold:g})"),
+            (self.exit_metric == "entropy" or self.exit_threshold <= 1.0,
+             f"exit_threshold is a {'probability' if self.exit_metric == 'max-prob' else 'cosine similarity'} with "
+             f"--exit-metric {self.exit_metric}: between 0 and 1 (got {self.exit_threshold:g})"),
             (layers_ok, f"skip_layers: {why}"),
         ]
 

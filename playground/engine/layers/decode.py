@@ -16,7 +16,7 @@ from playground.config import ConfigError, LayerSettings, LensSettings, RunSetti
 from playground.engine.baseline import plain_greedy
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import layers_started, lens_step
-from playground.engine.layers.loop import KV_FILL, LayerLoop, exit_rule, skip_rule
+from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
 from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
@@ -48,8 +48,7 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
         if layers.min_exit_layer > count:
             raise ConfigError(f"min_exit_layer must be between 1 and {count} for this {count}-layer model "
                               f"(got {layers.min_exit_layer})")
-        rules = {"exit_rule": exit_rule(layers.exit_metric, layers.exit_threshold, layers.min_exit_layer),
-                 "check_from": layers.min_exit_layer - 1}
+        rules = {"exit_rule": ExitRule(layers.exit_metric, layers.exit_threshold, layers.min_exit_layer)}
     else:
         fixed = layers.skip_set()
         if fixed and fixed[-1] > count:

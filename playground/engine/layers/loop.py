@@ -24,8 +24,6 @@ from playground.engine.layers.lens import LayerStack, entropy_bits, relative_upd
 KV_FILL = ("keys and values of layers that did not run come from the hidden state that reached them, through the "
            "layer's input norm and key/value projections (CALM's propagation)")
 
-# (layer index, log-probs [vocab] of that layer's lens) -> exit here?
-ExitRule = Callable[[int, torch.Tensor], bool]
 # (layer index, relative update of the last layer that ran, whether the layer before was skipped) -> skip?
 SkipRule = Callable[[int, float | None, bool], bool]
 
@@ -62,11 +60,11 @@ class LayerLoop:
         self.config = model.config
 
     def run(self, token_id: int, cache: object, exit_rule: ExitRule | None = None,
-            skip_rule: SkipRule | None = None, check_from: int = 0) -> TokenPass:
+            skip_rule: SkipRule | None = None) -> TokenPass:
         """The token at the next position through the layers, reading and extending ``cache`` at every layer.
 
-        ``exit_rule`` is asked from the 0-based layer ``check_from`` on: each check costs an LM-head product (for
-        SmolLM2, as many multiply-adds as 8 layers), so none is made where no exit is allowed."""
+        ``exit_rule`` is asked only where an exit is allowed: a lens check costs an LM-head product (for SmolLM2,
+        as many multiply-adds as 8 layers)."""
         start = time.perf_counter()
         device = self.stack.lm_head.weight.device
         h = self.embed(torch.tensor([[token_id]], device=device))  # [1, 1, hidden]
@@ -94,10 +92,11 @@ class LayerLoop:
                       position_embeddings=rope)
             outputs[i] = h[0, -1]
             updates[i] = last_update = relative_update(h_in[0, -1], h[0, -1])
-            if exit_rule is not None and check_from <= i < n - 1:
-                row = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)[0]  # [vocab]
-                rows[i] = row
-                if exit_rule(i, row):
+            if exit_rule is not None and exit_rule.min_layer - 1 <= i < n - 1:
+                row = None
+                if exit_rule.needs_lens:
+                    row = rows[i] = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)[0]  # [vocab]
+                if exit_rule.passes(row, h_in[0, -1], h[0, -1]):
                     exit_layer = i + 1
                     for j in range(i + 1, n):  # the layers after the exit: keys and values from the exit state
                         self.fill(j, h, rope, cache)
@@ -123,18 +122,27 @@ class LayerLoop:
         cache.update(keys, values, index)
 
 
-def exit_rule(metric: str, threshold: float, min_layer: int) -> ExitRule:
-    """Exit at the first layer (1-based ≥ ``min_layer``) whose lens entropy ≤ threshold bits, or whose top
-    probability ≥ threshold."""
+@dataclass(frozen=True)
+class ExitRule:
+    """Exit at the first layer (1-based ≥ ``min_layer``) whose lens entropy ≤ threshold bits ("entropy"), whose
+    lens top probability ≥ threshold ("max-prob"), or whose output's cosine similarity with its input ≥ threshold
+    ("saturation": the layer barely turned the residual stream, CALM's hidden-state saturation — no LM head)."""
 
-    def confident(index: int, logprobs: torch.Tensor) -> bool:
-        if index + 1 < min_layer:
-            return False
-        if metric == "entropy":
-            return float(entropy_bits(logprobs[None])[0]) <= threshold
-        return float(logprobs.max().exp()) >= threshold
+    metric: str
+    threshold: float
+    min_layer: int
 
-    return confident
+    @property
+    def needs_lens(self) -> bool:
+        return self.metric != "saturation"
+
+    def passes(self, logprobs: torch.Tensor | None, h_in: torch.Tensor, h_out: torch.Tensor) -> bool:
+        if self.metric == "saturation":
+            return float(torch.cosine_similarity(h_in.float(), h_out.float(), dim=0)) >= self.threshold
+        assert logprobs is not None
+        if self.metric == "entropy":
+            return float(entropy_bits(logprobs[None])[0]) <= self.threshold
+        return float(logprobs.max().exp()) >= self.threshold
 
 
 def skip_rule(fixed: tuple[int, ...], threshold: float, count: int) -> SkipRule:
