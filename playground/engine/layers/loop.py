@@ -103,6 +103,8 @@ class LayerLoop:
                         filled.append(j)
                     break
         logits = self.stack.lm_head(self.stack.norm(h[:, -1, :])).float()  # [1, vocab]
+        answering = exit_layer - 1 if exit_layer is not None else max(i for i, o in enumerate(outputs) if o is not None)
+        rows.setdefault(answering, logits[0].log_softmax(dim=-1))  # the answer's lens is its own distribution
         return TokenPass(logits, outputs, updates, exit_layer, tuple(skipped), rows,
                          (time.perf_counter() - start) * 1000, filled)
 
