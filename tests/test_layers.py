@@ -33,6 +33,7 @@ def deep_lm():
 def run(lm, **settings) -> list:
     settings.setdefault("prompt", PROMPT)
     settings.setdefault("chat", False)
+    settings.setdefault("lens_precision", "model")  # exact comparisons (the bfloat16 lens has its own test)
     return list(run_strategy(lm, RunSettings.from_flat(**settings)))
 
 
@@ -95,13 +96,25 @@ def test_the_lens_of_every_layer_equals_a_full_forward_by_hand(deep_lm):
         context.append(token.token_id)
 
 
-def test_the_lens_at_the_last_layer_is_the_models_own_distribution(deep_lm):
-    events = run(deep_lm, lens=True, max_new_tokens=5)
+@pytest.mark.parametrize("precision", ["model", "bfloat16"])
+def test_the_lens_at_the_last_layer_is_the_models_own_distribution(deep_lm, precision):
+    events = run(deep_lm, lens=True, max_new_tokens=5, lens_precision=precision)
     for step, token in zip(of_type(events, LayerStep), of_type(events, TokenStep), strict=True):
         # The greedy token event's raw entropy and top candidate come from the model's logits.
         assert step.layer_entropy[-1] == pytest.approx(token.entropy, abs=1e-4)
         assert step.layer_top[-1][0].token_id == token.token_id == token.candidates[0].token_id
         assert step.layer_top_prob[-1] == pytest.approx(token.raw_prob, abs=1e-6)
+
+
+def test_the_bfloat16_lens_is_close_to_the_exact_one(deep_lm):
+    exact = of_type(run(deep_lm, lens=True, max_new_tokens=6), LayerStep)
+    fast = of_type(run(deep_lm, lens=True, max_new_tokens=6, lens_precision="bfloat16"), LayerStep)
+    for a, b in zip(exact, fast, strict=True):
+        assert b.layer_entropy == pytest.approx(a.layer_entropy, abs=0.05)
+        assert b.layer_top_prob == pytest.approx(a.layer_top_prob, abs=0.01)
+        assert b.layer_entropy[-1] == a.layer_entropy[-1]  # the last layer is the model's own, exactly
+    # A bfloat16 product really ran: some intermediate value differs from the exact one.
+    assert any(a.layer_entropy[:-1] != b.layer_entropy[:-1] for a, b in zip(exact, fast, strict=True))
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "sample"])

@@ -107,7 +107,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
 
 def _lens_recorder(lm: LoadedModel, settings: RunSettings) -> LensRecorder | None:
     lens = settings.group(LensSettings)
-    return LensRecorder(lm.model, lens.lens_top, TokenTextCache(lm.tokenizer)) if lens.lens else None
+    return LensRecorder(lm.model, lens, TokenTextCache(lm.tokenizer)) if lens.lens else None
 
 
 def _choose(

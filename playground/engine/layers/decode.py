@@ -42,7 +42,7 @@ def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: StopChec
 def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None, mode: str) -> Iterator[Event]:
     settings.validate()
     layers = settings.group(LayerSettings)
-    loop = LayerLoop(lm.model)
+    loop = LayerLoop(lm.model, settings.group(LensSettings).lens_precision)
     count = loop.stack.count
     if mode == "early-exit":
         if layers.min_exit_layer > count:

@@ -30,23 +30,45 @@ class LayerStack:
     layers: nn.ModuleList
     norm: nn.Module
     lm_head: nn.Module
+    precision: str = "model"  # "bfloat16": lens products through a bfloat16 copy of a float32 LM head
 
     @classmethod
-    def of(cls, model: nn.Module) -> LayerStack:
+    def of(cls, model: nn.Module, precision: str = "model") -> LayerStack:
         inner = getattr(model, "model", None)
         layers = getattr(inner, "layers", None)
         if not isinstance(layers, nn.ModuleList) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
             raise ConfigError(f"the logit lens needs a decoder-only model with model.layers, model.norm and lm_head "
                               f"({type(model).__name__} has another shape)")
-        return cls(model, layers, inner.norm, model.lm_head)
+        return cls(model, layers, inner.norm, model.lm_head, precision)
 
     @property
     def count(self) -> int:
         return len(self.layers)
 
     def lens_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] layer outputs (before the final norm) → [n, vocab] logits, one matrix product."""
-        return self.lm_head(self.norm(hidden)).float()
+        """[n, hidden] layer outputs (before the final norm) → [n, vocab] float32 logits, one matrix product."""
+        normed = self.norm(hidden)
+        weight = self.lm_head.weight
+        if self.precision == "bfloat16" and weight.dtype == torch.float32:
+            # The full-vocabulary product is the lens's whole cost: bfloat16 makes it ~5x cheaper on CPU (SmolLM2:
+            # 3.5 ms instead of 18.6 for 30 layers) at ~0.01 bits of entropy.
+            bias = self.lm_head.bias
+            return nn.functional.linear(normed.to(torch.bfloat16), bfloat16_copy(weight),
+                                        bias.to(torch.bfloat16) if bias is not None else None).float()
+        return self.lm_head(normed).float()
+
+
+_BF16_COPIES: dict[int, tuple[int, torch.Tensor]] = {}  # id(weight) -> (its version, the copy): one per LM head
+
+
+def bfloat16_copy(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 copy of ``weight``, made once and again only if the weight changed in place."""
+    held = _BF16_COPIES.get(id(weight))
+    if held is None or held[0] != weight._version:
+        _BF16_COPIES.clear()  # one model at a time
+        held = (weight._version, weight.detach().to(torch.bfloat16))
+        _BF16_COPIES[id(weight)] = held
+    return held[1]
 
 
 class LayerOutputs:
@@ -79,13 +101,15 @@ class LayerOutputs:
 
         return keep
 
-    def step_event(self, row: int, step: int, top: int, token_text: Callable[[int], str],
+    def step_event(self, row: int, step: int, top: int, token_text: Callable[[int], str], final: torch.Tensor,
                    forward_ms: float = 0.0) -> LayerStep:
-        """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions."""
+        """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions; ``final`` [vocab]:
+        the model's own logits there (the last layer's lens, exactly)."""
         outputs = [h[row] if h is not None else None for h in self.outputs]
         updates = [relative_update(h_in[row], h_out[row]) if h_in is not None and h_out is not None else None
                    for h_in, h_out in zip(self.inputs, self.outputs, strict=True)]
-        return lens_step(self.stack, step, outputs, updates, top, token_text, forward_ms=forward_ms)
+        known = {self.stack.count - 1: final.float().log_softmax(dim=-1)}
+        return lens_step(self.stack, step, outputs, updates, top, token_text, forward_ms=forward_ms, known=known)
 
 
 def relative_update(hidden_in: torch.Tensor, hidden_out: torch.Tensor) -> float:
@@ -152,11 +176,12 @@ class LensRecorder:
     """The lens on a plain decoding run (greedy, sampling): the model's own forward pass, with hooks that keep each
     layer's output at the newest position."""
 
-    def __init__(self, model: nn.Module, top: int, token_text: Callable[[int], str]) -> None:
-        self.stack = LayerStack.of(model)
-        self.top = top
+    def __init__(self, model: nn.Module, settings: LensSettings, token_text: Callable[[int], str]) -> None:
+        self.stack = LayerStack.of(model, settings.lens_precision)
+        self.top = settings.lens_top
         self.token_text = token_text
         self._captured: LayerOutputs | None = None
+        self._logits = torch.empty(0)
         self._forward_ms = 0.0
 
     def forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:
@@ -164,13 +189,13 @@ class LensRecorder:
         start = time.perf_counter()
         with LayerOutputs(self.stack) as captured:
             logits = self.stack.model(input_ids=input_ids, cache=cache, use_cache=True).logits[:, -1, :]
-        self._captured = captured
+        self._captured, self._logits = captured, logits
         self._forward_ms = (time.perf_counter() - start) * 1000
         return logits
 
     def step_event(self, step: int) -> LayerStep:
         assert self._captured is not None, "forward() first"
-        return self._captured.step_event(0, step, self.top, self.token_text, self._forward_ms)
+        return self._captured.step_event(0, step, self.top, self.token_text, self._logits[0], self._forward_ms)
 
 
 def layers_started(mode: str, count: int, lens: LensSettings, layers: LayerSettings, kv_fill: str) -> LayersStarted:

@@ -44,8 +44,8 @@ class TokenPass:
 
 
 class LayerLoop:
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.stack = LayerStack.of(model)
+    def __init__(self, model: torch.nn.Module, precision: str = "model") -> None:
+        self.stack = LayerStack.of(model, precision)
         inner = model.model
         self.embed = getattr(inner, "embed_tokens", None)
         self.rotary = getattr(inner, "rotary_emb", None)

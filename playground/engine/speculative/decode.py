@@ -66,7 +66,7 @@ def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     drafter = make_drafter(lm, spec, pipeline, generator)
     record = RunRecorder(lm, settings, should_stop, groups=(SpeculativeSettings,))
     lens_settings = settings.group(LensSettings)
-    lens = LensRecorder(lm.model, lens_settings.lens_top, TokenTextCache(lm.tokenizer)) if lens_settings.lens else None
+    lens = LensRecorder(lm.model, lens_settings, TokenTextCache(lm.tokenizer)) if lens_settings.lens else None
     return _decode(lm, settings, spec, drafter, pipeline, generator, prompt_ids, prompt_text, record, lens)
 
 
@@ -177,7 +177,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
                 ids.append(token)
                 generated.append(token)
                 if lens is not None:
-                    lens_steps.append(captured.step_event(j, len(generated) - 1, lens.top, token_text))
+                    lens_steps.append(captured.step_event(j, len(generated) - 1, lens.top, token_text, raw[j]))
                 steps.append(analysis.to_event(
                     step=len(generated) - 1, text=text, forced=forcing and j < len(draft.tokens),
                     step_ms=0.0, kv_bytes=kv_bytes, token_text=token_text))
