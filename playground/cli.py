@@ -110,8 +110,13 @@ def cmd_shot(args: argparse.Namespace) -> int:
     _ensure_default_model(model_settings)
     from playground.ui.screenshot import render_screenshot
 
+    view = args.view
+    if view is None and args.preset:  # a preset names the view it is meant to be watched in
+        from playground.presets import load_preset
+
+        view = load_preset(args.preset).view
     path = render_screenshot(model_settings, run_settings, args.out, width=args.width, height=args.height,
-                             hover=args.hover, view=args.view)
+                             hover=args.hover, view=view)
     print(path)
     return 0
 

@@ -296,3 +296,18 @@ def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path,
     assert seen["events"] == events and seen["lm"] is None and not seen["busy"]
     (tmp_path / "empty.jsonl").write_text("")
     assert main(["open", str(tmp_path / "empty.jsonl")]) == 2  # refused before any window opens
+
+
+@pytest.mark.parametrize(("settings", "front"), [
+    ({}, "tokens"),  # the strategy's own view
+    ({"lens": True}, "layers"),  # the lens the user switched on
+    ({"strategy": "early-exit", "max_new_tokens": 3}, "layers"),
+])
+def test_the_view_a_run_asked_for_comes_to_the_front(qtbot, tmp_path, tiny_lm, settings, front):
+    settings = {"prompt": "Hello", "max_new_tokens": 3, **settings}
+    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(**settings))
+    generate(qtbot, w)
+    qtbot.wait(50)
+    visible = [name for name, dock in w.docks.items() if not dock.visibleRegion().isEmpty()]
+    assert front in visible and all(other not in visible for other in ("tokens", "beam", "speculative", "layers")
+                                    if other != front)

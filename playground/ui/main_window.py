@@ -444,6 +444,9 @@ class MainWindow(QMainWindow):
         """The view for what the run's strategy yields first (its most telling events), else the first that applies."""
         from playground.engine.strategies import STRATEGIES
 
+        asked = [name for name in self.views if name in self._shown and self.views[name].wants_front(run)]
+        if asked:
+            return asked[0]
         strategy = STRATEGIES.get(run.settings.strategy)
         kinds = strategy.step_events[:1] if strategy is not None else ()
         for kind in kinds:

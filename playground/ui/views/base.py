@@ -43,6 +43,11 @@ class View(QWidget):
             kinds.update(strategy.step_events)
         return any(issubclass(kind, self.consumes) for kind in kinds)
 
+    def wants_front(self, run: Run) -> bool:
+        """Whether ``run`` asked for this view beyond what its strategy yields (a recording the user switched on,
+        e.g. the logit lens): the window then brings it to the front instead of the strategy's own view."""
+        return False
+
     def empty_text(self, run: Run | None) -> str:
         """What the dock says when this view has nothing to show for ``run``."""
         if run is None:

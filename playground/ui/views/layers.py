@@ -279,6 +279,10 @@ class LayersView(View):
         """Early-exit and layer-skip runs, and any run recorded with the lens (greedy/sample with --lens)."""
         return super().applies_to(run) or run.settings.group(LensSettings).lens
 
+    def wants_front(self, run: Run) -> bool:
+        """A run recorded with --lens comes here first: the lens is what its user asked to see."""
+        return run.settings.group(LensSettings).lens
+
     def reset(self) -> None:
         self._timer.stop()
         self._pending = False
