@@ -4,16 +4,18 @@ form and validation (``playground.config.table``).
 Capability modules register their group on import; list each one here.
 """
 
-from playground.config import beam, layers, speculative  # noqa: F401  (each registers its settings group)
+from playground.config import beam, kv, layers, speculative  # noqa: F401  (each registers its settings group)
 from playground.config.beam import EARLY_STOPPING, BeamSettings
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, SettingsGroup, register_group
+from playground.config.kv import ATTENTIONS, KV_DTYPES, KVSettings
 from playground.config.layers import EXIT_METRICS, LayerSettings, LensSettings, parse_layer_set
 from playground.config.run import DEFAULT_PROMPT, DEVICES, DTYPES, ModelSettings, RunSettings
 from playground.config.speculative import DRAFTERS, SpeculativeSettings
 from playground.config.table import Row, Setting, rows, setting
 
 __all__ = [
+    "ATTENTIONS",
     "DEFAULT_PROMPT",
     "DEVICES",
     "DRAFTERS",
@@ -21,8 +23,10 @@ __all__ = [
     "EARLY_STOPPING",
     "EXIT_METRICS",
     "GROUPS",
+    "KV_DTYPES",
     "BeamSettings",
     "ConfigError",
+    "KVSettings",
     "LayerSettings",
     "LensSettings",
     "ModelSettings",
