@@ -250,12 +250,13 @@ def test_saturation_exits_where_a_layer_first_barely_turns_the_stream(deep_lm):
     assert checked, f"no exit past a failing layer to test: {cosine}"
 
 
-@pytest.mark.parametrize("min_layer", [1, 2, 3])
-def test_min_exit_layer_holds_the_exit_back(deep_lm, min_layer):
+@pytest.mark.parametrize(("min_layer", "exit_layer"), [(1, 1), (2, 2), (3, 3), (0, 4)])  # 0: ⅔ of 6 layers
+def test_min_exit_layer_holds_the_exit_back(deep_lm, min_layer, exit_layer):
     events = run(deep_lm, strategy="early-exit", exit_threshold=64.0, min_exit_layer=min_layer, max_new_tokens=4,
                  compare_full=False)
-    assert [s.exit_layer for s in of_type(events, LayerStep)] == [min_layer] * 4
-    assert events[-1].figures["compute_saved"] == pytest.approx(1 - min_layer / LAYERS)
+    assert events[1].min_exit_layer == exit_layer
+    assert [s.exit_layer for s in of_type(events, LayerStep)] == [exit_layer] * 4
+    assert events[-1].figures["compute_saved"] == pytest.approx(1 - exit_layer / LAYERS)
 
 
 def test_filled_keys_and_values_are_the_projections_of_the_exit_state(deep_lm):

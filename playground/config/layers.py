@@ -62,8 +62,10 @@ class LayerSettings(SettingsGroup):
     exit_threshold: float = setting(1.0, "exit threshold", "early exit: bits of entropy (at most), top-token "
                                     "probability or cosine similarity (at least) that make a layer answer",
                                     minimum=0.0, maximum=64.0, step=0.05)
-    min_exit_layer: int = setting(1, "min exit layer", "early exit: the first layer allowed to answer (1-based; "
-                                  "layers before it always run)", minimum=1, maximum=512)
+    min_exit_layer: int = setting(0, "min exit layer", "early exit: the first layer allowed to answer (1-based; "
+                                  "layers before it always run); 0 = two thirds of the way up (the lens of early "
+                                  "layers is confidently wrong on most models)", minimum=0, maximum=512,
+                                  off_text="⅔ of the layers")
     skip_layers: str = setting("", "skip layers", "layer skip: layers never run, 1-based, e.g. 10-20,25 (their keys "
                                "and values are filled from their input)")
     skip_threshold: float = setting(0.1, "skip threshold", "layer skip: also skip a layer when the layer before it "
@@ -76,7 +78,8 @@ class LayerSettings(SettingsGroup):
     def summary(self) -> str:
         parts = []
         sign = "≤" if self.exit_metric == "entropy" else "≥"
-        parts.append(f"exit at {self.exit_metric} {sign} {self.exit_threshold:g} from layer {self.min_exit_layer}")
+        start = self.min_exit_layer or "⅔ up"
+        parts.append(f"exit at {self.exit_metric} {sign} {self.exit_threshold:g} from layer {start}")
         if self.skip_layers or self.skip_threshold:
             parts.append(f"skip {self.skip_layers or '—'} / Δ<{self.skip_threshold:g}")
         return " · ".join(parts)
@@ -93,6 +96,10 @@ class LayerSettings(SettingsGroup):
              f"--exit-metric {self.exit_metric}: between 0 and 1 (got {self.exit_threshold:g})"),
             (layers_ok, f"skip_layers: {why}"),
         ]
+
+    def exit_from(self, layers: int) -> int:
+        """The first layer allowed to answer in a ``layers``-layer model (1-based)."""
+        return self.min_exit_layer or max(1, -(-2 * layers // 3))
 
     def skip_set(self) -> tuple[int, ...]:
         return parse_layer_set(self.skip_layers)

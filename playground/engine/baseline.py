@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import DynamicCache
 
 from playground.config import RunSettings
 from playground.engine.forward import prefill, sync_device
@@ -23,12 +24,13 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
     ids = torch.tensor([prompt_ids], device=lm.device)
     chosen: list[int] = []
     with torch.inference_mode():
-        logits, cache = prefill(lm.model, ids)
+        # The prompt but its last token is prefilled: every timed token then costs one forward pass, as in the
+        # runs compared with it (which read the prompt's last token with their first step).
+        cache = prefill(lm.model, ids[:, :-1])[1] if ids.shape[1] > 1 else DynamicCache(config=lm.model.config)
         sync_device(lm.device)
         start = time.perf_counter()
         for step in range(tokens):
-            if step:
-                logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
+            logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
             analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)
             token = int(analysis.processed_logits.argmax(dim=-1).item())
             analysis.token_id = token

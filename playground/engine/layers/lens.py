@@ -125,7 +125,7 @@ def lens_logprobs(stack: LayerStack, hidden: torch.Tensor) -> torch.Tensor:
 
 def entropy_bits(logprobs: torch.Tensor) -> torch.Tensor:
     """[n, vocab] log-probabilities → [n] entropies in bits."""
-    return -(logprobs.exp() * logprobs).nan_to_num(0.0).sum(dim=-1) / LN2
+    return -(logprobs.exp() * logprobs).sum(dim=-1) / LN2  # lens logits are finite: no 0 × −inf to guard
 
 
 def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | None],
@@ -141,13 +141,15 @@ def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | Non
     start = time.perf_counter()
     ran = [i for i, h in enumerate(outputs) if h is not None]
     answering = exit_layer - 1 if exit_layer is not None else ran[-1]
-    rows = dict(known or {})
-    wanted = ran if full else sorted({*rows, answering})
-    missing = [i for i in wanted if i not in rows]
-    if missing:
-        computed = lens_logprobs(stack, torch.stack([outputs[i] for i in missing]))  # [missing, vocab]
-        rows.update(zip(missing, computed, strict=True))
-    logprobs = torch.stack([rows[i] for i in wanted])  # [wanted, vocab]
+    known = dict(known or {})
+    wanted = ran if full else sorted({*known, answering})
+    missing = [i for i in wanted if i not in known]
+    have = [i for i in wanted if i in known]
+    parts = [torch.stack([known[i] for i in have])] if have else []  # [have, vocab]
+    if missing:  # one batched product, appended without copying it again
+        parts.insert(0, lens_logprobs(stack, torch.stack([outputs[i] for i in missing])))  # [missing, vocab]
+    wanted = missing + have  # the rows' order
+    logprobs = torch.cat(parts) if len(parts) > 1 else parts[0]  # [wanted, vocab]
     entropy = entropy_bits(logprobs).tolist()
     top_lp, top_ids = logprobs.topk(top, dim=-1)  # [wanted, top]
     top_p, top_ids = top_lp.exp().tolist(), top_ids.tolist()
@@ -201,5 +203,5 @@ class LensRecorder:
 def layers_started(mode: str, count: int, lens: LensSettings, layers: LayerSettings, kv_fill: str) -> LayersStarted:
     return LayersStarted(
         mode=mode, layers=count, lens_top=lens.lens_top, exit_metric=layers.exit_metric,
-        exit_threshold=layers.exit_threshold, min_exit_layer=layers.min_exit_layer, skip_layers=layers.skip_set(),
+        exit_threshold=layers.exit_threshold, min_exit_layer=layers.exit_from(count), skip_layers=layers.skip_set(),
         skip_threshold=layers.skip_threshold, kv_fill=kv_fill)
