@@ -1028,3 +1028,18 @@ def test_default_model_layers_drafter_equals_generate(default_lm, default_refere
     assert run.drafted > run.accepted, "some layers-drafted token should be rejected"
     assert run.ids == expected[:12]
 
+
+
+def test_adaptive_k_follows_the_heuristic_schedule_and_keeps_greedy(tiny_lm):
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    run = spec(tiny_lm, prompt=prompt, chat=False, max_new_tokens=40, draft="prompt-lookup", draft_k=3,
+               adaptive_k=True)
+    k = 3
+    for rnd in run.rounds:
+        if rnd.drafted:  # each round drafts what the last verdicts allow (fewer only near the end or a short match)
+            assert len(rnd.drafted) <= k
+            k = min(16, k + 2) if rnd.accepted == len(rnd.drafted) else max(1, k - 1)
+    assert any(r.accepted == len(r.drafted) > 0 for r in run.rounds) and any(
+        r.accepted < len(r.drafted) for r in run.rounds), "precondition: both kinds of verdict"
+    assert max(len(r.drafted) for r in run.rounds) > 3  # the schedule grew the draft
+    assert list(run.done.token_ids) == cached_reference(tiny_lm, list(run.prompt_ids), max_new_tokens=40)

@@ -23,6 +23,9 @@ class SpeculativeSettings(SettingsGroup):
         "quantized = the target's quantized copy", choices=DRAFTERS)
     draft_k: int = setting(4, "draft tokens", "tokens drafted per round, all checked by one target forward pass",
                            minimum=1, maximum=16)
+    adaptive_k: bool = setting(False, "adaptive k", "change the draft length each round as transformers' "
+                               "heuristic schedule does: +2 after a fully accepted draft, −1 after a rejection "
+                               "(between 1 and 16, starting at draft tokens); off: always draft tokens")
     do_sample: bool = setting(False, "sample", "sample with the sampling settings, verified by the rejection rule "
                               "(accept with min(1, p/q), else resample from max(0, p - q)); off: greedy, accept "
                               "drafts equal to the target's argmax")
@@ -38,7 +41,8 @@ class SpeculativeSettings(SettingsGroup):
     def summary(self) -> str:
         extra = {"layers": f" ({self.draft_layers} layers)", "model": f" ({self.draft_model})",
                  "prompt-lookup": f" (n-gram {self.prompt_lookup_ngram})"}.get(self.draft, "")
-        return f"{self.draft}{extra} drafts {self.draft_k}" + (" · sampled" if self.do_sample else "")
+        k = f"{self.draft_k}" + (" (adaptive)" if self.adaptive_k else "")
+        return f"{self.draft}{extra} drafts {k}" + (" · sampled" if self.do_sample else "")
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.draft != "model" or bool(self.draft_model.strip()),

@@ -121,6 +121,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     if lens is not None:
         yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
     ids = list(prompt_ids)  # prompt + emitted tokens
+    k = spec.draft_k  # tokens to draft next round
     generated: list[int] = []
     rounds = drafted_total = accepted_total = target_calls = 0
     draft_ms_total = verify_ms_total = 0.0
@@ -145,7 +146,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             if forcing:  # branching: the forced tokens are a draft that is accepted whatever the target says
                 draft = Draft(forced[len(generated) : len(generated) + room], None)
             else:
-                draft = drafter.propose(ids, min(spec.draft_k, room - 1)) if room > 1 else Draft([], None)
+                draft = drafter.propose(ids, min(k, room - 1)) if room > 1 else Draft([], None)
                 draft.tokens = draft.tokens[: max(0, room - 1)]
             draft_ms = (time.perf_counter() - start) * 1000
             start = time.perf_counter()
@@ -192,6 +193,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             steps = [dataclasses.replace(step, step_ms=round_ms / len(steps)) for step in steps]
             cut = len(steps) < len(emitted)  # the run ended inside the round
             if not forcing:
+                if spec.adaptive_k and draft.tokens:
+                    k = next_draft_length(k, verdict.accepted, len(draft.tokens))
                 rounds += 1
                 drafted_total += len(draft.tokens)
                 accepted_total += verdict.accepted
@@ -224,6 +227,11 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         figures["baseline_tokens_per_s"] = baseline
         figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
     yield dataclasses.replace(finished, figures=figures)
+
+
+def next_draft_length(k: int, accepted: int, drafted: int) -> int:
+    """transformers' "heuristic" schedule: a fully accepted draft earns two more tokens, a rejection costs one."""
+    return min(16, k + 2) if accepted == drafted else max(1, k - 1)
 
 
 def _score(lm: LoadedModel, cache: object, ids: list[int], draft: list[int], context: torch.Tensor,
