@@ -67,6 +67,8 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events):
                               max_new_tokens=2)),
         (tiny_lm, RunSettings.from_flat(strategy="speculative", draft="jacobi", max_new_tokens=6, baseline_tokens=2)),
         (tiny_lm, RunSettings.from_flat(strategy="early-exit", max_new_tokens=3, exit_threshold=8.0)),
+        (tiny_lm, RunSettings.from_flat(strategy="kv-cache", max_new_tokens=3, paged=True, block_size=2,
+                                        batch_sweep="1,2")),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
     return events + banned_beam_events

@@ -50,8 +50,11 @@ def test_every_strategy_runs_on_a_tiny_model(tiny_lm, name):
     # Between the start and the prefill, only the strategy's own description (e.g. speculative's drafter).
     prefill = next(i for i, e in enumerate(events) if isinstance(e, PrefillDone))
     assert all(not isinstance(e, (*strategy.step_events, RunFinished)) for e in events[1:prefill])
-    steps = events[prefill + 1 : -1]
+    # Then only step events; after the last of them, only the run's summaries (e.g. measurements made at the end).
+    last = max(i for i, e in enumerate(events) if isinstance(e, strategy.step_events))
+    steps = events[prefill + 1 : last + 1]
     assert steps and all(isinstance(e, strategy.step_events) for e in steps), [type(e).__name__ for e in steps]
+    assert not any(isinstance(e, (*strategy.step_events, PrefillDone)) for e in events[last + 1 : -1])
     assert events[-1].stop_reason == "max_new_tokens"  # this tiny model does not end within 3 tokens
     assert sum(isinstance(e, strategy.step_events[-1]) for e in steps) == 3
     assert len(events[-1].token_ids) == 3

@@ -11,6 +11,9 @@ def kv_cache_bytes(cache: Any) -> int:
     """Bytes held by the keys and values of a transformers cache (all layers, all batch rows)."""
     if cache is None:
         return 0
+    held = getattr(cache, "nbytes", None)  # paged and quantized caches know what they hold (reading is a copy)
+    if isinstance(held, int):
+        return held
     total = 0
     for layer in getattr(cache, "layers", ()):
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):

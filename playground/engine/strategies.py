@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from playground.config import (
     BeamSettings,
     ConfigError,
+    KVSettings,
     LayerSettings,
     LensSettings,
     RunSettings,
@@ -21,6 +22,7 @@ from playground.config import (
     SpeculativeSettings,
 )
 from playground.events import BeamStep, Event, TokenStep
+from playground.events.kv import KVStep
 from playground.events.layers import LayerStep
 from playground.events.speculative import SpeculativeRound
 
@@ -82,6 +84,12 @@ register_strategy(Strategy(
     "layer-skip", "each token passes some layers by: a fixed set, or after a layer that barely changed it",
     "playground.engine.layers.decode:run_layer_skip", sections=("penalties",), groups=(LayerSettings, LensSettings),
     step_events=(LayerStep, TokenStep)))
+
+
+register_strategy(Strategy(
+    "kv-cache", "greedy decoding that measures its KV cache every step: contiguous, paged, quantized or none",
+    "playground.engine.kv.decode:run_kv_cache", sections=("penalties",), groups=(KVSettings,),
+    step_events=(KVStep, TokenStep)))
 
 
 def strategy_names() -> tuple[str, ...]:

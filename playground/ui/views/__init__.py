@@ -15,6 +15,7 @@ VIEW_MODULES = (
     "playground.ui.views.beam_tree",
     "playground.ui.views.speculative",
     "playground.ui.views.layers",
+    "playground.ui.views.kv",
 )
 
 _REGISTRY: dict[str, type[View]] = {}

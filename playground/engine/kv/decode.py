@@ -1,0 +1,211 @@
+"""The ``kv-cache`` strategy: greedy decoding that measures its KV cache after every step.
+
+The cache is held as one growing tensor per layer (transformers' DynamicCache), as fixed-size blocks with a block
+table (``--paged``), quantized (``--kv-dtype int8|int4``), or not at all (``--no-cache``: the whole sequence is
+recomputed every step). Every step yields a ``KVStep`` (per-layer bytes measured from the tensors, the formula,
+process memory, the block tables) before its ``token`` event; the prefill and the decode phase each get a
+``KVPhase`` on the roofline of this machine's measured ceilings; with and without cache latency and a batch sweep
+are measured at the end when asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import DynamicCache
+
+from playground.config import KVSettings, RunSettings
+from playground.engine.forward import sync_device
+from playground.engine.kv import measure
+from playground.engine.processors import build_pipeline
+from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_events import RunRecorder
+from playground.engine.step_analysis import analyse_step
+from playground.engine.stop_strings import StopStringWatch
+from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.events import Event, PrefillDone
+from playground.events.kv import KVBlocks, KVCompare, KVPhase, KVStarted, KVStep, KVSweep
+from playground.models.loaded import LoadedModel
+
+StopCheck = Callable[[], bool]
+ELEMENT_BYTES = {"int8": 1.0, "int4": 0.5}
+
+
+def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+    settings.validate()
+    kv = settings.group(KVSettings)
+    prompt_ids, prompt_text = encode_prompt(lm, settings)
+    check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
+    record = RunRecorder(lm, settings, should_stop, groups=(KVSettings,))
+    return _decode(lm, settings, kv, prompt_ids, prompt_text, record)
+
+
+def new_cache(lm: LoadedModel, kv: KVSettings) -> object | None:
+    """The cache the settings ask for (None: no cache)."""
+    if kv.no_cache:
+        return None
+    if kv.paged:
+        from playground.engine.kv.paged import PagedCache
+
+        return PagedCache(lm.model.config, block_size=kv.block_size, kv_dtype=kv.kv_dtype)
+    if kv.kv_dtype != "model":
+        from playground.engine.kv.quantized import QuantizedKVCache
+
+        return QuantizedKVCache(lm.model.config, kv_dtype=kv.kv_dtype)
+    return DynamicCache(config=lm.model.config)
+
+
+@contextmanager
+def attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
+    """The model's attention switched to ``implementation`` for the run, and back after."""
+    before = model.config._attn_implementation
+    if before == implementation:
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+def _started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
+    config = lm.model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = ELEMENT_BYTES.get(kv.kv_dtype, float(torch.empty((), dtype=lm.dtype).element_size()))
+    ceilings = measure.machine_ceilings(lm.device)
+    holder = "none" if kv.no_cache else ("paged" if kv.paged else "contiguous")
+    return KVStarted(
+        holder=holder, block_size=kv.block_size if kv.paged else 0, kv_dtype=kv.kv_dtype, attn=kv.attn,
+        layers=config.num_hidden_layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=element,
+        formula_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * element,
+        weights_bytes=measure.weights_bytes(lm.model), max_length=max_length, peak_flops=ceilings.peak_flops,
+        peak_bytes_per_s=ceilings.peak_bytes_per_s)
+
+
+def _kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted) -> KVStep:
+    layers = cache_layer_bytes(cache, start.layers)
+    process, reserved = measure.process_memory(lm.device)
+    blocks = cache.blocks() if hasattr(cache, "blocks") else None
+    sequences = len(blocks.tables) if isinstance(blocks, KVBlocks) else (1 if cache is not None else 0)
+    formula = round(start.formula_bytes_per_token * tokens * sequences)
+    return KVStep(step=step, tokens=tokens if cache is not None else 0, layer_bytes=tuple(layers),
+                  total_bytes=sum(layers), formula_bytes=formula, process_bytes=process,
+                  device_reserved_bytes=reserved, blocks=blocks)
+
+
+def cache_layer_bytes(cache: object | None, layers: int) -> list[int]:
+    if cache is None:
+        return [0] * layers
+    if hasattr(cache, "layer_bytes"):
+        return list(cache.layer_bytes())
+    return measure.layer_bytes(cache)
+
+
+def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: list[int], prompt_text: str,
+            record: RunRecorder) -> Iterator[Event]:
+    pipeline = build_pipeline(settings, sampling=False)
+    token_text = TokenTextCache(lm.tokenizer)
+    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
+    stop_watch = StopStringWatch(settings.stop_strings)
+    eos_ids = set(lm.eos_token_ids)
+    forced = settings.forced_token_ids
+    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
+    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
+    model = lm.model
+
+    yield record.started(prompt_ids, prompt_text)
+    start = _started(lm, kv, len(prompt_ids) + max_steps)
+    yield start
+    generated: list[int] = []
+    step_ms: list[float] = []
+    with attention(model, kv.attn), torch.inference_mode():
+        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
+        cache = new_cache(lm, kv)
+        begin = time.perf_counter()
+        out = model(input_ids=ids, cache=cache, use_cache=cache is not None, **_last_only(model))
+        logits = out.logits[:, -1, :].float()  # [1, vocab]
+        sync_device(lm.device)
+        record.prefill_ms = (time.perf_counter() - begin) * 1000
+        held = cache_layer_bytes(cache, start.layers)
+        yield _phase(lm, start, "prefill", len(prompt_ids), len(prompt_ids), record.prefill_ms)
+        yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=record.prefill_ms, kv_cache_bytes=sum(held))
+
+        for step in range(max_steps):
+            if record.should_stop():
+                stop_reason = "stopped"
+                break
+            record.step_started()
+            if step > 0:
+                if cache is None:  # recompute everything: the cost the cache saves
+                    logits = model(input_ids=ids, use_cache=False, **_last_only(model)).logits[:, -1, :].float()
+                else:
+                    logits = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
+            analysis = analyse_step(pipeline, ids, logits, settings.num_candidates)
+            token_id = forced[step] if step < len(forced) else int(analysis.processed_logits.argmax(dim=-1).item())
+            analysis.token_id = token_id
+            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
+            ms = record.step_ended()
+            step_ms.append(ms)
+            kv_step = _kv_step(lm, cache, step, ids.shape[1] - 1, start)
+            text = decoder.push(token_id)
+            generated.append(token_id)
+            yield kv_step
+            yield analysis.to_event(step=step, text=text, forced=step < len(forced), step_ms=ms,
+                                    kv_bytes=kv_step.total_bytes, token_text=token_text)
+            if token_id in eos_ids:
+                stop_reason = "eos"
+                break
+            if stop_watch.hit(text):
+                stop_reason = "stop_string"
+                break
+        if len(generated) > 1:  # the first token came from the prefill's logits: one pass fewer than tokens
+            yield _phase(lm, start, "decode", len(generated) - 1, len(prompt_ids) + len(generated) - 1,
+                         sum(step_ms[1:]), recompute=cache is None)
+
+    if generated and stop_reason != "stopped":
+        if kv.compare_no_cache:
+            yield _compare(lm, prompt_ids, len(generated))
+        if kv.sweep_sizes():
+            yield _sweep(lm, prompt_ids, kv.sweep_sizes(), min(len(generated), 32))
+    yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                          steps=len(generated))
+
+
+def _last_only(model: torch.nn.Module) -> dict:
+    from playground.engine.forward import keep_last_logits
+
+    return keep_last_logits(model, 1)
+
+
+def _phase(lm: LoadedModel, start: KVStarted, phase: str, tokens: int, context: int, ms: float,
+           recompute: bool = False) -> KVPhase:
+    """``tokens``: prompt tokens read (prefill) or forward passes (decode); ``context``: the length at the end."""
+    body, head = measure.forward_params(lm.model)
+    flops, moved = measure.phase_estimate(
+        lm.model.config, body, phase, tokens, context, start.weights_bytes / max(measure.parameter_count(lm.model), 1),
+        start.formula_bytes_per_token, head_params=head, recompute=recompute)
+    seconds = ms / 1000
+    return KVPhase(phase=phase, tokens=tokens, ms=ms, flops=flops, bytes_moved=moved,
+                   intensity=flops / moved if moved else 0.0, achieved_flops=flops / seconds if seconds else 0.0)
+
+
+def _compare(lm: LoadedModel, prompt_ids: list[int], tokens: int) -> KVCompare:
+    from playground.engine.kv.batch import cached_decode, no_cache_decode
+
+    cached_ids, cached_ms = cached_decode(lm, prompt_ids, tokens)
+    uncached_ids, uncached_ms = no_cache_decode(lm, prompt_ids, tokens)
+    return KVCompare(cached_ms=tuple(cached_ms), uncached_ms=tuple(uncached_ms), identical=cached_ids == uncached_ids)
+
+
+def _sweep(lm: LoadedModel, prompt_ids: list[int], sizes: tuple[int, ...], tokens: int) -> KVSweep:
+    from playground.engine.kv.batch import batch_sweep
+
+    rows = batch_sweep(lm, [prompt_ids], sizes, tokens)
+    return KVSweep(batch_sizes=tuple(r[0] for r in rows), tokens_per_s=tuple(r[1] for r in rows),
+                   ms_per_step=tuple(r[2] for r in rows), kv_bytes=tuple(r[3] for r in rows))

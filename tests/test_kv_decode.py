@@ -1,0 +1,122 @@
+"""The ``kv-cache`` strategy: its tokens against ``model.generate``, its bytes against the formula and the cache
+tensors counted here, the paged cache's block tables against a count by hand, and the end-of-run comparisons."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from playground.config import RunSettings
+from playground.engine.prompt import encode_prompt
+from playground.engine.strategies import run_strategy
+from playground.events import PrefillDone, RunFinished, TokenStep, dumps_event, event_from_dict
+from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
+
+PROMPT = "the cat sat on the mat"
+NEW = 10
+
+
+def run(lm, **settings) -> list:
+    options = {"prompt": PROMPT, "chat": False, "strategy": "kv-cache", "max_new_tokens": NEW,
+               "compare_no_cache": False, **settings}
+    return list(run_strategy(lm, RunSettings.from_flat(**options)))
+
+
+def of_type(events: list, cls: type) -> list:
+    return [e for e in events if isinstance(e, cls)]
+
+
+def reference(lm, n: int = NEW) -> tuple[list[int], list[int]]:
+    ids = encode_prompt(lm, RunSettings(prompt=PROMPT, chat=False))[0]
+    tensor = torch.tensor([ids])
+    out = lm.model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False, max_new_tokens=n,
+                            min_new_tokens=n, pad_token_id=lm.tokenizer.pad_token_id)
+    return ids, out[0, len(ids):].tolist()
+
+
+def per_token_per_layer(lm) -> int:
+    config = lm.model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    return 2 * config.num_key_value_heads * head_dim * 4  # keys and values, float32
+
+
+@pytest.mark.parametrize("options", [{}, {"paged": True, "block_size": 3}, {"no_cache": True}, {"attn": "eager"}],
+                         ids=["contiguous", "paged", "no-cache", "eager"])
+def test_every_holder_decodes_plain_greedy(tiny_lm, options):
+    events = run(tiny_lm, **options)
+    _, expected = reference(tiny_lm)
+    assert list(events[-1].token_ids) == expected
+    assert tiny_lm.model.config._attn_implementation == "sdpa"  # the run put the attention back
+
+
+def test_bytes_per_layer_equal_the_tensors_and_the_formula(tiny_lm):
+    events = run(tiny_lm)
+    prompt, _ = reference(tiny_lm)
+    layers = tiny_lm.model.config.num_hidden_layers
+    per_layer = per_token_per_layer(tiny_lm)
+    steps, tokens = of_type(events, KVStep), of_type(events, TokenStep)
+    assert [s.step for s in steps] == [t.step for t in tokens] == list(range(NEW))
+    for i, (step, token) in enumerate(zip(steps, tokens, strict=True)):
+        held = len(prompt) + i  # the newest token is read by the next step
+        assert step.tokens == held
+        assert step.layer_bytes == (held * per_layer,) * layers
+        assert step.total_bytes == step.formula_bytes == token.kv_cache_bytes == held * per_layer * layers
+        assert step.process_bytes > 0 and step.blocks is None
+    start = of_type(events, KVStarted)[0]
+    assert (start.holder, start.formula_bytes_per_token) == ("contiguous", per_layer * layers)
+    assert start.weights_bytes == sum(p.numel() * p.element_size() for p in tiny_lm.model.parameters()) + sum(
+        b.numel() * b.element_size() for b in tiny_lm.model.buffers())
+    assert start.peak_flops > 0 and start.peak_bytes_per_s > 0
+
+
+@pytest.mark.parametrize("block", [1, 3, 16])
+def test_the_paged_cache_holds_whole_blocks(tiny_lm, block):
+    events = run(tiny_lm, paged=True, block_size=block)
+    prompt, _ = reference(tiny_lm)
+    layers = tiny_lm.model.config.num_hidden_layers
+    for i, step in enumerate(of_type(events, KVStep)):
+        held = len(prompt) + i
+        blocks = math.ceil(held / block)
+        assert len(step.blocks.tables) == 1 and len(step.blocks.tables[0]) == blocks
+        assert (step.blocks.slots_used, step.blocks.slots_allocated) == (held, blocks * block)
+        assert step.blocks.fragmentation == pytest.approx(1 - held / (blocks * block))
+        assert step.formula_bytes == held * per_token_per_layer(tiny_lm) * layers
+        # Whole blocks are held: the measured bytes count the empty slots of the last one too.
+        assert step.total_bytes == blocks * block * per_token_per_layer(tiny_lm) * layers
+
+
+def test_no_cache_holds_nothing_and_recomputes(tiny_lm):
+    events = run(tiny_lm, no_cache=True)
+    assert all(s.total_bytes == 0 and s.tokens == 0 for s in of_type(events, KVStep))
+    assert of_type(events, KVStarted)[0].holder == "none"
+    assert all(t.kv_cache_bytes == 0 for t in of_type(events, TokenStep))
+
+
+def test_a_quantized_cache_holds_fewer_bytes(tiny_lm):
+    plain = of_type(run(tiny_lm), KVStep)[-1].total_bytes
+    int8 = of_type(run(tiny_lm, kv_dtype="int8"), KVStep)[-1].total_bytes
+    int4 = of_type(run(tiny_lm, kv_dtype="int4"), KVStep)[-1].total_bytes
+    head_dim = tiny_lm.model.config.hidden_size // tiny_lm.model.config.num_attention_heads
+    # Per head and token: head_dim codes of 1 byte (int8) or half a byte (int4), plus a float32 step and offset.
+    assert int8 == plain * (head_dim + 8) // (4 * head_dim)
+    assert int4 == plain * (head_dim // 2 + 8) // (4 * head_dim)
+
+
+def test_phases_compare_and_sweep(tiny_lm):
+    events = run(tiny_lm, compare_no_cache=True, batch_sweep="1,2,3")
+    prompt, expected = reference(tiny_lm)
+    phases = {p.phase: p for p in of_type(events, KVPhase)}
+    # The first token comes from the prefill's logits: the decode phase is one forward pass fewer.
+    assert phases["prefill"].tokens == len(prompt) and phases["decode"].tokens == NEW - 1
+    assert phases["prefill"].intensity > phases["decode"].intensity  # prefill reuses each weight per prompt token
+    assert events.index(phases["prefill"]) < events.index(of_type(events, PrefillDone)[0])
+    (compare,) = of_type(events, KVCompare)
+    assert compare.identical and len(compare.cached_ms) == len(compare.uncached_ms) == NEW
+    (sweep,) = of_type(events, KVSweep)
+    assert sweep.batch_sizes == (1, 2, 3) and all(t > 0 for t in sweep.tokens_per_s)
+    assert isinstance(events[-1], RunFinished) and list(events[-1].token_ids) == expected
+    for event in events:
+        assert event_from_dict(json.loads(dumps_event(event))) == event
