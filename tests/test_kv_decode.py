@@ -120,3 +120,31 @@ def test_phases_compare_and_sweep(tiny_lm):
     assert isinstance(events[-1], RunFinished) and list(events[-1].token_ids) == expected
     for event in events:
         assert event_from_dict(json.loads(dumps_event(event))) == event
+
+
+def test_parallel_samples_share_the_prompts_blocks_and_copy_on_write(tiny_lm):
+    block, samples = 5, 3
+    prompt, _ = reference(tiny_lm)
+    n = len(prompt)
+    assert n % block, "precondition: the prompt ends inside a block, so the first write copies it"
+    paged = run(tiny_lm, paged=True, block_size=block, samples=samples, seed=7)
+    contiguous = run(tiny_lm, samples=samples, seed=7)
+    # The cache's layout changes no logit: the same seed samples the same tokens.
+    assert paged[-1].token_ids == contiguous[-1].token_ids
+    assert of_type(paged, KVStarted)[0].sequences == samples
+    per_token = per_token_per_layer(tiny_lm) * tiny_lm.model.config.num_hidden_layers
+    shared_full = n // block
+    for s, (step, flat) in enumerate(zip(of_type(paged, KVStep), of_type(contiguous, KVStep), strict=True)):
+        held = n + s
+        tables = step.blocks.tables
+        assert len(tables) == samples and all(len(t) == math.ceil(held / block) for t in tables)
+        if s == 0:  # nothing written since the prefill: every block is the prompt's, held by all
+            assert step.blocks.blocks_allocated == math.ceil(n / block)
+            assert set(step.blocks.shared) == set(tables[0])
+        else:  # the prompt's full blocks stay shared; each sequence has its own from the partial one on
+            own = math.ceil(held / block) - shared_full
+            assert set(step.blocks.shared) == set(tables[0][:shared_full])
+            assert step.blocks.blocks_allocated == shared_full + samples * own
+        assert step.total_bytes == step.blocks.blocks_allocated * block * per_token
+        # A contiguous cache holds a copy of the prompt for every sequence.
+        assert flat.total_bytes == flat.formula_bytes == samples * held * per_token

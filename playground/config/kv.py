@@ -27,6 +27,9 @@ class KVSettings(SettingsGroup):
                             "int4 (per-token scales)", choices=KV_DTYPES)
     attn: str = setting("sdpa", "attention", "attention implementation: sdpa (PyTorch's scaled-dot-product "
                         "attention) or eager (the explicit softmax(QKᵀ)V)", choices=ATTENTIONS)
+    samples: int = setting(1, "parallel samples", "decode this many sampled continuations of the prompt as one "
+                           "batch sharing its prefill (paged: the prompt's blocks shared, copied on write; "
+                           "contiguous: a copy per sequence); 1 = one greedy sequence", minimum=1, maximum=16)
     compare_no_cache: bool = setting(True, "compare without cache", "after the run, decode the same prompt "
                                      "recomputing everything each step, for per-token latency with and without "
                                      "the cache")
@@ -36,7 +39,8 @@ class KVSettings(SettingsGroup):
     def summary(self) -> str:
         holder = "no cache" if self.no_cache else (f"paged ({self.block_size}-token blocks)" if self.paged
                                                     else "contiguous cache")
-        return f"{holder} · KV {self.kv_dtype} · {self.attn}"
+        samples = f" · {self.samples} samples" if self.samples > 1 else ""
+        return f"{holder} · KV {self.kv_dtype} · {self.attn}{samples}"
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         try:

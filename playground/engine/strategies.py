@@ -88,7 +88,7 @@ register_strategy(Strategy(
 
 register_strategy(Strategy(
     "kv-cache", "greedy decoding that measures its KV cache every step: contiguous, paged, quantized or none",
-    "playground.engine.kv.decode:run_kv_cache", sections=("penalties",), groups=(KVSettings,),
+    "playground.engine.kv.decode:run_kv_cache", sections=("sampling", "penalties"), groups=(KVSettings,),
     step_events=(KVStep, TokenStep)))
 
 

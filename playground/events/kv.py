@@ -30,6 +30,7 @@ class KVStarted:
     max_length: int  # prompt + max new tokens: what a contiguous cache reserved up front would hold
     peak_flops: float  # this machine's measured ceilings (matmul and copy probes), for the roofline
     peak_bytes_per_s: float
+    sequences: int = 1  # parallel samples decoded as one batch on the prompt's shared prefill
 
 
 @dataclass(frozen=True)

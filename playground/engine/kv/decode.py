@@ -20,14 +20,15 @@ from transformers import DynamicCache
 from playground.config import KVSettings, RunSettings
 from playground.engine.forward import sync_device
 from playground.engine.kv import measure
-from playground.engine.processors import build_pipeline
+from playground.engine.processors import build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
+from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
 from playground.engine.stop_strings import StopStringWatch
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event, PrefillDone
-from playground.events.kv import KVBlocks, KVCompare, KVPhase, KVStarted, KVStep, KVSweep
+from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -73,6 +74,7 @@ def attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
 
 
 def _started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
+    """What the run holds its cache in, with the formula's numbers and this machine's ceilings."""
     config = lm.model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -85,14 +87,14 @@ def _started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
         layers=config.num_hidden_layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=element,
         formula_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * element,
         weights_bytes=measure.weights_bytes(lm.model), max_length=max_length, peak_flops=ceilings.peak_flops,
-        peak_bytes_per_s=ceilings.peak_bytes_per_s)
+        peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples)
 
 
 def _kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted) -> KVStep:
     layers = cache_layer_bytes(cache, start.layers)
     process, reserved = measure.process_memory(lm.device)
     blocks = cache.blocks() if hasattr(cache, "blocks") else None
-    sequences = len(blocks.tables) if isinstance(blocks, KVBlocks) else (1 if cache is not None else 0)
+    sequences = start.sequences if cache is not None else 0
     formula = round(start.formula_bytes_per_token * tokens * sequences)
     return KVStep(step=step, tokens=tokens if cache is not None else 0, layer_bytes=tuple(layers),
                   total_bytes=sum(layers), formula_bytes=formula, process_bytes=process,
@@ -109,7 +111,9 @@ def cache_layer_bytes(cache: object | None, layers: int) -> list[int]:
 
 def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: list[int], prompt_text: str,
             record: RunRecorder) -> Iterator[Event]:
-    pipeline = build_pipeline(settings, sampling=False)
+    samples = kv.samples
+    pipeline = build_pipeline(settings, sampling=samples > 1)
+    generator = make_generator(lm.device, settings.seed)
     token_text = TokenTextCache(lm.tokenizer)
     decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
     stop_watch = StopStringWatch(settings.stop_strings)
@@ -135,6 +139,10 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
         held = cache_layer_bytes(cache, start.layers)
         yield _phase(lm, start, "prefill", len(prompt_ids), len(prompt_ids), record.prefill_ms)
         yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=record.prefill_ms, kv_cache_bytes=sum(held))
+        if samples > 1:  # the prompt read once, its cache shared by every sequence (paged: the same blocks)
+            if cache is not None:
+                cache.batch_repeat_interleave(samples)
+            ids, logits = ids.repeat(samples, 1), logits.repeat(samples, 1)  # [samples, ·]
 
         for step in range(max_steps):
             if record.should_stop():
@@ -146,10 +154,18 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
                     logits = model(input_ids=ids, use_cache=False, **_last_only(model)).logits[:, -1, :].float()
                 else:
                     logits = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
-            analysis = analyse_step(pipeline, ids, logits, settings.num_candidates)
-            token_id = forced[step] if step < len(forced) else int(analysis.processed_logits.argmax(dim=-1).item())
+            # logits: [samples, vocab]; the run's own tokens are row 0's, the other rows are its parallel samples
+            analysis = analyse_step(pipeline, ids[:1], logits[:1], settings.num_candidates)
+            if step < len(forced):
+                token_id = forced[step]
+            elif samples > 1:
+                token_id = sample_next_token(analysis.processed_probs, generator)
+            else:
+                token_id = int(analysis.processed_logits.argmax(dim=-1).item())
             analysis.token_id = token_id
-            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
+            row_tokens = [token_id] + [_sample_row(pipeline, ids[r : r + 1], logits[r : r + 1], generator)
+                                       for r in range(1, samples)]
+            ids = torch.cat([ids, ids.new_tensor(row_tokens)[:, None]], dim=1)
             ms = record.step_ended()
             step_ms.append(ms)
             kv_step = _kv_step(lm, cache, step, ids.shape[1] - 1, start)
@@ -175,6 +191,11 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             yield _sweep(lm, prompt_ids, kv.sweep_sizes(), min(len(generated), 32))
     yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
                           steps=len(generated))
+
+
+def _sample_row(pipeline: tuple, ids: torch.Tensor, logits: torch.Tensor, generator: torch.Generator) -> int:
+    """One parallel sample's next token: ``ids`` [1, n], ``logits`` [1, vocab]."""
+    return sample_next_token(run_pipeline(pipeline, ids, logits).softmax(dim=-1), generator)
 
 
 def _last_only(model: torch.nn.Module) -> dict:
