@@ -15,7 +15,7 @@ from playground.presets import load_preset, preset_names
 EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
     "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked", "speculative-prompt-lookup",
-    "logit-lens", "early-exit",
+    "logit-lens", "early-exit", "kv-cache-paged",
 }
 
 
@@ -152,6 +152,25 @@ def test_early_exit_preset_keeps_the_text_and_skips_layers(default_lm):
     assert done.figures["identical_fraction"] == 1.0
     assert sum(e is not None for e in exits) >= 10 and all(e is None or e >= 20 for e in exits)
     assert done.figures["compute_saved"] > 0.05
+
+
+@pytest.mark.model
+def test_paged_samples_share_the_prompt_and_the_cache_pays(default_lm):
+    from playground.events.kv import KVCompare, KVPhase, KVStep, KVSweep
+
+    events = list(run_strategy(default_lm, load_preset("kv-cache-paged").settings))
+    steps = [e for e in events if isinstance(e, KVStep)]
+    prompt_blocks = len(events[0].prompt_token_ids) // 16  # full blocks of the prompt, shared by all four
+    assert prompt_blocks >= 2 and len(steps) == 40
+    last = steps[-1]
+    assert len(last.blocks.tables) == 4 and len(last.blocks.shared) == prompt_blocks
+    assert last.total_bytes < 0.8 * last.formula_bytes  # four sequences, one copy of the prompt
+    (compare,) = [e for e in events if isinstance(e, KVCompare)]
+    assert compare.identical and sum(compare.uncached_ms) > 1.5 * sum(compare.cached_ms)
+    phases = {e.phase: e for e in events if isinstance(e, KVPhase)}
+    assert phases["prefill"].intensity > 10 * phases["decode"].intensity
+    (sweep,) = [e for e in events if isinstance(e, KVSweep)]
+    assert sweep.batch_sizes == (1, 4, 16) and sweep.tokens_per_s[-1] > 2 * sweep.tokens_per_s[0]
 
 
 def run_settings(lm, settings) -> tuple[list[TokenStep], RunFinished]:
