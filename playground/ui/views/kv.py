@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QFrame, QGridLayout, QScrollArea, QStackedWidget, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted
@@ -31,6 +31,7 @@ from playground.state.kv import KVState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.drawing import ThrottledDraw, static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
 MB = 1e6  # axes and figures in decimal megabytes (538 MB of fp32 weights for SmolLM2's 134.5 M parameters)
@@ -66,19 +67,6 @@ def format_mb(n: float) -> str:
     if abs(mb) >= 0.1 or mb == 0:
         return f"{mb:.2f} MB"
     return f"{mb:.3g} MB"
-
-
-def _plot(parent: QWidget, title: str, bottom: str, left: str) -> pg.PlotWidget:
-    plot = pg.PlotWidget(parent)
-    item = plot.getPlotItem()
-    item.setMenuEnabled(False)
-    item.hideButtons()
-    item.setMouseEnabled(x=False, y=False)
-    item.setTitle(title, size="10pt")
-    item.setLabel("bottom", bottom)
-    item.setLabel("left", left)
-    plot.setMinimumHeight(200)
-    return plot
 
 
 def _line(color: str, width: float = 2, style: Qt.PenStyle = Qt.PenStyle.SolidLine, **symbol) -> pg.PlotDataItem:
@@ -174,7 +162,6 @@ class KVView(View):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state = KVState()
-        self._pending = False
         self.header = rich_label(self)
         self.explanation = rich_label(self)
         self.explanation.setText(f"<i>{EXPLANATION}</i>")
@@ -186,15 +173,13 @@ class KVView(View):
         self._build_roofline()
         self._build_sweep_plot()
         self._build_layout()
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(LIVE_DRAW_MS)
-        self._timer.timeout.connect(self._timer_fired)
+        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
         self.reset()
 
     # --- building -------------------------------------------------------------------------------------------
     def _build_size_plot(self) -> None:
-        self.size_plot = _plot(self, "KV cache size after each step (log scale)", "decoding step", "MB (log scale)")
+        self.size_plot = static_plot(self, "KV cache size after each step (log scale)", "decoding step",
+                                     "MB (log scale)", min_height=200)
         item = self.size_plot.getPlotItem()
         item.setLogMode(x=False, y=True)
         item.showGrid(y=True, alpha=0.2)
@@ -212,7 +197,8 @@ class KVView(View):
         item.addItem(self._prefill_line)
 
     def _build_layer_plot(self) -> None:
-        self.layer_plot = _plot(self, "Bytes held by each layer (MB)", "decoding step", "layer")
+        self.layer_plot = static_plot(self, "Bytes held by each layer (MB)", "decoding step", "layer",
+                                      min_height=200)
         item = self.layer_plot.getPlotItem()
         self.layer_image = pg.ImageItem(axisOrder="row-major")
         item.addItem(self.layer_image)
@@ -221,7 +207,8 @@ class KVView(View):
         self.layer_colorbar.setImageItem(self.layer_image, insert_in=item)
 
     def _build_compare_plot(self) -> None:
-        plot = _plot(self, "Time per token, with and without the cache", "generated token", "ms per token")
+        plot = static_plot(self, "Time per token, with and without the cache", "generated token", "ms per token",
+                           min_height=200)
         plot.getPlotItem().showGrid(y=True, alpha=0.2)
         legend = _legend(plot, (8, 4))
         self._cached_curve = _line(CACHED_COLOR, 2)
@@ -235,8 +222,8 @@ class KVView(View):
         self.compare_panel = _Panel(plot, self)
 
     def _build_block_map(self) -> None:
-        plot = _plot(self, "Paged cache: each sequence's block table", "position in the block table",
-                     "sequence")
+        plot = static_plot(self, "Paged cache: each sequence's block table", "position in the block table",
+                           "sequence", min_height=200)
         item = plot.getPlotItem()
         item.invertY(True)  # sequence 0 on top
         self._block_cells = pg.BarGraphItem(x0=[], y0=[], width=[], height=[], pen=pg.mkPen("#FFFFFF", width=1))
@@ -249,8 +236,8 @@ class KVView(View):
         self.block_panel = _Panel(plot, self)
 
     def _build_roofline(self) -> None:
-        plot = _plot(self, "Roofline: prefill and decode vs this machine",
-                     "arithmetic intensity (FLOP per byte moved, log)", "achieved GFLOP/s (log)")
+        plot = static_plot(self, "Roofline: prefill and decode vs this machine",
+                           "arithmetic intensity (FLOP per byte moved, log)", "achieved GFLOP/s (log)", min_height=200)
         item = plot.getPlotItem()
         item.setLogMode(x=True, y=True)
         item.showGrid(x=True, y=True, alpha=0.15)
@@ -269,8 +256,8 @@ class KVView(View):
         self.roofline_panel = _Panel(plot, self)
 
     def _build_sweep_plot(self) -> None:
-        plot = _plot(self, "Batching: throughput and step time", "sequences in the batch (log)",
-                     "tokens/s (all sequences)")
+        plot = static_plot(self, "Batching: throughput and step time", "sequences in the batch (log)",
+                           "tokens/s (all sequences)", min_height=200)
         item = plot.getPlotItem()
         item.setLogMode(x=True, y=False)
         item.showGrid(y=True, alpha=0.2)
@@ -330,8 +317,7 @@ class KVView(View):
 
     # --- the view interface ---------------------------------------------------------------------------------
     def reset(self) -> None:
-        self._timer.stop()
-        self._pending = False
+        self._redraw.cancel()
         self.state.reset()
         self._draw()
         self.header.setText("<b>KV cache</b> — choose the kv-cache strategy and generate: what the cache holds, "
@@ -344,25 +330,13 @@ class KVView(View):
             self.state.apply(event)
 
     def flush(self) -> None:
-        if self._timer.isActive() and not self.state.ended:  # streaming: at most every LIVE_DRAW_MS
-            self._pending = True
-            return
-        self._draw()
-        if not self.state.ended:
-            self._timer.start()
+        self._redraw.request(streaming=not self.state.ended)
 
     def end(self, run: Run) -> None:
-        self._timer.stop()
-        self._pending = False
+        self._redraw.cancel()
         if not self.state.ended:
             self.state.end(run.status)
         self._draw()
-
-    def _timer_fired(self) -> None:
-        if self._pending:
-            self._pending = False
-            self._draw()
-            self._timer.start()
 
     # --- drawing --------------------------------------------------------------------------------------------
     def _draw(self) -> None:

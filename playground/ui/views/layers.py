@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, QTimer
+from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QComboBox,
@@ -45,6 +45,7 @@ from playground.state.layers import ENTROPY, MAX_PROB, METRICS, LayerState, Laye
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.drawing import ThrottledDraw, static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
 NOT_RUN_COLOR = "#A8A8A8"  # a layer that did not run: neutral grey, in no colour map
@@ -60,18 +61,6 @@ EXPLANATION = ("Each cell: how unsure layer L is about the next token if the mod
 
 def _short(text: str, limit: int = 8) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _plot(parent: QWidget, title: str, bottom: str, left: str) -> pg.PlotWidget:
-    plot = pg.PlotWidget(parent)
-    item = plot.getPlotItem()
-    item.setMenuEnabled(False)
-    item.hideButtons()
-    item.setMouseEnabled(x=False, y=False)
-    item.setTitle(title, size="10pt")
-    item.setLabel("bottom", bottom)
-    item.setLabel("left", left)
-    return plot
 
 
 def _outline(size: float, color: str, width: float) -> pg.ScatterPlotItem:
@@ -143,15 +132,12 @@ class LayersView(View):
         self._build_token_plot()
         self._build_replay_controls()
         self._build_layout()
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(LIVE_DRAW_MS)
-        self._timer.timeout.connect(self._timer_fired)
+        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
         self.reset()
 
     # --- building -------------------------------------------------------------------------------------------
     def _build_heatmap(self) -> None:
-        self.heatmap = _plot(self, "Entropy of each layer's next-token guess", "generated token", "layer")
+        self.heatmap = static_plot(self, "Entropy of each layer's next-token guess", "generated token", "layer")
         item = self.heatmap.getPlotItem()
         item.setMouseEnabled(x=True, y=False)  # long runs: drag or wheel along the tokens
         self._not_run = QGraphicsRectItem()
@@ -179,7 +165,7 @@ class LayersView(View):
 
     def _build_token_plot(self) -> None:
         """The selected token across the layers: entropy (left axis) and top-1 probability (right axis)."""
-        self.token_plot = _plot(self, "Selected token across layers", "layer", "entropy (bits)")
+        self.token_plot = static_plot(self, "Selected token across layers", "layer", "entropy (bits)")
         item = self.token_plot.getPlotItem()
         item.getAxis("left").setPen(ENTROPY_LINE)
         item.getAxis("left").setTextPen(ENTROPY_LINE)
@@ -284,8 +270,7 @@ class LayersView(View):
         return run.settings.group(LensSettings).lens
 
     def reset(self) -> None:
-        self._timer.stop()
-        self._pending = False
+        self._redraw.cancel()
         self.state.reset()
         self.replay = None
         self.selected_token = self.selected_layer = None
@@ -309,25 +294,14 @@ class LayersView(View):
     def flush(self) -> None:
         if self.follow_live and self.state.tokens:
             self._select(len(self.state.tokens) - 1, None)
-        if self._timer.isActive() and not self.state.ended:  # streaming: at most every LIVE_DRAW_MS
-            self._pending = True
-            return
-        self._draw()
-        if not self.state.ended:
-            self._timer.start()
+        self._redraw.request(streaming=not self.state.ended)
 
     def end(self, run: Run) -> None:
-        self._timer.stop()
+        self._redraw.cancel()
         if not self.state.ended:
             self.state.end(run.status)
         self.follow_live = False
         self._draw()
-
-    def _timer_fired(self) -> None:
-        if self._pending:
-            self._pending = False
-            self._draw()
-            self._timer.start()
 
     # --- selection and replay -------------------------------------------------------------------------------
     def select_cell(self, token: int, layer: int) -> None:

@@ -39,6 +39,7 @@ from playground.ui.speculative_text import (
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.drawing import static_plot
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
 MAX_SLOTS = 17  # drafted tokens (k ≤ 16) + the target's own
@@ -48,19 +49,6 @@ CSV_COLUMNS = ("round", "position", "token_id", "token", "kind", "draft_q", "tar
 
 def _short(text: str, limit: int = 9) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _plot(parent: QWidget, title: str, bottom: str, left: str) -> pg.PlotWidget:
-    plot = pg.PlotWidget(parent)
-    item = plot.getPlotItem()
-    item.setMenuEnabled(False)
-    item.hideButtons()
-    item.setMouseEnabled(x=False, y=False)
-    item.setTitle(title, size="10pt")
-    item.setLabel("bottom", bottom)
-    item.setLabel("left", left)
-    plot.setMinimumHeight(120)
-    return plot
 
 
 def _bars(color: str, pattern: bool = False) -> pg.BarGraphItem:
@@ -121,7 +109,7 @@ class SpeculativeView(View):
 
     def _build_timeline(self) -> None:
         """One stacked bar per round: accepted, then the target's own token, then the rejected drafts."""
-        self.timeline = _plot(self, "Rounds", "round (click one to inspect it)", "tokens")
+        self.timeline = static_plot(self, "Rounds", "round (click one to inspect it)", "tokens", min_height=120)
         self.timeline.getPlotItem().showGrid(y=True, alpha=0.2)
         self._band = pg.BarGraphItem(x=[], height=[], width=1.0, brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
         self.timeline_bars = {ACCEPTED: _bars(ACCEPTED_COLOR), TARGET: _bars(TARGET_COLOR),
@@ -135,7 +123,7 @@ class SpeculativeView(View):
 
     def _build_round_plot(self) -> None:
         """The selected round: q next to p for each drafted token, then the target's own token's p."""
-        self.round_plot = _plot(self, "Round", "", "probability")
+        self.round_plot = static_plot(self, "Round", "", "probability", min_height=120)
         self._q_bars = pg.BarGraphItem(x=[], height=[], width=0.36, brush=DRAFT_Q_COLOR, pen=pg.mkPen(None))
         self._p_bars = pg.BarGraphItem(x=[], height=[], width=0.36, brush=TARGET_COLOR, pen=pg.mkPen(None))
         self._draws = pg.ScatterPlotItem(symbol="t1", size=13, brush="#000000", pen=pg.mkPen("#FFFFFF", width=1))
@@ -150,16 +138,16 @@ class SpeculativeView(View):
 
     def _build_figure_plots(self) -> None:
         """Acceptance by draft position, and the what-if curve of the expected speed-up against k."""
-        self.positions_plot = _plot(self, "Acceptance by draft position (of the drafts the target judged)",
-                                    "draft position in the round", "accepted ÷ judged")
+        self.positions_plot = static_plot(self, "Acceptance by draft position (of the drafts the target judged)",
+                                    "draft position in the round", "accepted ÷ judged", min_height=120)
         self._position_bars = _bars(ACCEPTED_COLOR)
         self._alpha_line = pg.InfiniteLine(angle=0, movable=False, pen=_dashed("#333333"), label="α",
                                            labelOpts={"position": 0.99, "color": "#333333", "anchors": ABOVE_LEFT})
         self.positions_plot.addItem(self._position_bars)
         self.positions_plot.addItem(self._alpha_line)
         self.positions_plot.setYRange(0, 1.05, padding=0)
-        self.what_if_plot = _plot(self, "What-if (estimate): expected speed-up against k",
-                                  "k (tokens drafted per round)", "speed-up ×")
+        self.what_if_plot = static_plot(self, "What-if (estimate): expected speed-up against k",
+                                  "k (tokens drafted per round)", "speed-up ×", min_height=120)
         self._what_if_curve = pg.PlotDataItem([], [], pen=pg.mkPen(TARGET_COLOR, width=2), symbol="o",
                                               symbolSize=5, symbolBrush=TARGET_COLOR, symbolPen=None)
         self._plain_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,

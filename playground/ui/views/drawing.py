@@ -1,0 +1,57 @@
+"""What the views share for drawing: a plain plot with its labels, and a redraw that streams at a bounded rate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, QTimer
+from PySide6.QtWidgets import QWidget
+
+
+def static_plot(parent: QWidget, title: str, bottom: str, left: str, min_height: int | None = None) -> pg.PlotWidget:
+    """A plot with a title and axis labels, no context menu, no auto-range button, no mouse panning."""
+    plot = pg.PlotWidget(parent)
+    item = plot.getPlotItem()
+    item.setMenuEnabled(False)
+    item.hideButtons()
+    item.setMouseEnabled(x=False, y=False)
+    item.setTitle(title, size="10pt")
+    item.setLabel("bottom", bottom)
+    item.setLabel("left", left)
+    if min_height is not None:
+        plot.setMinimumHeight(min_height)
+    return plot
+
+
+class ThrottledDraw(QObject):
+    """Calls ``draw`` at once, then at most once per ``interval_ms`` while a run streams (the batches that come in
+    between are drawn together when the interval is over)."""
+
+    def __init__(self, parent: QObject, interval_ms: int, draw: Callable[[], None]) -> None:
+        super().__init__(parent)
+        self._draw = draw
+        self._pending = False
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(interval_ms)
+        self._timer.timeout.connect(self._fired)
+
+    def request(self, streaming: bool) -> None:
+        """Draw now, or — while ``streaming`` and within the interval since the last draw — when it is over."""
+        if streaming and self._timer.isActive():
+            self._pending = True
+            return
+        self._draw()
+        if streaming:
+            self._timer.start()
+
+    def cancel(self) -> None:
+        self._timer.stop()
+        self._pending = False
+
+    def _fired(self) -> None:
+        if self._pending:
+            self._pending = False
+            self._draw()
+            self._timer.start()
