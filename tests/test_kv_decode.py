@@ -148,3 +148,36 @@ def test_parallel_samples_share_the_prompts_blocks_and_copy_on_write(tiny_lm):
         assert step.total_bytes == step.blocks.blocks_allocated * block * per_token
         # A contiguous cache holds a copy of the prompt for every sequence.
         assert flat.total_bytes == flat.formula_bytes == samples * held * per_token
+
+
+def test_beams_on_a_paged_cache_share_blocks_and_keep_their_own_tokens(tiny_lm):
+    from playground.events import BeamStep
+
+    block, beams = 5, 3
+    prompt, _ = reference(tiny_lm)
+    paged = run(tiny_lm, strategy="beam", num_beams=beams, paged=True, block_size=block, max_new_tokens=8)
+    plain = run(tiny_lm, strategy="beam", num_beams=beams, max_new_tokens=8)
+    # Copy-on-write keeps every beam's keys its own: the same beams and scores as with one tensor per beam.
+    assert paged[-1].sequences == plain[-1].sequences
+    start = of_type(paged, KVStarted)[0]
+    assert (start.holder, start.sequences) == ("paged", beams)
+    per_token = per_token_per_layer(tiny_lm) * tiny_lm.model.config.num_hidden_layers
+    steps = of_type(paged, KVStep)
+    assert [s.step for s in steps] == [b.step for b in of_type(paged, BeamStep)]
+    for s, step in enumerate(steps):
+        held = len(prompt) + s
+        assert step.tokens == held and len(step.blocks.tables) == beams
+        assert set(tuple(t[: len(prompt) // block]) for t in step.blocks.tables) == {
+            tuple(step.blocks.tables[0][: len(prompt) // block])}  # the prompt's full blocks: one copy, shared
+        assert step.formula_bytes == beams * held * per_token  # what a tensor per beam holds
+        assert step.total_bytes == step.blocks.blocks_allocated * block * per_token < step.formula_bytes
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_quantized_cache_reports_where_it_leaves_full_precision(tiny_lm, dtype):
+    events = run(tiny_lm, kv_dtype=dtype, max_new_tokens=30)
+    _, full = reference(tiny_lm, 30)
+    same = [a == b for a, b in zip(events[-1].token_ids, full, strict=True)]
+    figures = events[-1].figures
+    assert figures["first_divergence"] == (same.index(False) if False in same else -1)
+    assert figures["identical_fraction"] == sum(same) / 30

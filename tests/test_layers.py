@@ -143,12 +143,29 @@ def test_the_lens_of_a_speculative_run_is_each_emitted_tokens_own(deep_lm):
         context.append(token.token_id)
 
 
-def test_beam_search_refuses_the_lens_naming_who_records_it(deep_lm):
+def test_a_strategy_without_the_lens_refuses_it_naming_who_records_it(deep_lm):
     with pytest.raises(ConfigError) as error:
-        run_strategy(deep_lm, RunSettings.from_flat(strategy="beam", lens=True))
-    assert str(error.value) == ("--lens records each generated token's layers: beam does not record them (it keeps "
-                                "several hypotheses per step); use greedy, sample, speculative, early-exit, "
-                                "layer-skip")
+        run_strategy(deep_lm, RunSettings.from_flat(strategy="kv-cache", lens=True))
+    assert str(error.value) == ("--lens records each generated token's layers: kv-cache does not record them; use "
+                                "greedy, sample, beam, speculative, early-exit, layer-skip")
+
+
+def test_beam_search_records_the_lens_of_the_row_its_best_beam_grew_from(deep_lm):
+    from playground.events import BeamStep
+
+    events = run(deep_lm, strategy="beam", num_beams=3, lens=True, max_new_tokens=5)
+    lens_steps, beam_steps = of_type(events, LayerStep), of_type(events, BeamStep)
+    assert [s.step for s in lens_steps] == [b.step for b in beam_steps] and len(beam_steps) >= 3
+    prompt = prompt_ids(deep_lm)
+    beams: list[list[int]] = [[]]  # generated tokens of each running beam, rebuilt from the steps
+    for lens, step in zip(lens_steps, beam_steps, strict=True):
+        # The row the best new beam grew from (on a last step with no survivors, the best candidate's).
+        parent = step.parents[0] if step.parents else step.candidates[0].beam
+        context = prompt + beams[parent]
+        assert lens.layer_entropy == pytest.approx(bits(reference_lens(deep_lm.model, context)), abs=1e-4)
+        beams = [beams[p] + [t] for p, t in zip(step.parents, step.token_ids, strict=True)]
+    plain = run(deep_lm, strategy="beam", num_beams=3, max_new_tokens=5)
+    assert events[-1].sequences == plain[-1].sequences  # recording changes no beam
 
 
 def test_a_lens_trace_carries_layer_entropy_per_layer(model_folder, tmp_path):

@@ -22,14 +22,18 @@ The prompt is prefilled once (batch 1); the first step's selection reorders the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from playground.config import BeamSettings, ConfigError, RunSettings
+from playground.config import BeamSettings, ConfigError, KVSettings, LayerSettings, LensSettings, RunSettings
+from playground.engine.kv.decode import kv_started, kv_step, new_cache
 from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.layers.lens import LayerOutputs, LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
@@ -246,12 +250,28 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     if len(forced) >= settings.max_new_tokens:
         raise ConfigError(f"{len(forced)} forced tokens leave no room for beam search within max_new_tokens="
                           f"{settings.max_new_tokens}: raise max_new_tokens")
+    kv = settings.group(KVSettings)
+    if kv.no_cache:
+        raise ConfigError("beam search keeps a cache for every beam: --no-cache is for the kv-cache strategy")
+    lens = settings.group(LensSettings)
+    recorders = BeamRecorders(
+        lens=LensRecorder(lm.model, lens, TokenTextCache(lm.tokenizer)) if lens.lens else None,
+        kv=kv if kv.paged or kv.kv_dtype != "model" else None)
     record = RunRecorder(lm, settings, should_stop, groups=(BeamSettings,))
-    return _beam_search(lm, settings, settings.group(BeamSettings), prompt_ids, prompt_text, record)
+    return _beam_search(lm, settings, settings.group(BeamSettings), prompt_ids, prompt_text, record, recorders)
+
+
+@dataclass
+class BeamRecorders:
+    """What a beam run records besides its beams: the lens of the best beam's step (``--lens``), and its cache
+    (``--paged``, ``--kv-dtype``: beams share the prompt's blocks and copy a block on write)."""
+
+    lens: LensRecorder | None
+    kv: KVSettings | None
 
 
 def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, prompt_ids: list[int],
-                 prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+                 prompt_text: str, record: RunRecorder, recorders: BeamRecorders) -> Iterator[Event]:
     model, tokenizer = lm.model, lm.tokenizer
     forced = list(settings.forced_token_ids)
     prompt_len = len(prompt_ids) + len(forced)  # the search starts after the forced prefix
@@ -265,6 +285,13 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
         early_stopping=parse_early_stopping(beam.early_stopping),
     )
     yield record.started(prompt_ids, prompt_text)
+    lens = recorders.lens
+    if lens is not None:
+        yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
+    kv_start = kv_started(lm, recorders.kv, shape.max_length) if recorders.kv is not None else None
+    if kv_start is not None:
+        kv_start = dataclasses.replace(kv_start, sequences=beam.num_beams)
+        yield kv_start
     pipeline = build_pipeline(settings, sampling=False)
     text = TokenTextCache(tokenizer)
     device = lm.device
@@ -272,7 +299,9 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
     pad = _pad_id(lm)
     with torch.inference_mode():
         prompt = torch.tensor([prompt_ids + forced], dtype=torch.long, device=device)  # [1, prompt_len]
-        prefilled = yield from record.prefill(prompt)
+        # With the lens, the first step reads the prompt's last token itself (its layers are recorded).
+        prefilled = yield from record.prefill(prompt, defer=1 if lens is not None else 0,
+                                              cache=new_cache(lm, recorders.kv) if recorders.kv else None)
         running, finished = initial_state(prompt[0], shape, pad)
         cur_len, improvable, stopped = prompt_len, True, prefilled is None
         if prefilled is not None:
@@ -282,9 +311,11 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
                 stopped = True
                 break
             record.step_started()
-            if cur_len > prompt_len:  # the first step uses the prefill's logits
-                out = model(input_ids=running.sequences[:, cur_len - 1 : cur_len], cache=cache, use_cache=True)
-                logits = out.logits[:, -1, :]  # [beams, vocab]
+            fed = running.sequences[:, cur_len - 1 : cur_len] if cur_len > prompt_len else prompt[:, -1:]
+            captured = LayerOutputs(lens.stack, batch=True) if lens is not None else nullcontext()
+            if cur_len > prompt_len or lens is not None:  # else the first step uses the prefill's logits
+                with captured:
+                    logits = model(input_ids=fed, cache=cache, use_cache=True).logits[:, -1, :]  # [rows, vocab]
             log_probs = process_log_probs(logits, running.sequences[:, :cur_len], pipeline)  # [rows, vocab]
             exp = expand_beams(log_probs, running, cur_len, shape, eos)
             sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
@@ -299,7 +330,14 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
             cur_len += 1
             improvable = improvable and can_continue and still_improvable(running, finished, cur_len, shape)
             all_done = bool(finished.done.all()) and shape.early_stopping is True
+            best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0])
+            layer_step = captured.step_event(best_row, cur_len - 1 - prompt_len, lens.top, lens.token_text,
+                                             logits[best_row]) if lens is not None else None
             step_ms = record.step_ended()
+            if layer_step is not None:  # the lens of the row the best beam grew from
+                yield layer_step
+            if kv_start is not None:
+                yield kv_step(lm, cache, cur_len - 1 - prompt_len, cur_len - 1, kv_start)
             normalised = (exp.scores / ((cur_len - prompt_len) ** shape.length_penalty)).tolist()
             yield BeamStep(
                 step=cur_len - 1 - prompt_len,

@@ -36,14 +36,15 @@ def keep_last_logits(model: Any, n: int) -> dict[str, Any]:
 
 
 def prefill_in_chunks(
-    model: Any, prompt: torch.Tensor, chunk: int = PREFILL_CHUNK
-) -> Generator[int, None, tuple[torch.Tensor, DynamicCache]]:
-    """The prompt [1, prompt_len] through the model, ``chunk`` tokens per forward pass into one cache.
+    model: Any, prompt: torch.Tensor, chunk: int = PREFILL_CHUNK, cache: Any = None
+) -> Generator[int, None, tuple[torch.Tensor, Any]]:
+    """The prompt [1, prompt_len] through the model, ``chunk`` tokens per forward pass into one cache (a new
+    DynamicCache unless ``cache`` is given, e.g. a paged one).
 
     Yields the number of prompt tokens read after each chunk but the last; returns the last position's logits
     [1, vocab] and the filled cache.
     """
-    cache = DynamicCache(config=model.config)
+    cache = cache if cache is not None else DynamicCache(config=model.config)
     extra = keep_last_logits(model, 1)
     total = prompt.shape[1]
     logits = None

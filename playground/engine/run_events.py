@@ -48,10 +48,10 @@ class RunRecorder:
             device=str(lm.device), dtype=lm.dtype_name, settings=s.as_plain_dict(include=self.groups),
         )
 
-    def prefill(self, ids: torch.Tensor, defer: int = 0
+    def prefill(self, ids: torch.Tensor, defer: int = 0, cache: Any = None
                 ) -> Generator[Event, None, tuple[torch.Tensor | None, Any] | None]:
-        """Read ``ids`` [1, n] but the last ``defer`` tokens into a new cache, yielding progress for long prompts
-        and ``PrefillDone``.
+        """Read ``ids`` [1, n] but the last ``defer`` tokens into ``cache`` (default: a new DynamicCache), yielding
+        progress for long prompts and ``PrefillDone``.
 
         Returns (last logits [1, vocab], cache) — logits None when nothing was read (everything deferred) — or
         None when Stop came between two chunks.
@@ -60,9 +60,9 @@ class RunRecorder:
         read = ids[:, : ids.shape[1] - defer]
         passes = 0
         if read.shape[1] == 0:
-            logits, cache = None, DynamicCache(config=self.lm.model.config)
+            logits, cache = None, cache if cache is not None else DynamicCache(config=self.lm.model.config)
         else:
-            chunks = prefill_in_chunks(self.lm.model, read)
+            chunks = prefill_in_chunks(self.lm.model, read, cache=cache)
             while True:
                 passes += 1
                 try:

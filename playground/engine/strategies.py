@@ -68,7 +68,7 @@ register_strategy(Strategy(
     step_events=(TokenStep,)))
 register_strategy(Strategy(
     "beam", "keep several hypotheses, expand all of them every step", "playground.engine.beam:run_beam_search",
-    sections=("penalties",), groups=(BeamSettings,), step_events=(BeamStep,)))
+    sections=("penalties",), groups=(BeamSettings, LensSettings, KVSettings), step_events=(BeamStep,)))
 
 register_strategy(Strategy(
     "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
@@ -113,6 +113,6 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
     settings.validate()
     if settings.group(LensSettings).lens and LensSettings not in strategy.groups:
         readers = ", ".join(s.name for s in STRATEGIES.values() if LensSettings in s.groups)
-        raise ConfigError(f"--lens records each generated token's layers: {strategy.name} does not record them "
-                          f"(it keeps several hypotheses per step); use {readers}")
+        raise ConfigError(f"--lens records each generated token's layers: {strategy.name} does not record them; "
+                          f"use {readers}")
     return strategy.load_runner()(lm, settings, should_stop)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from playground.events import Event, RunFinished, RunStarted, TokenStep
+from playground.events import BeamStep, Event, RunFinished, RunStarted, TokenStep
 from playground.events.layers import LayersStarted, LayerStep
 
 ENTROPY = "entropy"
@@ -110,6 +110,8 @@ class LayerState:
             self._add_step(event)
         elif isinstance(event, TokenStep):
             return self._add_token(event)
+        elif isinstance(event, BeamStep):
+            return self._add_beam_step(event)
         elif isinstance(event, RunFinished):
             self.figures = dict(event.figures)
             self.tokens_per_s = event.tokens_per_s
@@ -145,6 +147,16 @@ class LayerState:
             return False
         token = self.tokens[index]
         token.text, token.token_id, token.forced = step.text, step.token_id, step.forced
+        return True
+
+    def _add_beam_step(self, step: BeamStep) -> bool:
+        """Beam search records the lens of the row the best beam grew from: its token is the step's first."""
+        index = self._by_step.pop(step.step, None)
+        if index is None or not step.token_ids:
+            return False
+        token = self.tokens[index]
+        token.token_id = step.token_ids[0]
+        token.text = next((c.text for c in step.candidates if c.token_id == step.token_ids[0]), "")
         return True
 
     def end(self, status: str) -> None:

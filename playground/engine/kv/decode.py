@@ -10,6 +10,7 @@ are measured at the end when asked.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from playground.config import KVSettings, RunSettings
+from playground.engine.baseline import plain_greedy
 from playground.engine.forward import sync_device
 from playground.engine.kv import measure
 from playground.engine.processors import build_pipeline, run_pipeline
@@ -73,7 +75,7 @@ def attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
         model.set_attn_implementation(before)
 
 
-def _started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
+def kv_started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
     """What the run holds its cache in, with the formula's numbers and this machine's ceilings."""
     config = lm.model.config
     heads = config.num_attention_heads
@@ -90,7 +92,7 @@ def _started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
         peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples)
 
 
-def _kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted) -> KVStep:
+def kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted) -> KVStep:
     layers = cache_layer_bytes(cache, start.layers)
     process, reserved = measure.process_memory(lm.device)
     blocks = cache.blocks() if hasattr(cache, "blocks") else None
@@ -124,7 +126,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     model = lm.model
 
     yield record.started(prompt_ids, prompt_text)
-    start = _started(lm, kv, len(prompt_ids) + max_steps)
+    start = kv_started(lm, kv, len(prompt_ids) + max_steps)
     yield start
     generated: list[int] = []
     step_ms: list[float] = []
@@ -168,12 +170,12 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             ids = torch.cat([ids, ids.new_tensor(row_tokens)[:, None]], dim=1)
             ms = record.step_ended()
             step_ms.append(ms)
-            kv_step = _kv_step(lm, cache, step, ids.shape[1] - 1, start)
+            held_now = kv_step(lm, cache, step, ids.shape[1] - 1, start)
             text = decoder.push(token_id)
             generated.append(token_id)
-            yield kv_step
+            yield held_now
             yield analysis.to_event(step=step, text=text, forced=step < len(forced), step_ms=ms,
-                                    kv_bytes=kv_step.total_bytes, token_text=token_text)
+                                    kv_bytes=held_now.total_bytes, token_text=token_text)
             if token_id in eos_ids:
                 stop_reason = "eos"
                 break
@@ -184,13 +186,26 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             yield _phase(lm, start, "decode", len(generated) - 1, len(prompt_ids) + len(generated) - 1,
                          sum(step_ms[1:]), recompute=cache is None)
 
+    figures: dict[str, float] = {}
     if generated and stop_reason != "stopped":
         if kv.compare_no_cache:
             yield _compare(lm, prompt_ids, len(generated))
         if kv.sweep_sizes():
             yield _sweep(lm, prompt_ids, kv.sweep_sizes(), min(len(generated), 32))
-    yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                          steps=len(generated))
+        if kv.kv_dtype != "model" and samples == 1 and not forced:
+            figures = _divergence(lm, settings, prompt_ids, generated)
+    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                               steps=len(generated))
+    yield dataclasses.replace(finished, figures=figures)
+
+
+def _divergence(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int]
+                ) -> dict[str, float]:
+    """Where a quantized cache's greedy output first leaves the full-precision cache's (−1: nowhere)."""
+    full, _ = plain_greedy(lm, settings, prompt_ids, len(generated))
+    same = [a == b for a, b in zip(generated, full, strict=True)]
+    return {"first_divergence": float(same.index(False) if False in same else -1),
+            "identical_fraction": sum(same) / len(same)}
 
 
 def _sample_row(pipeline: tuple, ids: torch.Tensor, logits: torch.Tensor, generator: torch.Generator) -> int:

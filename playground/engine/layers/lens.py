@@ -75,9 +75,10 @@ class LayerOutputs:
     """Forward hooks that keep each decoder layer's input and output at the last ``rows`` positions while active
     (the model's own forward runs unchanged)."""
 
-    def __init__(self, stack: LayerStack, rows: int = 1) -> None:
+    def __init__(self, stack: LayerStack, rows: int = 1, batch: bool = False) -> None:
         self.stack = stack
         self.rows = rows
+        self.batch = batch  # keep every batch row's last position instead ([batch, hidden]: beam search)
         self.inputs: list[torch.Tensor | None] = [None] * stack.count  # [rows, hidden] each
         self.outputs: list[torch.Tensor | None] = [None] * stack.count
         self._handles: list = []
@@ -96,15 +97,18 @@ class LayerOutputs:
         def keep(_module: nn.Module, args: tuple, output: object) -> None:
             hidden_in = args[0] if args else None
             hidden_out = output[0] if isinstance(output, tuple) else output
-            self.inputs[index] = hidden_in[0, -self.rows :] if isinstance(hidden_in, torch.Tensor) else None
-            self.outputs[index] = hidden_out[0, -self.rows :]
+            def kept(hidden: torch.Tensor) -> torch.Tensor:
+                return hidden[:, -1] if self.batch else hidden[0, -self.rows :]
+
+            self.inputs[index] = kept(hidden_in) if isinstance(hidden_in, torch.Tensor) else None
+            self.outputs[index] = kept(hidden_out)
 
         return keep
 
     def step_event(self, row: int, step: int, top: int, token_text: Callable[[int], str], final: torch.Tensor,
                    forward_ms: float = 0.0) -> LayerStep:
-        """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions; ``final`` [vocab]:
-        the model's own logits there (the last layer's lens, exactly)."""
+        """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions (of the batch rows,
+        with ``batch``); ``final`` [vocab]: the model's own logits there (the last layer's lens, exactly)."""
         outputs = [h[row] if h is not None else None for h in self.outputs]
         updates = [relative_update(h_in[row], h_out[row]) if h_in is not None and h_out is not None else None
                    for h_in, h_out in zip(self.inputs, self.outputs, strict=True)]
