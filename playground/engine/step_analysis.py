@@ -40,8 +40,7 @@ class StepAnalysis:
         raw_logprobs = self.raw_logprobs[0, index]
         processed = self.processed_probs[0, index]
         raw_rank = int((self.raw_logits[0] > self.raw_logits[0, chosen]).sum().item()) + 1
-        raw_p_all = self.raw_logprobs.exp()
-        entropy = float(-(raw_p_all * self.raw_logprobs).nan_to_num(0.0).sum().item()) / LN2
+        entropy = float(torch.special.entr(self.raw_logprobs.exp()).sum().item()) / LN2  # −Σ p ln p, 0 ln 0 = 0
         processed_entropy = float(torch.special.entr(self.processed_probs).sum().item()) / LN2
 
         stage_values = stages.tolist()
