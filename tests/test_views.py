@@ -311,3 +311,14 @@ def test_the_view_a_run_asked_for_comes_to_the_front(qtbot, tmp_path, tiny_lm, s
     visible = [name for name, dock in w.docks.items() if not dock.visibleRegion().isEmpty()]
     assert front in visible and all(other not in visible for other in ("tokens", "beam", "speculative", "layers")
                                     if other != front)
+
+
+def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, tmp_path, tiny_lm):
+    # A beam run's strategy yields beam steps; with --paged it also yields KV steps, which only the events tell.
+    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2, paged=True,
+                                                                    max_new_tokens=4, prompt="Hello"))
+    generate(qtbot, w)
+    run = w.session.runs[0]
+    assert w.docks["kv"].pages.currentWidget() is w.views["kv"]
+    assert w.views["kv"].state.count == sum(type(e).__name__ == "KVStep" for e in run.events) == 4
+    assert w.docks["speculative"].pages.currentWidget() is w.docks["speculative"].empty

@@ -61,6 +61,7 @@ class Run:
     # The per-step events that each produce the run's unit (a token, a beam step), not those that describe one
     # (a lens step): what counts and speeds are made of.
     unit_steps: list[Event] = field(default_factory=list)
+    step_kinds: set[type] = field(default_factory=set)  # the types among step_events (which views apply)
     finished: RunFinished | None = None
     error: str | None = None
     source: str | None = None  # the saved trace it was opened from (None: decoded in this window)
@@ -75,6 +76,7 @@ class Run:
             self.finished = event
         elif hasattr(event, "step"):
             self.step_events.append(event)
+            self.step_kinds.add(type(event))
             if hasattr(type(event), "unit"):
                 self.unit_steps.append(event)
             if isinstance(event, TokenStep):

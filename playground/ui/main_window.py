@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
         self._pending: list[tuple[RunSettings, Branch | None]] = []  # a branch asked for while a run was live
         self._running_run: Run | None = None  # the run the current job decodes
         self._shown: set[str] = set()  # names of the views that show the selected run
+        self._kinds_seen = 0  # step event kinds the selected run had when its views were chosen
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -427,6 +428,7 @@ class MainWindow(QMainWindow):
     def _show_selected(self, run: Run) -> None:
         """Every view that applies to ``run`` shows it; the others say why they are empty."""
         self._shown = set()
+        self._kinds_seen = len(run.step_kinds)
         for name, view in self.views.items():
             shown = view.applies_to(run)
             self.docks[name].show_view(shown, run)
@@ -571,6 +573,13 @@ class MainWindow(QMainWindow):
             view.flush()
             if run.finished is not None:
                 view.end(run)
+        if len(run.step_kinds) != self._kinds_seen:  # a kind of step came that a view not shown yet draws
+            self._kinds_seen = len(run.step_kinds)
+            for name, view in self.views.items():
+                if name not in self._shown and view.applies_to(run):
+                    self._shown.add(name)
+                    self.docks[name].show_view(True, run)
+                    view.show_run(run)
         self.status.show_run(run)
 
     def _on_progress(self, message: str, fraction: float) -> None:

@@ -37,7 +37,7 @@ class View(QWidget):
 
     def applies_to(self, run: Run) -> bool:
         """Whether this view has something to show for ``run``: its strategy yields (or it holds) our events."""
-        kinds = {type(e) for e in run.step_events}
+        kinds = set(run.step_kinds)
         strategy = STRATEGIES.get(run.settings.strategy)
         if strategy is not None:
             kinds.update(strategy.step_events)
