@@ -322,3 +322,14 @@ def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, tmp_path, 
     assert w.docks["kv"].pages.currentWidget() is w.views["kv"]
     assert w.views["kv"].state.count == sum(type(e).__name__ == "KVStep" for e in run.events) == 4
     assert w.docks["speculative"].pages.currentWidget() is w.docks["speculative"].empty
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ({"strategy": "speculative", "baseline_tokens": 0}, "prefill: step 1"),  # read with the first draft
+    ({"strategy": "greedy"}, "prefill "),  # its own pass, in ms
+])
+def test_the_status_bar_says_where_the_prompt_was_read(qtbot, tmp_path, tiny_lm, settings, expected):
+    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(prompt="Hello", max_new_tokens=3, **settings))
+    generate(qtbot, w)
+    text = w.status.labels["prefill"].text()
+    assert text.startswith(expected) and (expected != "prefill " or text.endswith(" ms"))

@@ -99,7 +99,11 @@ class RunStatusBar(QStatusBar):
         unit = run.step_unit if run is not None else "token"
         self._set_live("speed", f"{speed:.1f} {unit}s/s" if speed else f"— {unit}s/s")
         self._set_live("per_token", f"{per_token:.1f} ms/{unit}" if per_token else f"— ms/{unit}")
-        self._set_live("prefill", f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —")
+        if run is not None and run.prefill is not None and run.prefill.deferred_tokens >= run.prefill.prompt_tokens:
+            prefill_text = "prefill: step 1"  # the whole prompt was read by the first step (speculative)
+        else:
+            prefill_text = f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —"
+        self._set_live("prefill", prefill_text)
         self._set_live("kv", f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
         if run is not None:
             source: RunStarted | RunFinished | PrefillDone | None = run.finished or run.started
