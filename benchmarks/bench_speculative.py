@@ -74,6 +74,8 @@ def main() -> None:
                                                               prompt_lookup_ngram=2),
         f"ours: first {args.layers} layers k=4": lambda p: ours(lm, p, n, strategy="speculative", draft="layers",
                                                                 draft_k=4, draft_layers=args.layers),
+        "ours: quantized int4 copy k=4": lambda p: ours(lm, p, n, strategy="speculative", draft="quantized",
+                                                        draft_quant="rtn-int4", draft_k=4),
         f"ours: jacobi k={k}": lambda p: ours(lm, p, n, strategy="speculative", draft="jacobi", draft_k=k),
         "transformers: greedy": lambda p: transformers_generate(lm, p, n),
         f"transformers: prompt lookup {k}": lambda p: transformers_generate(lm, p, n, prompt_lookup_num_tokens=k),

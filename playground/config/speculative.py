@@ -8,6 +8,7 @@ from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
 
 DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
+DRAFT_QUANTS = ("rtn-int4", "rtn-int8")
 
 
 @register_group
@@ -31,6 +32,9 @@ class SpeculativeSettings(SettingsGroup):
                               "drafts equal to the target's argmax")
     draft_layers: int = setting(8, "draft layers", "layers drafter: how many of the target's first layers draft",
                                 minimum=1, maximum=512)
+    draft_quant: str = setting("rtn-int4", "draft quantization", "quantized drafter: the target's own copy with "
+                               "int4 weights (group 32, torch's int4 kernel) or int8 per-channel weights",
+                               choices=DRAFT_QUANTS)
     draft_model: str = setting("", "draft model", "model drafter: a Hugging Face folder, .gguf file or cached model "
                                "id that shares the target's tokenizer")
     prompt_lookup_ngram: int = setting(3, "lookup n-gram", "prompt-lookup drafter: longest n-gram to match "
@@ -40,6 +44,7 @@ class SpeculativeSettings(SettingsGroup):
 
     def summary(self) -> str:
         extra = {"layers": f" ({self.draft_layers} layers)", "model": f" ({self.draft_model})",
+                 "quantized": f" ({self.draft_quant})",
                  "prompt-lookup": f" (n-gram {self.prompt_lookup_ngram})"}.get(self.draft, "")
         k = f"{self.draft_k}" + (" (adaptive)" if self.adaptive_k else "")
         return f"{self.draft}{extra} drafts {k}" + (" · sampled" if self.do_sample else "")

@@ -38,6 +38,7 @@ from playground.engine.speculative.drafters import (
     JacobiDrafter,
     LayersDrafter,
     PromptLookupDrafter,
+    QuantizedDrafter,
     SmallModelDrafter,
     first_layers,
     roll_back,
@@ -52,6 +53,7 @@ from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
 _DRAFT_MODELS: dict[tuple[str, str, str], LoadedModel] = {}  # loaded once per (path, device, dtype)
+_QUANTIZED: dict[tuple[int, str], torch.nn.Module] = {}
 
 
 def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
@@ -86,8 +88,22 @@ def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[Nam
         drafter = SmallModelDrafter(draft_lm.model, pipeline, spec.do_sample, generator, lm.device)
         drafter.detail = f"{draft_lm.name} ({draft_lm.model.num_parameters() / 1e6:.0f}M parameters)"
         return drafter
-    raise ConfigError(f"the {spec.draft!r} drafter needs the quantization lab, which this version does not have "
-                      "yet: use prompt-lookup, layers, model or jacobi")
+    model = quantized_copy(lm, spec.draft_quant)
+    drafter = QuantizedDrafter(model, pipeline, spec.do_sample, generator, lm.device)
+    drafter.detail = ("the target with int4 weights (group 32)" if spec.draft_quant == "rtn-int4" else
+                      "the target with int8 per-channel weights")
+    return drafter
+
+
+def quantized_copy(lm: LoadedModel, method: str) -> torch.nn.Module:
+    """The target's quantized copy, made once per model and method (one kept at a time)."""
+    from playground.engine.quant.linear import quantize_model
+
+    key = (id(lm.model), method)
+    if key not in _QUANTIZED:
+        _QUANTIZED.clear()
+        _QUANTIZED[key] = quantize_model(lm.model, method, 32 if method == "rtn-int4" else None)
+    return _QUANTIZED[key]
 
 
 def load_draft_model(lm: LoadedModel, path: str) -> LoadedModel:

@@ -4,7 +4,8 @@
   latest one with k tokens after it.
 - ``LayersDrafter``: the target's own first N layers, its final norm and LM head (LayerSkip's self-drafting);
   shares the target's weights, keeps its own KV cache.
-- ``ModelDrafter``: a separate small model with the target's tokenizer, its own KV cache.
+- ``ModelDrafter``: a separate small model with the target's tokenizer, its own KV cache; or the target's own
+  quantized copy (``QuantizedDrafter``).
 - ``JacobiDrafter``: the target refining a guess in parallel: each verification pass re-predicts every guessed
   position, and those predictions are the next guess (a Jacobi iteration towards the greedy fixed point).
 """
@@ -126,6 +127,10 @@ class LayersDrafter(ModelDrafter):
 
 class SmallModelDrafter(ModelDrafter):
     name = "model"
+
+
+class QuantizedDrafter(ModelDrafter):
+    name = "quantized"
 
 
 class JacobiDrafter(Drafter):

@@ -1,0 +1,195 @@
+"""``QuantLinear``: a linear layer whose weight is stored low-bit, and ``quantize_model`` for whole decoder stacks.
+
+Storage: the codes, scales and zero points of a ``QuantizedTensor`` are the module's buffers (that is what
+``model_weight_bytes`` counts). To run, a layer uses one of two paths, chosen per layer at construction:
+
+- ``"int4pack"``: torch's own int4 CPU kernel (``aten._weight_int4pack_mm_for_cpu``) on a copy of the codes in the
+  kernel's blocked layout (same size as the codes) and bfloat16 scale/zero pairs. Its fast path takes bfloat16
+  activations (with float32 activations it was 10-35x slower here), so this path rounds the input and the scales to
+  bfloat16: its output equals ``F.linear(x, dequantize(qt), bias)`` within bfloat16 rounding, not float32 rounding.
+- ``"dequant"``: a float32 copy of the dequantized weight, built on first use, then ``F.linear`` (exact).
+
+The rule (``choose_kernel``), from timings on this CPU (torch 2.13, 2 threads, decode-shaped inputs, weights cold in
+cache as they are in a 30-layer decode step; ``benchmarks/bench_quant.py`` re-measures them):
+int4 group-wise weights whose kernel applies (out % 16 == 0, group in 32/64/128/256) and with at least
+``INT4PACK_MIN_WEIGHTS`` elements use ``int4pack``: 576x576 2.0x, 576x1536 3.8x, 1536x576 3.3x, the 576x49152 LM head
+~12x faster than fp32 at one row; the kernel's fixed cost (~50 us a call) loses on 576x192 (k/v: fp32 15 us). Everything
+else (int8: ``_weight_int8pack_mm`` was 8x slower than fp32 here; per-channel int4; small layers) uses ``dequant``.
+A group that does not divide the input size (576 / 128) is run by zero-padding the input to whole groups.
+
+``activation_quant="int8-token"`` (W8A8, for ZeroQuant / SmoothQuant) quantizes each input row (token) dynamically to
+symmetric int8 with its own scale (max|x| / 127) before the matmul. The int8 x int8 product is emulated in float32
+(the dequantized activation times the dequantized weight), which gives the same numbers as an integer GEMM with
+float rescaling up to float32 accumulation rounding; it shows the accuracy of W8A8, not its speed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from playground.engine.quant.rtn import QuantizedTensor, dequantize, quantize
+
+INT4PACK_MIN_WEIGHTS = 576 * 576
+INT4PACK_GROUPS = (32, 64, 128, 256)
+DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")
+ACTIVATION_QUANT = (None, "int8-token")
+
+
+def int4pack_applies(qt: QuantizedTensor) -> bool:
+    return qt.bits == 4 and qt.group_size in INT4PACK_GROUPS and qt.shape[0] % 16 == 0
+
+
+def choose_kernel(qt: QuantizedTensor) -> str:
+    """The measured rule: ``"int4pack"`` for large int4 group-wise weights the kernel accepts, else ``"dequant"``."""
+    if int4pack_applies(qt) and qt.shape[0] * qt.shape[1] >= INT4PACK_MIN_WEIGHTS:
+        return "int4pack"
+    return "dequant"
+
+
+def quantize_activations_per_token(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic symmetric int8 fake quantization, one scale per row (token) of the last dimension."""
+    scale = x.abs().amax(dim=-1, keepdim=True).to(torch.float32) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (torch.clamp(torch.round(x / scale), -127, 127) * scale).to(x.dtype)
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, linear: nn.Linear, qt: QuantizedTensor, *, kernel: str = "auto",
+                 activation_quant: str | None = None) -> None:
+        super().__init__()
+        if tuple(linear.weight.shape) != qt.shape:
+            raise ValueError(f"weight shape {tuple(linear.weight.shape)} does not match {qt.shape}")
+        if activation_quant not in ACTIVATION_QUANT:
+            raise ValueError(f"activation_quant must be one of {ACTIVATION_QUANT}, got {activation_quant!r}")
+        if kernel == "auto":
+            kernel = choose_kernel(qt)
+        if kernel not in ("int4pack", "dequant") or (kernel == "int4pack" and not int4pack_applies(qt)):
+            raise ValueError(f"kernel {kernel!r} does not apply to this weight")
+        self.out_features, self.in_features = qt.shape
+        self.bits, self.group_size, self.packed = qt.bits, qt.group_size, qt.packed
+        self.kernel = kernel
+        self.activation_quant = activation_quant
+        self.register_buffer("q", qt.q.clone())
+        self.register_buffer("scale", qt.scale.clone())
+        self.register_buffer("zero", None if qt.zero is None else qt.zero.clone())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self._runtime: tuple[torch.Tensor, ...] | None = None  # not a buffer: rebuilt from the codes on first use
+
+    @property
+    def qt(self) -> QuantizedTensor:
+        return QuantizedTensor(q=self.q, scale=self.scale, zero=self.zero, bits=self.bits,
+                               group_size=self.group_size, shape=(self.out_features, self.in_features),
+                               packed=self.packed)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qt.nbytes
+
+    @property
+    def runtime_bytes(self) -> int:
+        """Bytes of the run-time copy (kernel layout or dequantized float32), 0 before the first forward."""
+        return sum(t.numel() * t.element_size() for t in self._runtime or ())
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, bits={self.bits}, group={self.group_size}, "
+                f"symmetric={self.zero is None}, kernel={self.kernel}, activation_quant={self.activation_quant}")
+
+    def _prepare(self) -> tuple[torch.Tensor, ...]:
+        if self._runtime is None:
+            qt = self.qt
+            if self.kernel == "dequant":
+                self._runtime = (dequantize(qt),)
+            else:
+                codes = (qt.codes().to(torch.int32) + 8).contiguous()  # kernel wants 0..15: w = (u - 8) * s + z
+                weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+                offset = torch.zeros_like(qt.scale) if qt.zero is None else -qt.zero * qt.scale
+                pairs = torch.stack([qt.scale, offset], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+                self._runtime = (weight, pairs)
+        return self._runtime
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_quant == "int8-token":
+            x = quantize_activations_per_token(x)
+        runtime = self._prepare()
+        if self.kernel == "dequant":
+            return F.linear(x, runtime[0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        weight, pairs = runtime
+        rows = x.reshape(-1, self.in_features)
+        padded = pairs.shape[0] * self.group_size
+        if padded != self.in_features:
+            rows = F.pad(rows, (0, padded - self.in_features))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).contiguous(), weight,
+                                                        self.group_size, pairs)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def method_spec(method: str, group_size: int | None) -> tuple[int, int | None, bool, str | None]:
+    """(bits, group_size, symmetric, activation_quant) of a method name."""
+    if method == "rtn-int8":
+        return 8, group_size, True, None
+    if method == "rtn-int8-asym":
+        return 8, group_size, False, None
+    if method == "rtn-int4":
+        return 4, group_size, False, None
+    if method == "zeroquant":
+        return 8, group_size, True, "int8-token"
+    raise ValueError(f"unknown quantization method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def quantize_model(model: nn.Module, method: str, group_size: int | None = None, *,
+                   quantize_lm_head: bool = False, lm_head_group_size: int = 32, kernel: str = "auto",
+                   progress: Callable[[int, int], None] | None = None) -> nn.Module:
+    """A deep copy of a transformers causal LM with every decoder linear (q/k/v/o/gate/up/down) a ``QuantLinear``.
+
+    The embedding and LM head stay float by default (SmolLM2 ties them: one float matrix serves both). With
+    ``quantize_lm_head`` the LM head becomes an asymmetric int4 QuantLinear with ``lm_head_group_size`` (the place
+    where torch's int4 kernel pays most) and the embedding keeps the float matrix: the tie is broken in the copy.
+    ``group_size`` None means per output channel (for ``rtn-int4`` that is per-channel int4).
+    ``progress(done, total)`` is called after each replaced layer.
+    """
+    bits, group, symmetric, act = method_spec(method, group_size)
+    quantized = copy.deepcopy(model)
+    targets = [(parent, name, child) for parent in quantized.modules()
+               for name, child in parent.named_children()
+               if name in DECODER_LINEARS and isinstance(child, nn.Linear)]
+    head = quantized.get_output_embeddings() if quantize_lm_head else None
+    total = len(targets) + (head is not None)
+    for done, (parent, name, child) in enumerate(targets, start=1):
+        qt = quantize(child.weight, bits, group, symmetric)
+        setattr(parent, name, QuantLinear(child, qt, kernel=kernel, activation_quant=act))
+        if progress is not None:
+            progress(done, total)
+    if head is not None:
+        qt = quantize(head.weight, 4, lm_head_group_size, symmetric=False)
+        quantized.set_output_embeddings(QuantLinear(head, qt, kernel=kernel))
+        if getattr(quantized.config, "tie_word_embeddings", False):
+            quantized.config.tie_word_embeddings = False
+        if progress is not None:
+            progress(total, total)
+    return quantized.eval()
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights as stored: float parameters (shared ones once) + the low-bit buffers of QuantLinears.
+
+    The run-time copies (``QuantLinear.runtime_bytes``) are not counted; see ``model_runtime_bytes``.
+    """
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total + sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear))
+
+
+def model_runtime_bytes(model: nn.Module) -> int:
+    """Extra bytes held by QuantLinears' run-time copies (dequantized float32 or int4 kernel layout)."""
+    return sum(m.runtime_bytes for m in model.modules() if isinstance(m, QuantLinear))

@@ -1,0 +1,251 @@
+"""Quantization lab methods on tiny random models: calibration statistics, SmoothQuant, AWQ and the metrics,
+each against a computation done here by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from playground.engine.quant import awq as awq_module
+from playground.engine.quant.awq import awq, awq_scales
+from playground.engine.quant.calibration import (
+    activation_stats,
+    capture_inputs,
+    decoder_linears,
+    load_text,
+    text_ids,
+)
+from playground.engine.quant.metrics import first_divergence, kl_stats, perplexity
+from playground.engine.quant.rtn import dequantize, quantize
+from playground.engine.quant.smoothquant import (
+    naive_w8a8,
+    smooth_model,
+    smoothing_factors,
+    smoothquant,
+)
+from playground.tiny_models import TRAINING_TEXT, build_tiny_lm
+
+TEXT = TRAINING_TEXT * 2
+MAX_TOKENS = 120
+
+
+def logits_of(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0]
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_lm):
+    return text_ids(tiny_lm.tokenizer, TEXT, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def stats(tiny_lm):
+    return activation_stats(tiny_lm.model, tiny_lm.tokenizer, TEXT, MAX_TOKENS)
+
+
+# -- calibration -------------------------------------------------------------------------------------------------
+
+
+def test_calibration_texts_are_held_apart():
+    calibration, evaluation = load_text("calibration"), load_text("evaluation")
+    assert calibration.startswith("In Congress, July 4, 1776.")
+    assert "Four score and seven years ago" in evaluation and "With malice toward none" in evaluation
+    def sentences(text):
+        return {s.strip() for s in text.split(".") if len(s.strip()) > 20}
+
+    assert not sentences(calibration) & sentences(evaluation)
+    with pytest.raises(FileNotFoundError):
+        load_text("no-such-text")
+
+
+def test_activation_stats_equal_a_manual_computation(tiny_lm, ids, stats):
+    model = tiny_lm.model
+    assert set(stats) == set(decoder_linears(model))
+    assert len(stats) == 7 * len(model.model.layers)
+    mlp_inputs = {}
+    handles = [layer.mlp.register_forward_pre_hook(lambda _m, args, i=i: mlp_inputs.__setitem__(i, args[0][0]))
+               for i, layer in enumerate(model.model.layers)]
+    with torch.inference_mode():
+        hidden = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for h in handles:
+        h.remove()
+    for i, layer in enumerate(model.model.layers):
+        with torch.inference_mode():
+            attn_in = layer.input_layernorm(hidden[i][0]).abs()  # the input of q/k/v: [tokens, hidden]
+            x = mlp_inputs[i]
+            down_in = (layer.mlp.act_fn(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x)).abs()
+        for name in ("q_proj", "k_proj", "v_proj"):
+            got = stats[f"model.layers.{i}.self_attn.{name}"]
+            torch.testing.assert_close(got.max_abs, attn_in.amax(0), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got.mean_abs, attn_in.mean(0), rtol=1e-5, atol=1e-6)
+            assert got.tokens == len(ids)
+        for name in ("gate_proj", "up_proj"):
+            torch.testing.assert_close(stats[f"model.layers.{i}.mlp.{name}"].max_abs, x.abs().amax(0))
+        torch.testing.assert_close(stats[f"model.layers.{i}.mlp.down_proj"].max_abs, down_in.amax(0))
+        torch.testing.assert_close(stats[f"model.layers.{i}.mlp.down_proj"].mean_abs, down_in.mean(0))
+        assert stats[f"model.layers.{i}.self_attn.o_proj"].max_abs.shape == (layer.self_attn.o_proj.in_features,)
+
+
+# -- SmoothQuant -------------------------------------------------------------------------------------------------
+
+
+def test_smoothing_factors_follow_the_formula():
+    act_max = torch.tensor([4.0, 1.0, 9.0])
+    w1 = torch.tensor([[1.0, -2.0, 0.5], [0.1, 0.2, -0.3]])
+    w2 = torch.tensor([[-3.0, 1.0, 0.25]])
+    # max |W_j| over both matrices: [3, 2, 0.5]
+    torch.testing.assert_close(smoothing_factors(act_max, [w1, w2], 0.5),
+                               torch.tensor([2 / math.sqrt(3), 1 / math.sqrt(2), 3 / math.sqrt(0.5)]))
+    torch.testing.assert_close(smoothing_factors(act_max, [w1, w2], 0.75),
+                               torch.tensor([4**0.75 / 3**0.25, 1 / 2**0.25, 9**0.75 / 0.5**0.25]))
+    torch.testing.assert_close(smoothing_factors(act_max, [w1, w2], 0.0), 1 / torch.tensor([3.0, 2.0, 0.5]))
+
+
+def test_smooth_model_uses_the_groups_stats_and_weights(tiny_lm, stats):
+    model = tiny_lm.model
+    smoothed, factors = smooth_model(model, stats, alpha=0.5)
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        weight_max = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).abs().amax(0)
+        expected = stats[f"model.layers.{i}.self_attn.q_proj"].max_abs.sqrt() / weight_max.sqrt()
+        torch.testing.assert_close(factors[f"model.layers.{i}.input_layernorm"], expected)
+        mlp = layer.mlp
+        weight_max = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).abs().amax(0)
+        expected = stats[f"model.layers.{i}.mlp.gate_proj"].max_abs.sqrt() / weight_max.sqrt()
+        torch.testing.assert_close(factors[f"model.layers.{i}.post_attention_layernorm"], expected)
+        new = smoothed.model.layers[i]
+        s_attn = factors[f"model.layers.{i}.input_layernorm"]
+        torch.testing.assert_close(new.self_attn.k_proj.weight, attn.k_proj.weight * s_attn)
+        torch.testing.assert_close(new.input_layernorm.weight,
+                                   layer.input_layernorm.weight / factors[f"model.layers.{i}.input_layernorm"])
+
+
+def test_smoothquant_scaling_leaves_the_float_output_unchanged(tiny_lm, ids, stats):
+    model = tiny_lm.model
+    smoothed, factors = smooth_model(model, stats, alpha=0.5)
+    assert max(float((s.log()).abs().max()) for s in factors.values()) > 0.5  # the scaling is not a no-op
+    q_before, q_after = model.model.layers[0].self_attn.q_proj.weight, smoothed.model.layers[0].self_attn.q_proj.weight
+    assert not torch.equal(q_after, q_before)
+    torch.testing.assert_close(logits_of(smoothed, ids), logits_of(model, ids), rtol=0, atol=1e-5)
+    # and the original is untouched
+    assert smoothed is not model
+
+
+def test_w8a8_copies_change_the_output_a_little(tiny_lm, ids, stats):
+    ref = logits_of(tiny_lm.model, ids)
+    for quantized in (naive_w8a8(tiny_lm.model), smoothquant(tiny_lm.model, stats, alpha=0.5)):
+        diff = (logits_of(quantized, ids) - ref).abs().max()
+        assert 0 < diff < 0.1 * ref.abs().max()
+
+
+# -- AWQ ---------------------------------------------------------------------------------------------------------
+
+
+def mse_of(x, weights, s, group_size):
+    """By hand: mean over the group's outputs of ((X / s) Q(W diag s)^T - X W^T)^2, with rtn's int4 asymmetric."""
+    total, count = 0.0, 0
+    for w in weights:
+        wq = dequantize(quantize(w * s, 4, group_size=group_size, symmetric=False))
+        y = x @ w.T
+        total += float(((x / s) @ wq.T - y).pow(2).sum())
+        count += y.numel()
+    return total / count
+
+
+GROUP_LINEARS = {
+    "self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o": ("self_attn.o_proj",),
+    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down": ("mlp.down_proj",),
+}
+
+
+def test_awq_never_makes_the_calibration_loss_worse_than_rtn(tiny_lm, ids):
+    model = tiny_lm.model
+    results = []
+    progress = []
+    quantized = awq(model, tiny_lm.tokenizer, TEXT, group_size=16, grid=10, max_tokens=MAX_TOKENS,
+                    results=results, progress=lambda msg, f: progress.append(f))
+    assert progress[-1] == 1.0 and len(progress) == len(model.model.layers)
+    inputs = capture_inputs(model, ids)
+    assert len(results) == 4 * len(model.model.layers)
+    improved = 0
+    for r in results:
+        layer_index = int(r.group.split(".")[2])
+        paths = GROUP_LINEARS[r.group.split(".", 3)[3]]
+        layer = model.model.layers[layer_index]
+        x = inputs[f"model.layers.{layer_index}.{paths[0]}"]
+        weights = [layer.get_submodule(p).weight.detach() for p in paths]
+        rtn = mse_of(x, weights, torch.ones(x.shape[1]), 16)
+        chosen = mse_of(x, weights, r.scales, 16)
+        assert r.rtn_loss == pytest.approx(rtn, rel=1e-4)
+        assert r.loss == pytest.approx(chosen, rel=1e-4)
+        assert chosen <= rtn * (1 + 1e-6), r.group
+        torch.testing.assert_close(r.scales, awq_scales(x.abs().mean(0), r.alpha))
+        improved += chosen < rtn * 0.999
+        # the weights stored are the ones scored: Q(W diag s) (up to a row scale where down's 1/s was folded)
+        if r.group.endswith("qkv"):
+            new_q = quantized.model.layers[layer_index].self_attn.q_proj.weight
+            wq = dequantize(quantize(weights[0] * r.scales, 4, group_size=16, symmetric=False))
+            torch.testing.assert_close(new_q, wq)
+    assert improved > 0  # the search does something on this model
+
+
+def test_awq_folding_keeps_the_float_function(tiny_lm, ids, monkeypatch):
+    """With quantization switched off, the scales alone (folded into norms, rows or an input scale) must leave the
+    model's output unchanged."""
+    monkeypatch.setattr(awq_module, "fake_quantize", lambda w, *args: w)
+    results = []
+    scaled = awq(tiny_lm.model, tiny_lm.tokenizer, TEXT, group_size=16, grid=4, max_tokens=MAX_TOKENS,
+                 results=results)
+    assert all(r.alpha == 0.0 for r in results)  # no quantization error: every alpha ties, alpha 0 kept
+    # force non-trivial scales through the fold
+    monkeypatch.setattr(awq_module, "search_group", lambda x, weights, **kw: awq_module.AwqResult(
+        kw["name"], 1.0, 0.0, 0.0, awq_scales(x.abs().mean(0), 1.0)))
+    scaled = awq(tiny_lm.model, tiny_lm.tokenizer, TEXT, group_size=16, grid=4, max_tokens=MAX_TOKENS)
+    assert not torch.equal(scaled.model.layers[0].mlp.up_proj.weight, tiny_lm.model.model.layers[0].mlp.up_proj.weight)
+    torch.testing.assert_close(logits_of(scaled, ids), logits_of(tiny_lm.model, ids), rtol=0, atol=1e-4)
+
+
+# -- metrics -----------------------------------------------------------------------------------------------------
+
+
+def test_kl_of_a_model_with_itself_is_zero(tiny_lm, ids):
+    stats = kl_stats(tiny_lm.model, tiny_lm.model, ids)
+    assert stats["mean"] == stats["median"] == stats["p99"] == stats["max"] == 0.0
+    assert stats["top1_agreement"] == 1.0
+
+
+def test_kl_and_perplexity_equal_a_hand_computation(tiny_lm, ids):
+    other = build_tiny_lm(seed=3).model
+    ref, quant = logits_of(tiny_lm.model, ids).double(), logits_of(other, ids).double()
+    nll, kls, agree = [], [], 0
+    for t in range(len(ids) - 1):
+        p = torch.softmax(ref[t], -1)
+        q = torch.softmax(quant[t], -1)
+        nll.append(-math.log(float(p[ids[t + 1]])))
+        kls.append(float((p * (p / q).log()).sum()))
+        agree += int(ref[t].argmax() == quant[t].argmax())
+    assert perplexity(tiny_lm.model, ids) == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-9)
+    got = kl_stats(tiny_lm.model, other, ids)
+    assert got["mean"] == pytest.approx(sum(kls) / len(kls), rel=1e-9)
+    assert got["max"] == pytest.approx(max(kls), rel=1e-9)
+    assert got["median"] == pytest.approx(float(torch.tensor(kls, dtype=torch.float64).median()), rel=1e-9)
+    assert got["top1_agreement"] == pytest.approx(agree / len(kls))
+    assert got["mean"] > 0.01
+    # precomputed logits are accepted in place of a model
+    assert kl_stats(ref, quant, ids)["mean"] == pytest.approx(got["mean"], rel=1e-9)
+
+
+def test_first_divergence_of_greedy_outputs(tiny_lm, ids):
+    model, other = tiny_lm.model, build_tiny_lm(seed=3).model
+    prompt = ids[:8]
+    assert first_divergence(model, model, prompt, 12) == -1
+    runs = [m.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12)[0, 8:].tolist()
+            for m in (model, other)]
+    expected = next((i for i, (a, b) in enumerate(zip(*runs, strict=True)) if a != b), -1)
+    assert expected != -1
+    assert first_divergence(model, other, prompt, 12) == expected
