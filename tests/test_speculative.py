@@ -887,7 +887,7 @@ def test_model_drafter_without_a_model_is_refused(tiny_lm):
                                 "tokenizer)")
 
 
-@pytest.mark.parametrize("method", ["rtn-int4", "rtn-int8"])
+@pytest.mark.parametrize("method", ["rtn-int4", "rtn-int4-head", "rtn-int8"])
 def test_the_quantized_drafter_is_the_targets_own_quantized_copy(tiny_lm, method):
     from playground.engine.quant.linear import QuantLinear
     from playground.engine.speculative.decode import quantized_copy
@@ -895,8 +895,9 @@ def test_the_quantized_drafter_is_the_targets_own_quantized_copy(tiny_lm, method
     run = spec(tiny_lm, prompt="Hello", max_new_tokens=16, draft="quantized", draft_quant=method)
     assert run.events[1].drafter == "quantized"
     copy_ = quantized_copy(tiny_lm, method)
-    assert copy_ is not tiny_lm.model and sum(isinstance(m, QuantLinear) for m in copy_.modules()) == 7 * len(
-        tiny_lm.model.model.layers)  # every decoder linear, the target itself untouched
+    quantized = sum(isinstance(m, QuantLinear) for m in copy_.modules())
+    # Every decoder linear (and the LM head with "-head"); the target itself untouched.
+    assert copy_ is not tiny_lm.model and quantized == 7 * len(tiny_lm.model.model.layers) + (method == "rtn-int4-head")
     assert not any(isinstance(m, QuantLinear) for m in tiny_lm.model.modules())
     # Its drafts are the quantized copy's greedy choices: the first round's first draft, recomputed here.
     with torch.no_grad():

@@ -8,7 +8,7 @@ from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
 
 DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
-DRAFT_QUANTS = ("rtn-int4", "rtn-int8")
+DRAFT_QUANTS = ("rtn-int4", "rtn-int4-head", "rtn-int8")
 
 
 @register_group

@@ -90,8 +90,9 @@ def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[Nam
         return drafter
     model = quantized_copy(lm, spec.draft_quant)
     drafter = QuantizedDrafter(model, pipeline, spec.do_sample, generator, lm.device)
-    drafter.detail = ("the target with int4 weights (group 32)" if spec.draft_quant == "rtn-int4" else
-                      "the target with int8 per-channel weights")
+    drafter.detail = {"rtn-int4": "the target with int4 weights (group 32)",
+                      "rtn-int4-head": "the target with int4 weights and LM head (group 32)",
+                      "rtn-int8": "the target with int8 per-channel weights"}[spec.draft_quant]
     return drafter
 
 
@@ -102,7 +103,9 @@ def quantized_copy(lm: LoadedModel, method: str) -> torch.nn.Module:
     key = (id(lm.model), method)
     if key not in _QUANTIZED:
         _QUANTIZED.clear()
-        _QUANTIZED[key] = quantize_model(lm.model, method, 32 if method == "rtn-int4" else None)
+        head = method == "rtn-int4-head"  # the LM head is a quarter of a step's multiply-adds on SmolLM2
+        _QUANTIZED[key] = quantize_model(lm.model, "rtn-int4" if head else method,
+                                         None if method == "rtn-int8" else 32, quantize_lm_head=head)
     return _QUANTIZED[key]
 
 
