@@ -52,11 +52,7 @@ def rounds_of(events: list) -> list[SpeculativeRound]:
 
 
 def as_run(events: list) -> Run:
-    settings, _unknown = RunSettings.from_plain_dict(events[0].settings)
-    run = Run(index=0, settings=settings)
-    for event in events:
-        run.apply(event)
-    return run
+    return Run.from_events(events)
 
 
 @pytest.fixture

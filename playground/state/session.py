@@ -66,6 +66,16 @@ class Run:
     error: str | None = None
     source: str | None = None  # the saved trace it was opened from (None: decoded in this window)
 
+    @classmethod
+    def from_events(cls, events: list[Event], index: int = 0, source: str | None = None) -> Run:
+        """A run rebuilt from its recorded events (a saved trace), with the settings its start event holds."""
+        started = next(e for e in events if isinstance(e, RunStarted))
+        settings, _unknown = RunSettings.from_plain_dict(started.settings)
+        run = cls(index=index, settings=settings, source=source)
+        for event in events:
+            run.apply(event)
+        return run
+
     def apply(self, event: Event) -> None:
         self.events.append(event)
         if isinstance(event, RunStarted):
@@ -164,11 +174,7 @@ class Session:
 
     def add_saved_run(self, events: list[Event], source: str) -> Run:
         """A run read from a saved trace: shown like any other, decoded by nobody (never live)."""
-        started = next(e for e in events if isinstance(e, RunStarted))
-        settings, _unknown = RunSettings.from_plain_dict(started.settings)
-        run = Run(index=len(self.runs), settings=settings, source=source)
-        for event in events:
-            run.apply(event)
+        run = Run.from_events(events, index=len(self.runs), source=source)
         if run.finished is None:
             run.error = "the saved trace ends before the run did"
         self.runs.append(run)
