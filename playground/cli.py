@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from playground.cli_options import add_run_options, run_options_given, settings_from_args
+from playground.config import DEVICES, DTYPES
 
-COMMANDS = ("app", "trace", "shot", "open", "presets", "fetch-model")
+COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model")
 
 
 def _prepare_environment() -> None:
@@ -52,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     open_run = commands.add_parser("open", help="open the app on a saved run (no model is loaded)")
     open_run.add_argument("run", type=Path, metavar="RUN.jsonl")
     commands.add_parser("presets", help="list the named demos (use one with --preset NAME)")
+    report = commands.add_parser("quant-report", help="quantize the model with each method and print one JSON line "
+                                                      "per method: weight bytes, perplexity, KL against the reference")
+    report.add_argument("--model", default=None, help="as for the app (default: SmolLM2-135M-Instruct)")
+    report.add_argument("--device", choices=DEVICES, default="auto")
+    report.add_argument("--dtype", choices=DTYPES, default="auto")
+    report.add_argument("--methods", default="rtn-int8,rtn-int4,awq,naive-w8a8,smoothquant",
+                        help="comma-separated: rtn-int8, rtn-int4, zeroquant, naive-w8a8, smoothquant, awq")
+    report.add_argument("--group-size", type=int, default=128, help="group size of the group-wise methods")
+    report.add_argument("--eval-tokens", type=int, default=512, help="evaluation text tokens scored")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
     return parser
@@ -147,6 +157,23 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quant_report(args: argparse.Namespace) -> int:
+    import json
+
+    from playground.config import ModelSettings
+    from playground.engine.quant.report import check_methods, report_rows
+    from playground.models.loading import load_model
+
+    methods = [m for m in args.methods.replace(" ", "").split(",") if m]
+    check_methods(methods)
+    model_settings = ModelSettings(path=args.model, device=args.device, dtype=args.dtype).validate()
+    _ensure_default_model(model_settings)
+    lm = load_model(model_settings, _progress_to_stderr)
+    for row in report_rows(lm.model, lm.tokenizer, methods, args.group_size, args.eval_tokens):
+        print(json.dumps(row), flush=True)
+    return 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from playground.models.default_model import fetch_default_model
 
@@ -162,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "presets": cmd_presets,
-                "fetch-model": cmd_fetch}
+                "quant-report": cmd_quant_report, "fetch-model": cmd_fetch}
     from playground.errors import USER_ERRORS
 
     try:
