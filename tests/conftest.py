@@ -44,3 +44,15 @@ def default_lm():
 
     fetch_default_model()
     return load_model(ModelSettings(device="cpu", dtype="float32"))
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_on_the_gui_thread():
+    """Once a Qt job has run, automatic collection is off (``playground.ui.gui_gc``): collect between tests, on the
+    main thread, so garbage does not pile up in tests that spin no event loop."""
+    yield
+    import sys
+
+    gui_gc = sys.modules.get("playground.ui.gui_gc")
+    if gui_gc is not None:
+        gui_gc.collect_now()

@@ -91,3 +91,33 @@ def test_error_messages_say_what_happened():
     assert describe_error(ConfigError("shorten the prompt")) == "shorten the prompt"
     assert describe_error(RuntimeError("kaput")) == "RuntimeError: kaput"
     assert "out of memory" in describe_error(MemoryError())
+
+
+def test_garbage_made_before_a_job_is_collected_on_the_gui_thread_not_the_worker(qtbot):
+    """A worker that allocates must not run the cyclic collector: freeing Qt objects there deadlocked the test
+    suite (see ``playground.ui.gui_gc``). Garbage in a cycle is freed later, on the GUI thread's timer."""
+    import gc
+    import threading
+
+    freed_on: list[str] = []
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            freed_on.append(threading.current_thread().name)
+
+    def body(should_stop, progress):
+        junk = [[i] for i in range(200_000)]  # crosses every collection threshold many times over
+        yield len(junk)
+
+    gc.collect()
+    job = GeneratorJob(body)
+    job.start()  # the GUI-thread collector is installed here, before the worker runs
+    for _ in range(gc.get_threshold()[0] + 100):  # unreachable now, only a collection frees them; enough of them
+        Cycle()  # to cross the youngest generation's threshold
+    with qtbot.waitSignal(job.finished, timeout=10_000):
+        pass
+    qtbot.waitUntil(lambda: freed_on != [], timeout=5000)  # the GUI timer collects them, not the worker
+    assert set(freed_on) == {threading.main_thread().name}

@@ -17,6 +17,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
+from playground.ui.gui_gc import collect_on_gui_thread
+
 StopCheck = Callable[[], bool]
 Progress = Callable[[str, float], None]
 # A job's body: gets a stop check and a progress callback, returns an iterator of items for the GUI.
@@ -117,6 +119,7 @@ class GeneratorJob(QObject):
         return self._thread
 
     def start(self) -> None:
+        collect_on_gui_thread()  # from now on a worker must never run the collector (see gui_gc)
         self._timer.start()
         self._thread.start()
 
