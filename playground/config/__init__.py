@@ -4,12 +4,13 @@ form and validation (``playground.config.table``).
 Capability modules register their group on import; list each one here.
 """
 
-from playground.config import beam, kv, layers, speculative  # noqa: F401  (each registers its settings group)
+from playground.config import beam, kv, layers, quant, speculative  # noqa: F401  (each registers its settings group)
 from playground.config.beam import EARLY_STOPPING, BeamSettings
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, SettingsGroup, register_group
 from playground.config.kv import ATTENTIONS, KV_DTYPES, KVSettings
 from playground.config.layers import EXIT_METRICS, LayerSettings, LensSettings, parse_layer_set
+from playground.config.quant import GROUP_SIZES, QUANT_METHODS, QuantSettings
 from playground.config.run import DEFAULT_PROMPT, DEVICES, DTYPES, ModelSettings, RunSettings
 from playground.config.speculative import DRAFTERS, SpeculativeSettings
 from playground.config.table import Row, Setting, rows, setting
@@ -23,13 +24,16 @@ __all__ = [
     "EARLY_STOPPING",
     "EXIT_METRICS",
     "GROUPS",
+    "GROUP_SIZES",
     "KV_DTYPES",
+    "QUANT_METHODS",
     "BeamSettings",
     "ConfigError",
     "KVSettings",
     "LayerSettings",
     "LensSettings",
     "ModelSettings",
+    "QuantSettings",
     "Row",
     "RunSettings",
     "Setting",
