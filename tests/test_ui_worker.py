@@ -117,7 +117,9 @@ def test_garbage_made_before_a_job_is_collected_on_the_gui_thread_not_the_worker
     job.start()  # the GUI-thread collector is installed here, before the worker runs
     for _ in range(gc.get_threshold()[0] + 100):  # unreachable now, only a collection frees them; enough of them
         Cycle()  # to cross the youngest generation's threshold
+    assert not gc.isenabled()  # while the job runs, only the GUI thread's timer collects
     with qtbot.waitSignal(job.finished, timeout=10_000):
         pass
+    assert gc.isenabled()  # no job left: Python's usual collector is back
     qtbot.waitUntil(lambda: freed_on != [], timeout=5000)  # the GUI timer collects them, not the worker
     assert set(freed_on) == {threading.main_thread().name}

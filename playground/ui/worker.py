@@ -17,7 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
-from playground.ui.gui_gc import collect_on_gui_thread
+from playground.ui import gui_gc
 
 StopCheck = Callable[[], bool]
 Progress = Callable[[str, float], None]
@@ -112,6 +112,7 @@ class GeneratorJob(QObject):
         self._timer.setInterval(FRAME_MS)
         self._timer.timeout.connect(self._drain)
         self._done = False
+        self._counted = False  # counted among the running jobs of gui_gc
         self.error: str | None = None
 
     @property
@@ -119,7 +120,8 @@ class GeneratorJob(QObject):
         return self._thread
 
     def start(self) -> None:
-        collect_on_gui_thread()  # from now on a worker must never run the collector (see gui_gc)
+        gui_gc.job_started()  # while it runs, the worker must never run the collector (see gui_gc)
+        self._counted = True
         self._timer.start()
         self._thread.start()
 
@@ -167,6 +169,9 @@ class GeneratorJob(QObject):
         self._done = True
         # `finished` was emitted as the thread's last act; wait for it to really exit before anyone frees it.
         self._thread.wait()
+        if self._counted:
+            self._counted = False
+            gui_gc.job_ended()
         self._timer.stop()
         self._drain()
         if self.error is not None:
