@@ -6,7 +6,7 @@ is measured on the evaluation text (Lincoln), never on the calibration text (the
 perplexity, per-token KL(reference || method) mean / median / p99 / max, top-1 agreement, and the first position
 where the greedy continuation of a prompt departs from the reference's (-1: none within the window).
 
-AWQ, W8A8 and SmoothQuant are fake-quantized (simulated in float32): they measure accuracy, not speed or memory.
+Every copy stores its weights low-bit (``QuantLinear``); speed and weight bytes are in ``bench_quant.py``.
 The "float" reference is itself the dequantized Q4_1 GGUF, so every error here understates the error against the
 original bf16 weights.
 

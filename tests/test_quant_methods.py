@@ -3,13 +3,14 @@ each against a computation done here by hand."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
 from playground.engine.quant import awq as awq_module
-from playground.engine.quant.awq import awq, awq_scales
+from playground.engine.quant.awq import InputScaledLinear, awq, awq_scales
 from playground.engine.quant.calibration import (
     activation_stats,
     capture_inputs,
@@ -17,6 +18,7 @@ from playground.engine.quant.calibration import (
     load_text,
     text_ids,
 )
+from playground.engine.quant.linear import QuantLinear, model_weight_bytes
 from playground.engine.quant.metrics import first_divergence, kl_stats, perplexity
 from playground.engine.quant.rtn import dequantize, quantize
 from playground.engine.quant.smoothquant import (
@@ -186,18 +188,29 @@ def test_awq_never_makes_the_calibration_loss_worse_than_rtn(tiny_lm, ids):
         assert chosen <= rtn * (1 + 1e-6), r.group
         torch.testing.assert_close(r.scales, awq_scales(x.abs().mean(0), r.alpha))
         improved += chosen < rtn * 0.999
-        # the weights stored are the ones scored: Q(W diag s) (up to a row scale where down's 1/s was folded)
+        # the weights stored are the ones scored: the codes of Q(W diag s) (up to a row scale where down's 1/s was
+        # folded), packed two per byte
         if r.group.endswith("qkv"):
-            new_q = quantized.model.layers[layer_index].self_attn.q_proj.weight
-            wq = dequantize(quantize(weights[0] * r.scales, 4, group_size=16, symmetric=False))
-            torch.testing.assert_close(new_q, wq)
+            new_q = quantized.model.layers[layer_index].self_attn.q_proj
+            expected = quantize(weights[0] * r.scales, 4, group_size=16, symmetric=False)
+            assert isinstance(new_q, QuantLinear) and new_q.q.dtype == torch.uint8
+            assert torch.equal(new_q.q, expected.q) and torch.equal(new_q.scale, expected.scale)
+            torch.testing.assert_close(dequantize(new_q.qt), dequantize(expected), rtol=0, atol=0)
     assert improved > 0  # the search does something on this model
+
+
+def float_scaled(linear, s, *args):
+    """In place of ``awq.quantized_linear``: W diag s kept in float (quantization switched off)."""
+    scaled = copy.deepcopy(linear)
+    scaled.weight.data.mul_(s)
+    return scaled
 
 
 def test_awq_folding_keeps_the_float_function(tiny_lm, ids, monkeypatch):
     """With quantization switched off, the scales alone (folded into norms, rows or an input scale) must leave the
     model's output unchanged."""
     monkeypatch.setattr(awq_module, "fake_quantize", lambda w, *args: w)
+    monkeypatch.setattr(awq_module, "quantized_linear", float_scaled)
     results = []
     scaled = awq(tiny_lm.model, tiny_lm.tokenizer, TEXT, group_size=16, grid=4, max_tokens=MAX_TOKENS,
                  results=results)
@@ -249,3 +262,141 @@ def test_first_divergence_of_greedy_outputs(tiny_lm, ids):
     expected = next((i for i, (a, b) in enumerate(zip(*runs, strict=True)) if a != b), -1)
     assert expected != -1
     assert first_divergence(model, other, prompt, 12) == expected
+
+
+# -- true low-bit storage: the stored copies compute what the fake-quantized ones did ----------------------------
+
+
+def int4_asym(w: torch.Tensor, group: int) -> torch.Tensor:
+    """Asymmetric int4 round to nearest in groups of ``group`` input columns, dequantized, written out."""
+    g = w.detach().double().reshape(w.shape[0], -1, group)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = (hi - lo) / 15
+    zero = -8 - lo / scale
+    return ((torch.clamp(torch.round(g / scale + zero), -8, 7) - zero) * scale).reshape(w.shape).float()
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 per row (an output channel of a weight, a token of activations), dequantized."""
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    return torch.clamp(torch.round(x / scale), -127, 127) * scale
+
+
+class FakeW8A8(torch.nn.Module):
+    """The former fake-quantized W8A8 linear on the unsmoothed input: int8(x / s) int8(W diag s)^T, in float."""
+
+    def __init__(self, weight: torch.Tensor, s: torch.Tensor):
+        super().__init__()
+        self.s, self.w = s, int8_rows(weight.detach() * s)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(int8_rows(x / self.s), self.w)
+
+
+def with_linears(model, make):
+    """A copy of ``model`` with every decoder linear replaced by ``make(name, linear)``."""
+    out = copy.deepcopy(model)
+    for name, linear in decoder_linears(out).items():
+        parent, _, attr = name.rpartition(".")
+        setattr(out.get_submodule(parent), attr, make(name, linear))
+    return out
+
+
+def float_bytes_outside_linears(model) -> int:
+    linears = decoder_linears(model).values()
+    return sum(p.numel() * p.element_size() for p in model.parameters()) - sum(m.weight.numel() * 4 for m in linears)
+
+
+def stored(module):
+    return module.linear if isinstance(module, InputScaledLinear) else module
+
+
+@pytest.mark.parametrize("kernel", ["dequant", "int4pack"])
+def test_awq_stores_packed_int4_and_computes_the_fake_quantized_function(tiny_lm, ids, kernel):
+    model, group = tiny_lm.model, 32
+    results = []
+    quantized = awq(model, tiny_lm.tokenizer, TEXT, group_size=group, grid=10, max_tokens=MAX_TOKENS, kernel=kernel,
+                    results=results)
+    scales = {}
+    for r in results:  # "model.layers.1.mlp.gate_up" -> the scales of both linears
+        prefix, part = r.group.split(".", 3)[:3], r.group.split(".", 3)[3]
+        for path in GROUP_LINEARS[part]:
+            scales[".".join([*prefix, path])] = r.scales
+    assert any(not torch.equal(s, torch.ones_like(s)) for s in scales.values())
+    # Storage: packed int4 codes, float32 scale and zero per group of 32, o_proj's input scale (grouped-query
+    # attention: 4 heads share 2 value heads, so it stays a vector), nothing else beyond the float model's rest.
+    linears = decoder_linears(quantized)
+    assert all(isinstance(stored(m), QuantLinear) and stored(m).kernel == kernel and stored(m).q.dtype == torch.uint8
+               for m in linears.values())
+    assert [n for n, m in linears.items() if isinstance(m, InputScaledLinear)] == \
+        [f"model.layers.{i}.self_attn.o_proj" for i in range(len(model.model.layers))]
+    expected = float_bytes_outside_linears(model) + sum(
+        m.out_features * m.in_features // 2 + m.out_features * (m.in_features // group) * 8
+        + (m.in_features * 4 if name.endswith("o_proj") else 0) for name, m in decoder_linears(model).items())
+    assert model_weight_bytes(quantized) == expected
+    # Function: every linear applies Q(W diag s) diag(1/s) to the reference's input (no folding anywhere).
+    reference = with_linears(model, lambda name, m: torch.nn.Linear(m.in_features, m.out_features, bias=False))
+    with torch.no_grad():
+        for name, m in decoder_linears(reference).items():
+            w, s = decoder_linears(model)[name].weight.detach(), scales[name]
+            m.weight.copy_(int4_asym(w * s, group) / s)
+    got, want, original = logits_of(quantized, ids), logits_of(reference, ids), logits_of(model, ids)
+    quantization = float((want - original).abs().max())
+    error = float((got - want).abs().max())
+    if kernel == "dequant":  # exact but for float32 rounding (the folds reassociate products)
+        assert error < 1e-4 * float(want.abs().max())
+    else:  # the int4 kernel rounds activations and scales to bfloat16: small against the quantization itself
+        assert 1e-6 < error < 0.1 * quantization
+    assert quantization > 1e-3
+
+
+@pytest.mark.parametrize("kernel", ["dequant", "auto"])
+def test_w8a8_copies_store_int8_and_compute_the_fake_quantized_function(tiny_lm, ids, stats, kernel):
+    model, alpha = tiny_lm.model, 0.5
+    smooth = {}  # SmoothQuant's factors by linear, from the formula: max|X_j|^a / max|W_j|^(1-a) over the group
+    for i, layer in enumerate(model.model.layers):
+        for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")):
+            w_max = torch.cat([layer.get_submodule(p).weight for p in group]).abs().amax(0)
+            s = stats[f"model.layers.{i}.{group[0]}"].max_abs ** alpha / w_max.detach() ** (1 - alpha)
+            smooth.update({f"model.layers.{i}.{p}": s for p in group})
+    ones = torch.ones(model.config.intermediate_size)
+    copies = {"naive": (naive_w8a8(model, kernel=kernel), {}),
+              "smoothquant": (smoothquant(model, stats, alpha, kernel=kernel), smooth)}
+    for label, (quantized, factors) in copies.items():
+        linears = decoder_linears(quantized)
+        expected_kernel = "int8mm" if kernel == "auto" else "dequant"  # the integer GEMM on this CPU
+        assert all(isinstance(m, QuantLinear) and m.q.dtype == torch.int8 and m.kernel == expected_kernel
+                   and m.activation_quant == "int8-token" for m in linears.values()), label
+        # int8 codes, one float32 scale per output channel
+        assert model_weight_bytes(quantized) == float_bytes_outside_linears(model) + sum(
+            m.out_features * m.in_features + m.out_features * 4 for m in decoder_linears(model).values())
+        reference = with_linears(model, lambda name, m, f=factors: FakeW8A8(
+            m.weight, f.get(name, ones[: m.in_features])))
+        got, want = logits_of(quantized, ids), logits_of(reference, ids)
+        # up to float rounding (int32 vs float32 accumulation, the norm fold vs x / s), which can move an
+        # activation that sits on a rounding boundary by one int8 step
+        error = float((got - want).abs().max())
+        assert error < 1e-3 * float(want.abs().max()), label
+        assert float((want - logits_of(model, ids)).abs().max()) > 20 * error, label
+        if kernel == "dequant" and label == "naive":  # the same float operations as the former fake path
+            assert error == 0.0
+
+
+def test_int8mm_kernel_and_row_scaling_of_a_quant_linear_with_bias():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 24)
+    x = torch.randn(2, 5, 48)
+    layer = QuantLinear(linear, quantize(linear.weight, 8), activation_quant="int8-token")
+    assert layer.kernel == "int8mm"  # chosen on this CPU for per-channel W8A8
+    w = int8_rows(linear.weight.detach())
+    expected = torch.nn.functional.linear(int8_rows(x), w, linear.bias.detach())  # the emulated int8 product
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    assert layer.runtime_bytes == 48 * 24 + 24 * 4  # transposed int8 codes and the channel scales
+    # Dividing the output rows by s divides the group scales and the bias: the layer then computes y / s.
+    s = torch.rand(24) + 0.5
+    layer4 = QuantLinear(linear, quantize(linear.weight, 4, 16, symmetric=False))
+    before = layer4(x)
+    codes = layer4.q.clone()
+    layer4.scale_rows(s)
+    assert torch.equal(layer4.q, codes)
+    torch.testing.assert_close(layer4(x), before / s, rtol=1e-5, atol=1e-6)

@@ -75,3 +75,27 @@ class QuantSummary:
     first_divergence: int  # first step where the free-running quantized output differs from the reference; -1 never
     reference_tokens_per_s: float
     quantized_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class MethodRow:
+    """One method's figures, as measured by a comparison run on this model."""
+
+    method: str  # "reference" or the method with its group / α ("rtn-int4 g128")
+    weight_bytes: int
+    stored: str
+    perplexity: float | None  # on the evaluation text (None: not measured)
+    tokens_per_s: float  # decoding speed in the comparison run
+    kl_mean: float  # teacher-forced, over the run's tokens (0 for the reference)
+    top1_agreement: float
+    first_divergence: int  # -1: the free-running output never diverged
+
+
+@dataclass(frozen=True)
+class QuantTable:
+    """Last before ``done`` in a comparison run: every method compared on this model so far in this process (the
+    results are kept per model and method), this run's included."""
+
+    type: ClassVar[str] = "quant_table"
+    model_name: str
+    rows: tuple[MethodRow, ...]

@@ -12,9 +12,17 @@ Where the division by s goes, per decoder layer:
 - down: into ``up_proj``'s output rows (silu(gate) * up is linear in up);
 - o: into ``v_proj``'s output rows when every attention head has its own value head, else (grouped-query
   attention, as SmolLM2) kept as an input scale in front of o_proj (``InputScaledLinear``).
-The activations are captured once from the float model (the scaling leaves its function unchanged). The
-quantized weights are stored dequantized in float32 (fake quantization: the accuracy of int4, not its memory or
-speed). Not done: AWQ's second step, the search for a clipping range of each weight group.
+The activations are captured once from the float model (the scaling leaves its function unchanged).
+
+Storage is truly low-bit: each linear becomes a ``QuantLinear`` holding Q(W diag s) as packed int4 codes with float32
+group scales and zero points (torch's int4 kernel where ``choose_kernel`` picks it). A fold into a previous linear's
+rows comes after that linear is quantized (the groups are done in order: q/k/v, o, gate/up, down), so it divides
+that ``QuantLinear``'s group scales (``QuantLinear.scale_rows``: exact up to float rounding, codes unchanged). The
+norm folds change the norms' float weights in place; the only extra storage is o_proj's input scale under
+grouped-query attention (one float per input channel, counted in the weight bytes). The paper's code folds the
+same places (llm-awq's ``scale_ln_fcs`` / ``scale_fc_fc``); under GQA it and AutoAWQ skip o_proj's scaling (only
+when v_proj's and o_proj's shapes match, llm-awq PR 67), whereas this keeps the search and the vector. Not done:
+AWQ's second step, the search for a clipping range of each weight group.
 """
 
 from __future__ import annotations
@@ -28,14 +36,15 @@ import torch
 from torch import nn
 
 from playground.engine.quant.calibration import capture_inputs, decoder_layers, text_ids
+from playground.engine.quant.linear import QuantLinear
+from playground.engine.quant.rtn import dequantize, quantize
 
 Progress = Callable[[str, float], None]
 
 
 def fake_quantize(w: torch.Tensor, bits: int, group_size: int | None, symmetric: bool) -> torch.Tensor:
-    """``w`` quantized and dequantized with the lab's round-to-nearest quantizer (``rtn``), same shape."""
-    from playground.engine.quant.rtn import dequantize, quantize
-
+    """``w`` quantized and dequantized with the lab's round-to-nearest quantizer (``rtn``), same shape: what the
+    search scores (the stored model holds the codes themselves, see ``quantized_linear``)."""
     return dequantize(quantize(w, bits, group_size=group_size, symmetric=symmetric)).reshape(w.shape).to(w.dtype)
 
 
@@ -110,51 +119,63 @@ def search_group(x: torch.Tensor, weights: list[torch.Tensor], *, bits: int = 4,
 
 
 class InputScaledLinear(nn.Module):
-    """``linear(x * inv_scale)``: an AWQ scale that could not be folded into the operation before it."""
+    """``linear(x * inv_scale)``: an AWQ scale that could not be folded into the operation before it.
 
-    def __init__(self, linear: nn.Linear, inv_scale: torch.Tensor):
+    ``inv_scale`` [in] is a (frozen) parameter, not a buffer, so ``model_weight_bytes`` counts it."""
+
+    def __init__(self, linear: nn.Module, inv_scale: torch.Tensor):
         super().__init__()
         self.linear = linear
-        self.register_buffer("inv_scale", inv_scale.to(linear.weight))
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.linear.weight
+        self.inv_scale = nn.Parameter(inv_scale.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x * self.inv_scale)
+        return self.linear(x * self.inv_scale.to(x.dtype))
+
+
+def quantized_linear(linear: nn.Linear, s: torch.Tensor, bits: int, group_size: int | None, symmetric: bool,
+                     kernel: str = "auto") -> nn.Module:
+    """The ``QuantLinear`` storing Q(W diag s): the linear's columns scaled by s, then round-to-nearest."""
+    return QuantLinear(linear, quantize(linear.weight.detach().float() * s.float(), bits, group_size, symmetric),
+                       kernel=kernel)
+
+
+def _set(layer: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, attr = path.rpartition(".")
+    setattr(layer.get_submodule(parent_path), attr, module)
 
 
 def apply_group(layer: nn.Module, group: AwqGroup, s: torch.Tensor, bits: int, group_size: int | None,
-                symmetric: bool) -> None:
-    """Fold 1/s into what comes before the group, scale the linears' columns by s and quantize them (in place)."""
+                symmetric: bool, kernel: str = "auto") -> None:
+    """Fold 1/s into what comes before the group and replace its linears by ``QuantLinear``s of Q(W diag s)."""
     with torch.no_grad():
-        s = s.to(layer.get_submodule(group.linears[0]).weight)
         kind, _, target = group.fold.partition(":")
         if kind == "norm":
-            layer.get_submodule(target).weight.div_(s)
-        elif kind == "rows":
+            norm = layer.get_submodule(target)
+            norm.weight.div_(s.to(norm.weight))
+        elif kind == "rows":  # the previous linear, already quantized (earlier group): divide its rows
             prev = layer.get_submodule(target)
-            prev.weight.div_(s[:, None])
-            if prev.bias is not None:
-                prev.bias.div_(s)
+            if isinstance(prev, QuantLinear):
+                prev.scale_rows(s)
+            else:
+                prev.weight.div_(s.to(prev.weight)[:, None])
+                if prev.bias is not None:
+                    prev.bias.div_(s.to(prev.bias))
         for path in group.linears:
             linear = layer.get_submodule(path)
-            linear.weight.copy_(fake_quantize(linear.weight * s, bits, group_size, symmetric))
-        if kind == "input":
+            _set(layer, path, quantized_linear(linear, s, bits, group_size, symmetric, kernel))
+        if kind == "input":  # float32 [in]; cast to the input's dtype on use
             (path,) = group.linears
-            parent_path, _, attr = path.rpartition(".")
-            parent = layer.get_submodule(parent_path)
-            setattr(parent, attr, InputScaledLinear(getattr(parent, attr), 1.0 / s))
+            _set(layer, path, InputScaledLinear(layer.get_submodule(path), 1.0 / s.float()))
 
 
 def awq(model: Any, tokenizer: Any, text: str, group_size: int | None = 128, grid: int = 20, *, bits: int = 4,
-        symmetric: bool = False, max_tokens: int = 512, progress: Progress | None = None,
+        symmetric: bool = False, max_tokens: int = 512, kernel: str = "auto", progress: Progress | None = None,
         results: list[AwqResult] | None = None) -> Any:
-    """An AWQ-quantized copy of ``model`` (int4 group-wise by default, fake-quantized), calibrated on ``text``.
+    """An AWQ-quantized copy of ``model`` (int4 group-wise by default, stored packed), calibrated on ``text``.
 
-    ``progress(message, fraction)`` is called after each layer; ``results``, if given, receives the search
-    result of every group (chosen alpha, its loss and plain RTN's)."""
+    ``kernel`` is each ``QuantLinear``'s ("auto": the measured rule). ``progress(message, fraction)`` is called
+    after each layer; ``results``, if given, receives the search result of every group (chosen alpha, its loss
+    and plain RTN's)."""
     ids = text_ids(tokenizer, text, min(max_tokens, getattr(model.config, "max_position_embeddings", max_tokens)))
     layers_n = len(decoder_layers(model))
     wanted = {f"model.layers.{i}.{g.linears[0]}" for i in range(layers_n) for g in layer_groups(model, i)}
@@ -166,7 +187,7 @@ def awq(model: Any, tokenizer: Any, text: str, group_size: int | None = 128, gri
             weights = [layer.get_submodule(p).weight for p in group.linears]
             found = search_group(x, weights, bits=bits, group_size=group_size, grid=grid, symmetric=symmetric,
                                  name=group.name)
-            apply_group(layer, group, found.scales, bits, group_size, symmetric)
+            apply_group(layer, group, found.scales, bits, group_size, symmetric, kernel)
             if results is not None:
                 results.append(found)
         if progress is not None:

@@ -1,26 +1,33 @@
 """``QuantLinear``: a linear layer whose weight is stored low-bit, and ``quantize_model`` for whole decoder stacks.
 
 Storage: the codes, scales and zero points of a ``QuantizedTensor`` are the module's buffers (that is what
-``model_weight_bytes`` counts). To run, a layer uses one of two paths, chosen per layer at construction:
+``model_weight_bytes`` counts). To run, a layer uses one of three paths, chosen per layer at construction:
 
 - ``"int4pack"``: torch's own int4 CPU kernel (``aten._weight_int4pack_mm_for_cpu``) on a copy of the codes in the
   kernel's blocked layout (same size as the codes) and bfloat16 scale/zero pairs. Its fast path takes bfloat16
   activations (with float32 activations it was 10-35x slower here), so this path rounds the input and the scales to
   bfloat16: its output equals ``F.linear(x, dequantize(qt), bias)`` within bfloat16 rounding, not float32 rounding.
+- ``"int8mm"`` (W8A8 only: int8 symmetric per-channel weights with ``activation_quant="int8-token"``): torch's
+  integer GEMM (``torch._int_mm``, int8 x int8 -> int32, exact) on a transposed copy of the codes (same size as the
+  codes), then one float rescale by the token's and the output channel's scales. Its output equals the emulated
+  product below up to float32 accumulation rounding.
 - ``"dequant"``: a float32 copy of the dequantized weight, built on first use, then ``F.linear`` (exact).
 
 The rule (``choose_kernel``), from timings on this CPU (torch 2.13, 2 threads, decode-shaped inputs, weights cold in
 cache as they are in a 30-layer decode step; ``benchmarks/bench_quant.py`` re-measures them):
 int4 group-wise weights whose kernel applies (out % 16 == 0, group in 32/64/128/256) and with at least
 ``INT4PACK_MIN_WEIGHTS`` elements use ``int4pack``: 576x576 2.0x, 576x1536 3.8x, 1536x576 3.3x, the 576x49152 LM head
-~12x faster than fp32 at one row; the kernel's fixed cost (~50 us a call) loses on 576x192 (k/v: fp32 15 us). Everything
-else (int8: ``_weight_int8pack_mm`` was 8x slower than fp32 here; per-channel int4; small layers) uses ``dequant``.
+~12x faster than fp32 at one row; the kernel's fixed cost (~50 us a call) loses on 576x192 (k/v: fp32 15 us).
+W8A8 per-channel weights use ``int8mm``: with the per-token activation quantization included it took 1.2x (192x576)
+to 3.3x (576x1536) less time than the emulated path at one row, 2.6-7x less at 64 rows. Everything else (int8
+weight-only: ``_weight_int8pack_mm`` was 8x slower than fp32 here; group-wise int8 W8A8, which ``_int_mm`` cannot
+rescale per group; per-channel int4; small layers; any device but the CPU) uses ``dequant``.
 A group that does not divide the input size (576 / 128) is run by zero-padding the input to whole groups.
 
 ``activation_quant="int8-token"`` (W8A8, for ZeroQuant / SmoothQuant) quantizes each input row (token) dynamically to
-symmetric int8 with its own scale (max|x| / 127) before the matmul. The int8 x int8 product is emulated in float32
-(the dequantized activation times the dequantized weight), which gives the same numbers as an integer GEMM with
-float rescaling up to float32 accumulation rounding; it shows the accuracy of W8A8, not its speed.
+symmetric int8 with its own scale (max|x| / 127) before the matmul. On the ``dequant`` path the int8 x int8 product
+is emulated in float32 (the dequantized activation times the dequantized weight), which gives the same numbers as an
+integer GEMM with float rescaling up to float32 accumulation rounding.
 """
 
 from __future__ import annotations
@@ -39,24 +46,42 @@ INT4PACK_GROUPS = (32, 64, 128, 256)
 DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")
 ACTIVATION_QUANT = (None, "int8-token")
+KERNELS = ("int4pack", "int8mm", "dequant")
 
 
 def int4pack_applies(qt: QuantizedTensor) -> bool:
     return qt.bits == 4 and qt.group_size in INT4PACK_GROUPS and qt.shape[0] % 16 == 0
 
 
-def choose_kernel(qt: QuantizedTensor) -> str:
-    """The measured rule: ``"int4pack"`` for large int4 group-wise weights the kernel accepts, else ``"dequant"``."""
+def int8mm_applies(qt: QuantizedTensor, activation_quant: str | None) -> bool:
+    """torch's integer GEMM needs int8 codes on both sides with one scale per row of each: W8A8, per channel."""
+    return activation_quant == "int8-token" and qt.bits == 8 and qt.symmetric and qt.group_size is None
+
+
+def choose_kernel(qt: QuantizedTensor, activation_quant: str | None = None) -> str:
+    """The measured rule: ``"int4pack"`` for large int4 group-wise weights the kernel accepts, ``"int8mm"`` for
+    per-channel W8A8, else ``"dequant"``. Both kernels are CPU kernels: elsewhere every layer runs ``dequant``."""
+    if qt.q.device.type != "cpu":
+        return "dequant"
     if int4pack_applies(qt) and qt.shape[0] * qt.shape[1] >= INT4PACK_MIN_WEIGHTS:
         return "int4pack"
+    if int8mm_applies(qt, activation_quant):
+        return "int8mm"
     return "dequant"
+
+
+def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric int8 quantization of each row (token) of the last dimension: (int8 codes, float32 scales
+    [..., 1]); an all-zero row gets scale 1."""
+    scale = x.abs().amax(dim=-1, keepdim=True).to(torch.float32) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8), scale
 
 
 def quantize_activations_per_token(x: torch.Tensor) -> torch.Tensor:
     """Dynamic symmetric int8 fake quantization, one scale per row (token) of the last dimension."""
-    scale = x.abs().amax(dim=-1, keepdim=True).to(torch.float32) / 127
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (torch.clamp(torch.round(x / scale), -127, 127) * scale).to(x.dtype)
+    codes, scale = int8_rows(x)
+    return (codes * scale).to(x.dtype)
 
 
 class QuantLinear(nn.Module):
@@ -68,8 +93,9 @@ class QuantLinear(nn.Module):
         if activation_quant not in ACTIVATION_QUANT:
             raise ValueError(f"activation_quant must be one of {ACTIVATION_QUANT}, got {activation_quant!r}")
         if kernel == "auto":
-            kernel = choose_kernel(qt)
-        if kernel not in ("int4pack", "dequant") or (kernel == "int4pack" and not int4pack_applies(qt)):
+            kernel = choose_kernel(qt, activation_quant)
+        if kernel not in KERNELS or (kernel == "int4pack" and not int4pack_applies(qt)) or (
+                kernel == "int8mm" and not int8mm_applies(qt, activation_quant)):
             raise ValueError(f"kernel {kernel!r} does not apply to this weight")
         self.out_features, self.in_features = qt.shape
         self.bits, self.group_size, self.packed = qt.bits, qt.group_size, qt.packed
@@ -100,11 +126,24 @@ class QuantLinear(nn.Module):
         return (f"in={self.in_features}, out={self.out_features}, bits={self.bits}, group={self.group_size}, "
                 f"symmetric={self.zero is None}, kernel={self.kernel}, activation_quant={self.activation_quant}")
 
+    def scale_rows(self, factors: torch.Tensor) -> None:
+        """Divide output row r by ``factors[r]`` (in place), as a float linear's ``weight.div_(factors[:, None])``
+        would: a row's dequantized weight is (code - zero) * scale, so dividing its group scales (and the bias) is
+        exact up to float rounding, and the codes are unchanged. AWQ folds a following layer's scales in this way."""
+        with torch.no_grad():
+            factors = factors.to(self.scale)
+            self.scale.div_(factors[:, None])
+            if self.bias is not None:
+                self.bias.div_(factors.to(self.bias))
+        self._runtime = None
+
     def _prepare(self) -> tuple[torch.Tensor, ...]:
         if self._runtime is None:
             qt = self.qt
             if self.kernel == "dequant":
                 self._runtime = (dequantize(qt),)
+            elif self.kernel == "int8mm":  # codes as _int_mm's [in, out] operand; scales [out]
+                self._runtime = (qt.q.t().contiguous(), qt.scale[:, 0].contiguous())
             else:
                 codes = (qt.codes().to(torch.int32) + 8).contiguous()  # kernel wants 0..15: w = (u - 8) * s + z
                 weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -114,9 +153,14 @@ class QuantLinear(nn.Module):
         return self._runtime
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        runtime = self._prepare()
+        if self.kernel == "int8mm":
+            codes, row_scale = int8_rows(x.reshape(-1, self.in_features))  # [rows, in] int8, [rows, 1]
+            y = torch._int_mm(codes, runtime[0]).to(torch.float32) * (row_scale * runtime[1])  # [rows, out]
+            y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
         if self.activation_quant == "int8-token":
             x = quantize_activations_per_token(x)
-        runtime = self._prepare()
         if self.kernel == "dequant":
             return F.linear(x, runtime[0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         weight, pairs = runtime

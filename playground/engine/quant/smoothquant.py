@@ -5,10 +5,13 @@ each input channel j gets a factor s_j = max|X_j|^alpha / max|W_j|^(1-alpha) (ma
 linears in the group). The norm's weight is divided by s and the linears' input columns multiplied by s: in
 exact arithmetic the float model computes the same function, and the activations the linears see are flatter.
 
-W8A8 here is *fake quantization* (simulated in float32, no int8 kernels): weights int8 symmetric per output
-channel, activations int8 symmetric per token, recomputed on every call ("dynamic"). It measures the accuracy
-of W8A8, not its speed. o_proj and down_proj are quantized but not smoothed (as in the paper's Llama recipe);
-the LM head and embeddings stay float.
+W8A8: every decoder linear becomes a ``QuantLinear`` storing int8 codes, symmetric, one float32 scale per output
+channel, with ``activation_quant="int8-token"``: activations quantized to int8 symmetric per token, recomputed on
+every call ("dynamic"). On the CPU the product runs on torch's integer GEMM (``QuantLinear``'s ``int8mm`` kernel);
+elsewhere it is emulated in float (same numbers up to float rounding). The smoothing division lives in the norms'
+weights (folded there, as the paper does), so nothing is stored beyond the int8 weights and their scales.
+o_proj and down_proj are quantized but not smoothed (as in the paper's Llama recipe); the LM head and embeddings
+stay float.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import torch
 from torch import nn
 
 from playground.engine.quant.calibration import ActivationStats, decoder_layers
-
-INT8_MAX = 127.0
+from playground.engine.quant.linear import QuantLinear
+from playground.engine.quant.rtn import quantize
 
 # (norm attribute on the decoder layer, the linears it feeds)
 SMOOTH_GROUPS = (
@@ -61,43 +64,28 @@ def smooth_model(model: Any, stats: dict[str, ActivationStats], alpha: float = 0
     return smoothed, factors
 
 
-def fake_quant_int8_rows(w: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 per row (per output channel for a weight, per token for activations), dequantized."""
-    scale = w.abs().amax(dim=-1, keepdim=True).clamp_min(1e-8) / INT8_MAX
-    return (w / scale).round().clamp(-INT8_MAX, INT8_MAX) * scale
+def w8a8_linear(linear: nn.Linear, kernel: str = "auto") -> QuantLinear:
+    """``linear`` as W8A8: int8 symmetric per-output-channel weights, int8 per-token activations."""
+    return QuantLinear(linear, quantize(linear.weight, 8, group_size=None, symmetric=True), kernel=kernel,
+                       activation_quant="int8-token")
 
 
-class W8A8Linear(nn.Module):
-    """A linear with int8 per-channel weights and dynamic per-token int8 activations (fake-quantized)."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        with torch.no_grad():
-            self.weight = nn.Parameter(fake_quant_int8_rows(linear.weight.float()).to(linear.weight.dtype),
-                                       requires_grad=False)
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(fake_quant_int8_rows(x), self.weight, self.bias)
-
-
-def to_w8a8(model: Any) -> Any:
-    """Replace every decoder linear of ``model`` (in place) by a ``W8A8Linear``; returns ``model``."""
+def to_w8a8(model: Any, kernel: str = "auto") -> Any:
+    """Replace every decoder linear of ``model`` (in place) by a W8A8 ``QuantLinear``; returns ``model``."""
     for layer in decoder_layers(model):
         for path in W8A8_LINEARS:
             parent_path, _, attr = path.rpartition(".")
             parent = layer.get_submodule(parent_path)
-            setattr(parent, attr, W8A8Linear(getattr(parent, attr)))
+            setattr(parent, attr, w8a8_linear(getattr(parent, attr), kernel))
     return model
 
 
-def naive_w8a8(model: Any) -> Any:
-    """W8A8 without smoothing: a copy of ``model`` with every decoder linear fake-quantized to W8A8."""
-    return to_w8a8(copy.deepcopy(model))
+def naive_w8a8(model: Any, kernel: str = "auto") -> Any:
+    """W8A8 without smoothing: a copy of ``model`` with every decoder linear quantized to W8A8."""
+    return to_w8a8(copy.deepcopy(model), kernel)
 
 
-def smoothquant(model: Any, stats: dict[str, ActivationStats], alpha: float = 0.5) -> Any:
-    """SmoothQuant W8A8: a copy of ``model`` smoothed with ``alpha`` on ``stats``, then fake-quantized to W8A8."""
+def smoothquant(model: Any, stats: dict[str, ActivationStats], alpha: float = 0.5, kernel: str = "auto") -> Any:
+    """SmoothQuant W8A8: a copy of ``model`` smoothed with ``alpha`` on ``stats``, then quantized to W8A8."""
     smoothed, _ = smooth_model(model, stats, alpha)
-    return to_w8a8(smoothed)
+    return to_w8a8(smoothed, kernel)

@@ -1,0 +1,309 @@
+"""The quantization lab: the float reference and its quantized copy decoding side by side, and where they part.
+
+- Top: what was built (method, how the weights are stored, true sizes, build time or "from the cache") and caveats.
+- The two panes (the shared side-by-side component): same prompt, strategy, settings and seed; tokens that differ
+  tinted, the first divergence in red.
+- Per-token KL(reference ‖ quantized) under teacher forcing (both models read the reference's tokens), with the steps
+  where the quantized model's top token differs marked, and the free-running first divergence as a line.
+- Which layers suffer most: each linear layer's relative weight error ‖W_q − W‖ / ‖W‖, by decoder layer and kind.
+- Outlier channels: per input channel, the largest |activation| on the calibration text before and after
+  SmoothQuant's/AWQ's scaling, and the scales themselves (for plain round-to-nearest there are none).
+- The methods table: size, perplexity on the evaluation text, tokens/s, KL and agreement of every method compared on
+  this model so far.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QGridLayout,
+    QHeaderView,
+    QScrollArea,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from playground.config import QuantSettings
+from playground.events import Event, RunStarted
+from playground.events.quant import QuantStep
+from playground.state import Run
+from playground.state.panes import PaneRecord, PanesState
+from playground.state.quant import QuantState
+from playground.ui.style import format_percent, rich_label
+from playground.ui.views import register_view
+from playground.ui.views.base import View
+from playground.ui.views.drawing import ThrottledDraw, static_plot
+from playground.ui.views.side_by_side import DIVERGE_BG, SideBySidePanes
+
+LIVE_DRAW_MS = 200
+KL_COLOR = "#0077BB"
+DISAGREE_COLOR = "#CC3311"
+BEFORE_COLOR = "#9E9E9E"
+AFTER_COLOR = "#0077BB"
+SCALE_COLOR = "#EE7733"
+KIND_COLORS = {"q_proj": "#0077BB", "k_proj": "#33BBEE", "v_proj": "#009988", "o_proj": "#EE7733",
+               "gate_proj": "#CC3311", "up_proj": "#EE3377", "down_proj": "#555555"}
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@register_view
+class QuantView(View):
+    name = "quant"
+    title = "Quantization"
+    consumes = (QuantStep,)
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.state = QuantState()
+        self.panes_state = PanesState()
+        self.header = rich_label(self)
+        self.panes = SideBySidePanes(self.panes_state, self._pane_figures, self)
+
+        self.kl_plot = static_plot(self, "KL(reference ‖ quantized), teacher-forced", "generated token",
+                                   "KL (nats)", min_height=135)
+        self.kl_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KL_COLOR, pen=None)
+        self.kl_plot.addItem(self.kl_bars)
+        self.disagree = pg.ScatterPlotItem(symbol="x", size=11, pen=pg.mkPen(DISAGREE_COLOR, width=2), brush=None)
+        self.kl_plot.addItem(self.disagree)
+        self.divergence_line = pg.InfiniteLine(angle=90, pen=pg.mkPen(DIVERGE_BG, width=2,
+                                                                    style=Qt.PenStyle.DashLine))
+        self.kl_plot.addItem(self.divergence_line)
+        self.divergence_line.hide()
+        self.kl_legend = rich_label(self)
+        self.kl_legend.setText(
+            f"<span style='color:{KL_COLOR}'>■</span> KL at each token (0 = same distribution) · "
+            f"<b style='color:{DISAGREE_COLOR}'>×</b> the quantized model's top token differs · "
+            f"<span style='color:{DIVERGE_BG}'>┆</span> free-running outputs diverge")
+
+        self.error_plot = static_plot(self, "Which layers suffer: ‖W_q − W‖ / ‖W‖", "decoder layer",
+                                      "relative error", min_height=135)
+        self.error_curves = {}
+        for kind, color in KIND_COLORS.items():
+            self.error_curves[kind] = self.error_plot.plot([], [], pen=pg.mkPen(color, width=2), symbol="o",
+                                                           symbolSize=4, symbolBrush=color, symbolPen=None)
+        self.error_legend = rich_label(self)
+        self.error_legend.setText(" ".join(f"<span style='color:{color}'>━ {kind.removesuffix('_proj')}</span>"
+                                           for kind, color in KIND_COLORS.items()))
+
+        self.layer_choice = QComboBox(self)
+        self.layer_choice.currentIndexChanged.connect(lambda _: self._draw_channels())
+        self.channel_plot = static_plot(
+            self, f"max |x| per input channel: <span style='color:{BEFORE_COLOR}'>before</span>, "
+            f"<span style='color:{AFTER_COLOR}'>after</span> scaling", "input channel", "max |x|", min_height=120)
+        self.before_curve = self.channel_plot.plot([], [], pen=pg.mkPen(BEFORE_COLOR, width=3))
+        self.after_curve = self.channel_plot.plot([], [], pen=pg.mkPen(AFTER_COLOR, width=1))
+        self.scale_plot = static_plot(self, "the method's per-channel scales s", "input channel", "scale",
+                                      min_height=90)
+        self.scale_curve = self.scale_plot.plot([], [], pen=pg.mkPen(SCALE_COLOR, width=1))
+        self.channel_note = rich_label(self)
+
+        self.table = QTableWidget(self)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.setMinimumHeight(110)
+        self.table.verticalHeader().hide()
+        self.table.setMaximumHeight(150)
+        self.panes.setMaximumHeight(175)
+        self.figures = rich_label(self)
+
+        grid = QGridLayout()
+        grid.addWidget(self.kl_plot, 0, 0)
+        grid.addWidget(self.kl_legend, 1, 0)
+        grid.addWidget(self.error_plot, 0, 1)
+        grid.addWidget(self.error_legend, 1, 1)
+        channels = QVBoxLayout()
+        channels.setSpacing(0)
+        channels.addWidget(self.layer_choice)
+        channels.addWidget(self.channel_plot, 3)
+        channels.addWidget(self.scale_plot, 2)
+        grid.addLayout(channels, 0, 2)
+        grid.addWidget(self.channel_note, 1, 2)
+        for column in range(3):
+            grid.setColumnStretch(column, 1)
+        content = QWidget()
+        layout = QVBoxLayout(content)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.header)
+        layout.addWidget(self.panes, 3)
+        layout.addWidget(self.figures)
+        layout.addLayout(grid, 3)
+        layout.addWidget(self.table, 1)
+        content.setMinimumSize(1000, 650)
+        scroll = QScrollArea(self)
+        scroll.setWidget(content)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
+        self._channels_of = None  # the QuantReady whose layers the combo lists
+        self.reset()
+
+    def wants_front(self, run: Run) -> bool:
+        return run.settings.group(QuantSettings).compare
+
+    def empty_text(self, run: Run | None) -> str:
+        return ("The quantization lab: pick a quantization method, switch compare on and generate — the float model "
+                "and its quantized copy then decode side by side here.")
+
+    # --- the view interface -----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._redraw.cancel()
+        self.state.reset()
+        self.panes_state.reset()
+        self._draw()
+
+    def apply(self, run: Run, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, RunStarted):
+                self.state.reset()
+                self.panes_state.reset()
+            self.state.apply(event) or self.panes_state.apply(event)
+
+    def flush(self) -> None:
+        self._redraw.request(streaming=self.state.summary is None and not self.panes_state.run_ended)
+
+    def end(self, run: Run) -> None:
+        self._redraw.cancel()
+        self.panes_state.run_ended = True
+        self._draw()
+
+    # --- drawing ----------------------------------------------------------------------------------------------
+    def _pane_figures(self, index: int, pane: PaneRecord) -> str:
+        ready = self.state.ready
+        if ready is None:
+            return ""
+        size = ready.reference_weight_bytes if index == 0 else ready.weight_bytes
+        speed = f" · {pane.finished.tokens_per_s:.1f} tok/s" if pane.finished is not None else ""
+        return f"<span style='color:#333'>weights {_mb(size)}{speed}</span>"
+
+    def _draw(self) -> None:
+        self._draw_header()
+        self.panes.refresh()
+        self._draw_kl()
+        self._draw_errors()
+        if self._channels_of is not self.state.ready:
+            self._fill_layer_choice()
+        self._draw_table()
+
+    def _draw_header(self) -> None:
+        ready = self.state.ready
+        if ready is None:
+            self.header.setText("<b>Quantization lab</b> — the reference and its quantized copy, side by side, "
+                                "appear here.")
+            self.figures.setText("")
+            return
+        group = f", group {ready.group_size}" if ready.group_size else ", per channel"
+        ratio = ready.reference_weight_bytes / ready.weight_bytes if ready.weight_bytes else 0.0
+        built = "from the cache" if ready.cached else f"built in {ready.seconds:.1f} s"
+        ppl = " · ".join(f"{name} {value:.2f}" for name, value in ready.perplexity.items())
+        lines = [f"<b>Quantization lab</b> — <b>{html.escape(ready.method)}</b>{group}: weights stored as "
+                 f"{html.escape(ready.stored)}, {_mb(ready.weight_bytes)} vs {_mb(ready.reference_weight_bytes)} "
+                 f"{html.escape(ready.reference_dtype)}{f' ({ratio:.1f}× smaller)' if ratio > 1.05 else ''} · {built}"]
+        if ppl:
+            lines.append(f"perplexity on the evaluation text: {ppl}")
+        if ready.note:
+            lines.append(f"<span style='color:#555'>{html.escape(ready.note)}</span>")
+        self.header.setText("<br>".join(lines))
+        steps = self.state.steps
+        if steps:
+            kl = self.state.kl
+            agree = self.state.running_agreement() or 0.0
+            text = (f"teacher-forced over {len(steps)} tokens: mean KL <b>{kl.mean():.4f}</b> nats, max "
+                    f"{kl.max():.3f} · top-1 agreement <b>{format_percent(agree)}</b>")
+            summary = self.state.summary
+            if summary is not None:
+                diverged = ("never diverged" if summary.first_divergence < 0
+                            else f"first divergence at token {summary.first_divergence + 1}")
+                text += (f" · median {summary.kl_median:.4f}, p99 {summary.kl_p99:.3f} · free-running: {diverged}"
+                         f" · {summary.reference_tokens_per_s:.1f} vs {summary.quantized_tokens_per_s:.1f} tok/s")
+            self.figures.setText(text)
+        else:
+            self.figures.setText("")
+
+    def _draw_kl(self) -> None:
+        steps = self.state.steps
+        x = np.arange(len(steps), dtype=float)
+        self.kl_bars.setOpts(x=x, height=self.state.kl, width=0.8)
+        bad = np.asarray(self.state.disagreements, dtype=float)
+        top = float(self.state.kl.max()) if steps else 1.0
+        self.disagree.setData(x=bad, y=np.full(len(bad), top * 1.05))
+        summary = self.state.summary
+        if summary is not None and summary.first_divergence >= 0:
+            self.divergence_line.setValue(summary.first_divergence)
+            self.divergence_line.show()
+        else:
+            self.divergence_line.hide()
+
+    def _draw_errors(self) -> None:
+        _kinds, series = self.state.layer_errors_by_layer()
+        for kind, curve in self.error_curves.items():
+            values = series.get(kind)
+            if values is None:
+                curve.setData([], [])
+            else:
+                curve.setData(np.arange(1, len(values) + 1, dtype=float), values)
+
+    def _fill_layer_choice(self) -> None:
+        self._channels_of = self.state.ready
+        self.layer_choice.blockSignals(True)
+        self.layer_choice.clear()
+        for channel in self.state.ready.channels if self.state.ready is not None else ():
+            self.layer_choice.addItem(f"input of {channel.name}")
+        self.layer_choice.blockSignals(False)
+        self._draw_channels()
+
+    def _draw_channels(self) -> None:
+        ready = self.state.ready
+        index = self.layer_choice.currentIndex()
+        if ready is None or not (0 <= index < len(ready.channels)):
+            for curve in (self.before_curve, self.after_curve, self.scale_curve):
+                curve.setData([], [])
+            self.channel_note.setText("")
+            return
+        channel = ready.channels[index]
+        before = np.asarray(channel.act_max_before, dtype=float)
+        after = np.asarray(channel.act_max_after, dtype=float)
+        self.before_curve.setData(np.arange(len(before), dtype=float), before)
+        self.after_curve.setData(np.arange(len(after), dtype=float), after)
+        scales = np.asarray(channel.scales, dtype=float)
+        self.scale_curve.setData(np.arange(len(scales), dtype=float), scales)
+        self.scale_plot.setVisible(len(scales) > 0)  # round-to-nearest has no scales: no empty plot
+        if len(before):
+            ratio_before = before.max() / max(np.median(before), 1e-12)
+            ratio_after = after.max() / max(np.median(after), 1e-12) if len(after) else 0.0
+            note = (f"largest channel / median channel: {ratio_before:.0f}× before, {ratio_after:.0f}× after "
+                    "scaling")
+            if not len(scales):
+                note += " · no scales: plain round-to-nearest leaves the activations as they are"
+            self.channel_note.setText(f"<span style='color:#333'>{note}</span>")
+
+    def _draw_table(self) -> None:
+        table = self.state.table
+        headers = ["method", "stored", "weights", "perplexity", "tokens/s", "mean KL", "top-1 agreement",
+                   "first divergence"]
+        rows = table.rows if table is not None else ()
+        self.table.setColumnCount(len(headers))
+        self.table.setHorizontalHeaderLabels(headers)
+        self.table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            cells = [row.method, row.stored, _mb(row.weight_bytes),
+                     "" if row.perplexity is None else f"{row.perplexity:.2f}", f"{row.tokens_per_s:.1f}",
+                     f"{row.kl_mean:.4f}", format_percent(row.top1_agreement),
+                     "—" if row.method == "reference" else "never" if row.first_divergence < 0
+                     else str(row.first_divergence + 1)]
+            for c, text in enumerate(cells):
+                self.table.setItem(r, c, QTableWidgetItem(text))
+        self.table.setVisible(bool(rows))
+
