@@ -1,0 +1,137 @@
+"""The side-by-side view: 2-4 configurations on the same prompt in aligned panes, with the figures of each output.
+
+Figures (``PaneFinished.figures``): log-likelihood under the loaded model (how likely the model finds the text, in
+nats; per token), distinct-1/-2 (unique uni-/bigrams over all: lower = more repetitive), repeated 3-grams, the first
+divergence from the reference pane, length, time. Exports the picture (PNG/SVG) or the comparison as JSON.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QVBoxLayout
+
+from playground.events import Event, RunStarted
+from playground.events.panes import PaneToken
+from playground.state import Run
+from playground.state.panes import PanesState
+from playground.ui.style import rich_label
+from playground.ui.views import register_view
+from playground.ui.views.base import View
+from playground.ui.views.drawing import ThrottledDraw
+from playground.ui.views.side_by_side import SideBySidePanes
+
+LIVE_DRAW_MS = 150
+# Table rows: (figure key, label, format).
+FIGURE_ROWS = (
+    ("tokens", "tokens", "{:.0f}"),
+    ("log_likelihood", "log-likelihood (nats)", "{:.1f}"),
+    ("mean_logprob", "per token (nats)", "{:.3f}"),
+    ("distinct_1", "distinct-1", "{:.3f}"),
+    ("distinct_2", "distinct-2", "{:.3f}"),
+    ("repeated_3grams", "repeated 3-grams", "{:.0f}"),
+    ("first_divergence", "first divergence (token)", "{:.0f}"),
+)
+
+
+@register_view
+class CompareView(View):
+    name = "compare"
+    title = "Side by side"
+    consumes = (PaneToken,)
+    data_formats = ("json",)
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.state = PanesState()
+        self.run: Run | None = None
+        self.header = rich_label(self)
+        self.panes = SideBySidePanes(self.state, None, self)  # the figures are in the table below
+        self.table = QTableWidget(self)
+        self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.setMinimumHeight(235)
+        self.table.setMaximumHeight(260)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(self.header)
+        layout.addWidget(self.panes, stretch=2)
+        layout.addWidget(self.table, stretch=1)
+        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
+        self.reset()
+
+    def empty_text(self, run: Run | None) -> str:
+        return ("Side by side: choose the compare strategy (2-4 panes, each a strategy and its options) and "
+                "generate; or run a quantization method with compare on.")
+
+    # --- the view interface -----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._redraw.cancel()
+        self.state.reset()
+        self.run = None
+        self._draw()
+
+    def apply(self, run: Run, events: list[Event]) -> None:
+        self.run = run
+        for event in events:
+            if isinstance(event, RunStarted):
+                self.state.reset()
+            self.state.apply(event)
+
+    def flush(self) -> None:
+        self._redraw.request(streaming=not self.state.run_ended)
+
+    def end(self, run: Run) -> None:
+        self._redraw.cancel()
+        self.state.run_ended = True
+        self._draw()
+
+    # --- drawing ----------------------------------------------------------------------------------------------
+    def _draw(self) -> None:
+        if not self.state.panes:
+            self.header.setText("<b>Side by side</b> — the same prompt through 2-4 configurations appears here.")
+        else:
+            prompt = self.run.settings.prompt if self.run is not None else ""
+            short = prompt if len(prompt) < 160 else "…" + prompt[-160:]
+            self.header.setText(f"<b>Side by side</b> — {len(self.state.panes)} configurations, same prompt: "
+                                f"<span style='color:#555'>{html.escape(short)}</span>")
+        self.panes.refresh()
+        self._draw_table()
+
+    def _draw_table(self) -> None:
+        panes = self.state.panes
+        self.table.setColumnCount(len(panes))
+        self.table.setRowCount(len(FIGURE_ROWS) + 2)
+        self.table.setHorizontalHeaderLabels([p.label for p in panes])
+        self.table.setVerticalHeaderLabels(["stop", "tokens/s", *(label for _, label, _ in FIGURE_ROWS)])
+        for column, pane in enumerate(panes):
+            done = pane.finished
+            values = ["running" if done is None else done.stop_reason,
+                      "" if done is None else f"{done.tokens_per_s:.1f}"]
+            for key, _, fmt in FIGURE_ROWS:
+                value = None if done is None else done.figures.get(key)
+                if key == "first_divergence" and value is not None:
+                    values.append("reference" if column == 0 else "never" if value < 0 else f"{value + 1:.0f}")
+                else:
+                    values.append("" if value is None else fmt.format(value))
+            for row, text in enumerate(values):
+                self.table.setItem(row, column, QTableWidgetItem(text))
+
+    # --- data -------------------------------------------------------------------------------------------------
+    def comparison(self) -> dict:
+        """The comparison as plain values: the prompt and, per pane, its label, text, tokens and figures."""
+        run = self.run
+        return {
+            "prompt": run.started.prompt_text if run is not None and run.started else "",
+            "settings": run.started.settings if run is not None and run.started else {},
+            "panes": [{"label": p.label, "strategy": p.strategy, "text": p.text, "token_ids": list(p.token_ids),
+                       "stop_reason": p.finished.stop_reason if p.finished else None,
+                       "tokens_per_s": p.finished.tokens_per_s if p.finished else None,
+                       "figures": dict(p.finished.figures) if p.finished else {}}
+                      for p in self.state.panes],
+        }
+
+    def export_data(self, path: Path) -> None:
+        path.write_text(json.dumps(self.comparison(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,189 @@
+"""The side-by-side component, the compare view and the quantization lab's view, on real runs of a tiny model.
+
+What the panes mark is checked against the token ids of the events, compared here independently; what the plots
+draw against the events' own numbers; a saved trace draws exactly what the live run drew.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from playground.config import CompareSettings, QuantSettings, RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events.panes import PaneFinished, PaneStarted, PaneToken
+from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
+from playground.state import Run
+from playground.state.panes import PanesState
+from playground.traces import read_trace, write_trace
+from playground.ui.style import configure_pyqtgraph
+from playground.ui.views import view_names
+from playground.ui.views.compare import CompareView
+from playground.ui.views.quant import QuantView
+from playground.ui.views.side_by_side import AFTER_COLOR, DIFFERS_BG, DIVERGE_BG, pane_html
+
+
+def _pane_events(ref: list[int], other: list[int]) -> list:
+    """Hand-made pane events: two panes with these token ids (text "<id>" each)."""
+    events: list = [PaneStarted(pane=p, label=f"p{p}", summary="", strategy="greedy", model_name="m") for p in (0, 1)]
+    for step in range(max(len(ref), len(other))):
+        for pane, ids in ((0, ref), (1, other)):
+            if step < len(ids):
+                events.append(PaneToken(pane=pane, step=step, token_id=ids[step], text=f"<{ids[step]}>", prob=0.5,
+                                        step_ms=1.0))
+    for pane, ids in ((0, ref), (1, other)):
+        events.append(PaneFinished(pane=pane, token_ids=tuple(ids), text="".join(f"<{i}>" for i in ids),
+                                   stop_reason="eos", tokens_per_s=1.0, decode_ms=1.0))
+    return events
+
+
+def _state(events) -> PanesState:
+    state = PanesState()
+    for event in events:
+        state.apply(event)
+    return state
+
+
+def test_the_panes_mark_differences_and_the_first_divergence():
+    state = _state(_pane_events([1, 2, 3, 4, 5], [1, 2, 9, 4, 7]))
+    assert state.divergence == [None, 2]
+    html = pane_html(state, 1)
+    assert "&lt;1&gt;&lt;2&gt;" in html  # the shared start is plain
+    assert f"<span style='background:{DIVERGE_BG};color:white'>&lt;9&gt;</span>" in html
+    assert f"<span style='color:{AFTER_COLOR}'>&lt;4&gt;</span>" in html  # after the divergence: grey, not tinted
+    assert DIFFERS_BG not in html and DIVERGE_BG not in pane_html(state, 0)
+
+
+def test_a_pane_that_ends_early_diverges_where_it_ended():
+    state = _state(_pane_events([1, 2, 3, 4], [1, 2]))
+    assert state.divergence == [None, 2]
+    same = _state(_pane_events([1, 2, 3], [1, 2, 3]))
+    assert same.divergence == [None, None]
+
+
+def compare_events(tiny_lm) -> list:
+    settings = RunSettings(strategy="compare", prompt="Once upon", max_new_tokens=12,
+                           groups=(CompareSettings(panes=("greedy", "sample --temperature 1.5 --seed 4")),))
+    return list(run_strategy(tiny_lm, settings))
+
+
+@pytest.fixture
+def compare_view(qtbot) -> CompareView:
+    configure_pyqtgraph()
+    view = CompareView()
+    qtbot.addWidget(view)
+    view.resize(1400, 800)
+    view.show()
+    return view
+
+
+def shown(view: CompareView) -> dict:
+    table = [[view.table.item(r, c).text() for c in range(view.table.columnCount())]
+             for r in range(view.table.rowCount())]
+    return {"panes": [c.text.toHtml() for c in view.panes.columns if c.isVisible()],
+            "titles": [c.title.text() for c in view.panes.columns if c.isVisible()], "table": table}
+
+
+def test_the_compare_view_live_equals_its_saved_trace(qtbot, tiny_lm, compare_view, tmp_path):
+    events = compare_events(tiny_lm)
+    run = Run(index=0, settings=Run.from_events(events).settings)
+    for start in range(0, len(events), 4):
+        batch = events[start : start + 4]
+        for event in batch:
+            run.apply(event)
+        compare_view.apply(run, batch)
+        compare_view.flush()
+    compare_view.end(run)
+    live = shown(compare_view)
+    done = [e for e in events if isinstance(e, PaneFinished)]
+    assert live["table"][2] == [f"{d.figures['tokens']:.0f}" for d in done]
+    assert live["table"][3] == [f"{d.figures['log_likelihood']:.1f}" for d in done]
+    write_trace(events, tmp_path / "compare.jsonl")
+    again = CompareView()
+    qtbot.addWidget(again)
+    again.resize(1400, 800)
+    again.show()
+    again.show_run(Run.from_events(read_trace(tmp_path / "compare.jsonl").events))
+    assert shown(again) == live
+
+
+def test_the_compare_view_exports_the_comparison_as_json(tiny_lm, compare_view, tmp_path):
+    events = compare_events(tiny_lm)
+    compare_view.show_run(Run.from_events(events))
+    path = compare_view.export(tmp_path / "comparison.json")
+    data = json.loads(path.read_text())
+    done = [e for e in events if isinstance(e, PaneFinished)]
+    assert [p["token_ids"] for p in data["panes"]] == [list(d.token_ids) for d in done]
+    assert [p["label"] for p in data["panes"]] == ["greedy", "sample --temperature 1.5 --seed 4"]
+    assert data["prompt"] == events[0].prompt_text
+    assert compare_view.export(tmp_path / "comparison.png").stat().st_size > 0
+
+
+@pytest.fixture
+def quant_view(qtbot) -> QuantView:
+    configure_pyqtgraph()
+    view = QuantView()
+    qtbot.addWidget(view)
+    view.resize(1400, 900)
+    view.show()
+    return view
+
+
+def test_the_quant_view_draws_the_runs_numbers(tiny_lm, quant_view):
+    settings = RunSettings(prompt="Once upon", max_new_tokens=12,
+                           groups=(QuantSettings(quant="rtn-int4", group_size=32, compare=True),))
+    events = list(run_strategy(tiny_lm, settings))
+    run = Run.from_events(events)
+    assert quant_view.applies_to(run) and quant_view.wants_front(run)
+    quant_view.show_run(run)
+    steps = [e for e in events if isinstance(e, QuantStep)]
+    heights = quant_view.kl_bars.opts["height"]
+    assert np.allclose(heights, [s.kl for s in steps])
+    xs, _ = quant_view.disagree.getData()
+    assert list(xs) == [s.step for s in steps if not s.top1_agrees]
+    ready = next(e for e in events if isinstance(e, QuantReady))
+    layer0 = [e.relative_error for e in ready.layer_errors if e.name.split(".")[-1] == "q_proj"]
+    assert np.allclose(quant_view.error_curves["q_proj"].getData()[1], layer0)
+    table = next(e for e in events if isinstance(e, QuantTable))
+    assert quant_view.table.rowCount() == len(table.rows)
+    assert quant_view.table.item(0, 0).text() == "reference"
+    summary = next(e for e in events if isinstance(e, QuantSummary))
+    assert f"mean KL <b>{summary.kl_mean:.4f}</b>" in quant_view.figures.text()
+    assert "rtn-int4" in quant_view.header.text()
+
+
+def test_views_are_registered_and_pick_their_runs(tiny_lm, quant_view, compare_view):
+    assert {"compare", "quant"} <= set(view_names())
+    plain = Run.from_events(list(run_strategy(tiny_lm, RunSettings(prompt="Hi", max_new_tokens=2))))
+    assert not quant_view.applies_to(plain) and not compare_view.applies_to(plain)
+    side = Run.from_events(compare_events(tiny_lm))
+    assert compare_view.applies_to(side) and not quant_view.applies_to(side)
+
+
+def test_the_window_builds_the_copy_with_progress_and_shows_the_lab(qtbot, tmp_path, tiny_lm):
+    from PySide6.QtCore import QSettings, Qt
+
+    from playground.engine.quant.apply import clear_cache
+    from playground.ui.main_window import MainWindow
+
+    clear_cache()  # the copy is built in this run, with progress
+    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
+    settings = RunSettings(prompt="Once upon", max_new_tokens=6,
+                           groups=(QuantSettings(quant="rtn-int8", compare=True),))
+    w = MainWindow(run_settings=settings, store=store)
+    qtbot.addWidget(w)
+    w.resize(1500, 950)
+    w.show()
+    w.set_model(tiny_lm)
+    seen: list[int] = []
+    w.picker.progress.valueChanged.connect(seen.append)
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=30000)
+    run = w.session.runs[0]
+    assert run.finished is not None and run.error is None
+    assert 100 in seen and len(set(seen)) >= 3  # calibration, quantization, measurement
+    assert w.docks["quant"].pages.currentWidget() is w.views["quant"]
+    view = w.views["quant"]
+    assert len(view.state.steps) == 6 and view.state.summary is not None
