@@ -1,0 +1,115 @@
+"""The amateurs whose opinion contrastive decoding subtracts, behind one small interface.
+
+- ``LayerAmateur``: an early layer of the expert itself (DoLa's contrast of layers): a forward hook keeps that layer's
+  output at the newest position during the expert's own pass, and the final norm and LM head turn it into logits
+  (the logit lens of ``playground.engine.layers.lens``). No second forward pass, no second KV cache.
+- ``ModelAmateur``: a separate causal LM over the same token ids with its own KV cache: a smaller model of the
+  expert's family, or the expert's quantized copy.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from playground.engine.forward import keep_last_logits, prefill_in_chunks
+from playground.engine.layers.lens import LayerStack
+
+
+class Amateur:
+    kind = ""
+    detail = ""
+    layer = 0  # the layer amateur's 1-based layer; 0 for the others
+
+    def __init__(self) -> None:
+        self.ms = 0.0  # time of the last ``next_logits``
+
+    def prefill(self, ids: torch.Tensor) -> float:
+        """Read ``ids`` [1, n] (the prompt but its last token) before the first step; milliseconds it took."""
+        return 0.0
+
+    def expert_pass(self) -> AbstractContextManager:
+        """Wraps the expert's forward pass of a step (the layer amateur listens to it)."""
+        return nullcontext()
+
+    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """The amateur's raw logits [vocab] for the token after ``ids`` [1, n] (the expert has just read them)."""
+        start = time.perf_counter()
+        logits = self._next_logits(ids)
+        self.ms = (time.perf_counter() - start) * 1000
+        return logits
+
+    def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class LayerAmateur(Amateur):
+    kind = "layer"
+
+    def __init__(self, stack: LayerStack, layer: int) -> None:
+        super().__init__()
+        self.stack = stack
+        self.layer = layer  # 1-based
+        self.hidden: torch.Tensor | None = None  # [1, hidden]: the layer's output at the newest position
+        self.detail = f"layer {layer} of {stack.count} (its output through the final norm and LM head)"
+
+    def expert_pass(self) -> AbstractContextManager:
+        return _Tap(self)
+
+    def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        assert self.hidden is not None, "the expert's pass did not reach the amateur layer"
+        return self.stack.lens_logits(self.hidden)[0]  # norm + LM head in the model's precision: [vocab]
+
+
+class _Tap:
+    """A forward hook on the amateur layer, for the duration of one expert pass."""
+
+    def __init__(self, amateur: LayerAmateur) -> None:
+        self.amateur = amateur
+        self.handle = None
+
+    def __enter__(self) -> _Tap:
+        def keep(_module: nn.Module, _args: tuple, output: object) -> None:
+            hidden = output[0] if isinstance(output, tuple) else output
+            self.amateur.hidden = hidden[0, -1:]  # [1, hidden]
+
+        self.amateur.hidden = None
+        self.handle = self.amateur.stack.layers[self.amateur.layer - 1].register_forward_hook(keep)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+class ModelAmateur(Amateur):
+    """A causal LM reading the same ids as the expert, one cache of its own."""
+
+    def __init__(self, kind: str, model: nn.Module, detail: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.model = model
+        self.detail = detail
+        self.cache = DynamicCache(config=model.config)
+        self._extra = keep_last_logits(model, 1)
+
+    def prefill(self, ids: torch.Tensor) -> float:
+        start = time.perf_counter()
+        if ids.shape[1]:
+            prefill_in_chunks_to_end(self.model, ids, self.cache)
+        return (time.perf_counter() - start) * 1000
+
+    def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        feed = ids[:, self.cache.get_seq_length() :]  # what it has not read: the prompt at first, then one token
+        out = self.model(input_ids=feed, cache=self.cache, use_cache=True, **self._extra)
+        return out.logits[0, -1]
+
+
+def prefill_in_chunks_to_end(model: nn.Module, ids: torch.Tensor, cache: DynamicCache) -> None:
+    """The prompt through ``model`` into ``cache``, chunk by chunk, without stop checks (the expert's prefill has
+    them: the amateur reads the same prompt right after it)."""
+    for _ in prefill_in_chunks(model, ids, cache=cache):
+        pass

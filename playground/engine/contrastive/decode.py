@@ -1,0 +1,153 @@
+"""Contrastive decoding: each step the expert and an amateur read the same text; among the tokens the expert finds
+plausible (p ≥ α · its top p), the one the expert prefers most *over the amateur* is chosen (or drawn).
+
+The prompt but its last token is prefilled; every step then runs one expert pass (with the layer amateur, the same
+pass yields the amateur's logits) and, with a separate amateur, one amateur pass — so every step's time compares
+with a greedy step's. Each step yields a ``ContrastStep`` and then an ordinary ``TokenStep`` whose ``raw_*`` figures
+are the expert's and whose ``processed_*`` figures are the normalised contrast distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from playground.config import ConfigError, ContrastiveSettings, RunSettings
+from playground.engine.baseline import plain_greedy
+from playground.engine.contrastive.amateurs import Amateur, LayerAmateur, ModelAmateur
+from playground.engine.contrastive.record import choose, step_events
+from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.layers.lens import LayerStack
+from playground.engine.processors import build_pipeline
+from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_events import RunRecorder
+from playground.engine.sampling import make_generator
+from playground.engine.stop_strings import StopStringWatch
+from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.events import Event
+from playground.events.contrastive import ContrastiveStarted
+from playground.models.loaded import LoadedModel
+
+StopCheck = Callable[[], bool]
+QUANT_DETAIL = {"rtn-int4": "the expert with int4 weights (group 32)",
+                "rtn-int4-head": "the expert with int4 weights and LM head (group 32)",
+                "rtn-int8": "the expert with int8 per-channel weights"}
+
+
+def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+    """Contrastive decoding as a generator of events. Settings and prompt are checked and the amateur is made (a
+    quantized copy built, a model loaded) before the generator is returned (``ConfigError``)."""
+    settings.validate()
+    contrastive = settings.group(ContrastiveSettings)
+    prompt_ids, prompt_text = encode_prompt(lm, settings)
+    check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
+    amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens)
+    record = RunRecorder(lm, settings, should_stop, groups=(ContrastiveSettings,))
+    return _decode(lm, settings, contrastive, amateur, prompt_ids, prompt_text, record)
+
+
+def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int) -> Amateur:
+    """The amateur the settings name; ``positions``: the longest text it will read (checked for a model amateur)."""
+    if settings.amateur == "layer":
+        stack = LayerStack.of(lm.model)  # "model" precision: the amateur's logits exactly as the model computes
+        layer = settings.layer_for(stack.count)
+        if not 1 <= layer < stack.count:
+            raise ConfigError(f"amateur_layer must be between 1 and {stack.count - 1} for this {stack.count}-layer "
+                              f"model (got {layer}; the last layer is the expert itself)")
+        return LayerAmateur(stack, layer)
+    from playground.engine.speculative.decode import load_draft_model, quantized_copy
+
+    if settings.amateur == "quantized":
+        return ModelAmateur("quantized", quantized_copy(lm, settings.amateur_quant),
+                            QUANT_DETAIL[settings.amateur_quant])
+    try:
+        small = load_draft_model(lm, settings.amateur_model)
+    except ConfigError as error:  # its message speaks of a draft model
+        raise ConfigError(f"amateur model: {error}") from None
+    if positions > small.context_length:
+        raise ConfigError(f"the amateur {small.name} reads at most {small.context_length} tokens; this run needs "
+                          f"{positions}: shorten the prompt or max_new_tokens")
+    parameters = small.model.num_parameters() / 1e6
+    return ModelAmateur("model", small.model, f"{small.name} ({parameters:.0f}M parameters)")
+
+
+def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSettings, amateur: Amateur,
+            prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+    penalties = build_pipeline(settings, sampling=False)
+    # The sampler's transforms (temperature, top-k, top-p, min-p) act on the scores, after the penalties.
+    sampler = build_pipeline(settings, sampling=True)[len(penalties) :] if contrastive.contrast_sample else ()
+    generator = make_generator(lm.device, settings.seed)
+    token_text = TokenTextCache(lm.tokenizer)
+    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
+    stop_watch = StopStringWatch(settings.stop_strings)
+    eos_ids = set(lm.eos_token_ids)
+    forced = settings.forced_token_ids
+    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
+    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
+    layers = len(getattr(getattr(lm.model, "model", None), "layers", ()))
+
+    yield record.started(prompt_ids, prompt_text)
+    yield ContrastiveStarted(amateur=amateur.kind, detail=amateur.detail, amateur_layer=amateur.layer, layers=layers,
+                             alpha=contrastive.alpha, amateur_temperature=contrastive.amateur_temperature,
+                             do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates)
+    generated: list[int] = []
+    changed = plausible_total = 0
+    amateur_ms = amateur_prefill_ms = 0.0
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
+        # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
+        prefilled = yield from record.prefill(ids, defer=1)
+        if prefilled is None:
+            max_steps, stop_reason = 0, "stopped"
+        else:
+            cache = prefilled[1]
+            amateur_prefill_ms = amateur.prefill(ids[:, :-1])
+        for step in range(max_steps):
+            if record.should_stop():
+                stop_reason = "stopped"
+                break
+            record.step_started()
+            with amateur.expert_pass():
+                logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[0, -1].float()
+            amateur_logits = amateur.next_logits(ids)
+            start = time.perf_counter()
+            choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator)
+            contrast_ms = (time.perf_counter() - start) * 1000
+            is_forced = step < len(forced)
+            token_id = forced[step] if is_forced else choice.token_id
+            contrast_event, analysis = step_events(choice, token_id, step, is_forced, settings.num_candidates,
+                                                   token_text, amateur.ms, contrast_ms)
+            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
+            step_ms = record.step_ended()
+            text = decoder.push(token_id)
+            generated.append(token_id)
+            changed += contrast_event.changed
+            plausible_total += contrast_event.plausible_count
+            amateur_ms += amateur.ms
+            yield contrast_event
+            yield analysis.to_event(step=step, text=text, forced=is_forced, step_ms=step_ms,
+                                    kv_bytes=kv_cache_bytes(cache), token_text=token_text)
+            if token_id in eos_ids:
+                stop_reason = "eos"
+                break
+            if stop_watch.hit(text):
+                stop_reason = "stop_string"
+                break
+
+    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                               steps=len(generated))
+    n = len(generated)
+    figures = {"changed_steps": float(changed), "changed_fraction": changed / n if n else 0.0,
+               "mean_plausible": plausible_total / n if n else 0.0, "amateur_ms": amateur_ms / n if n else 0.0,
+               "amateur_prefill_ms": amateur_prefill_ms}
+    if contrastive.contrast_baseline and generated and stop_reason != "stopped":
+        greedy, speed = plain_greedy(lm, settings, prompt_ids, min(contrastive.contrast_baseline, n))
+        figures["greedy_tokens_per_s"] = speed
+        figures["step_cost"] = speed / finished.tokens_per_s if finished.tokens_per_s > 0 else 0.0
+        if not forced:  # a branch's forced tokens are not greedy's: where they part says nothing
+            same = [a == b for a, b in zip(generated, greedy, strict=False)]
+            figures["first_divergence"] = float(same.index(False) if False in same else -1)
+    yield dataclasses.replace(finished, figures=figures)
