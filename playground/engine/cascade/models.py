@@ -1,0 +1,122 @@
+"""The cascade's two models: which cheap model answers first, what each costs per position, and a model's side of
+the decode (its KV cache, read lazily: a model reads the positions it missed only when it is next asked)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.pytorch_utils import Conv1D
+
+from playground.config import CascadeSettings, ConfigError
+from playground.engine.forward import PREFILL_CHUNK, keep_last_logits
+from playground.engine.quant.linear import QuantLinear
+from playground.models.loaded import LoadedModel
+
+_WARMED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # quantized copies whose kernels are prepared
+QUANT_DETAIL = {"rtn-int4-head": "int4 weights and LM head (group 32, torch's int4 kernel)",
+                "rtn-int4": "int4 weights (group 32, torch's int4 kernel), float LM head",
+                "rtn-int8": "int8 per-channel weights"}
+
+
+@dataclass
+class CheapModel:
+    model: nn.Module
+    kind: str  # "quantized" | "layers" | "model"
+    detail: str
+
+
+def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings) -> CheapModel:
+    """The cheap model the settings name (``ConfigError`` when it cannot be made for this full model)."""
+    # Shared with speculative decoding: one quantized copy / draft model is kept, and reused by both.
+    from playground.engine.speculative.decode import load_draft_model, quantized_copy
+    from playground.engine.speculative.drafters import first_layers
+    from playground.models.loading import ModelLoadError
+
+    if cascade.cheap == "quantized":
+        model = quantized_copy(lm, cascade.cheap_quant)
+        _warm(model, lm.device)
+        return CheapModel(model, "quantized", f"{lm.name} with {QUANT_DETAIL[cascade.cheap_quant]}")
+    if cascade.cheap == "layers":
+        layers = getattr(getattr(lm.model, "model", None), "layers", None)
+        if not isinstance(layers, nn.ModuleList) or len(layers) < 2:
+            raise ConfigError(f"the layers cheap model needs a decoder-only model with model.layers (two or more), "
+                              f"model.norm and lm_head ({type(lm.model).__name__} has another shape): use --cheap "
+                              "quantized")
+        total = len(layers)
+        n = cascade.layers_for(total)
+        if not 1 <= n < total:
+            raise ConfigError(f"cheap_layers must be between 1 and {total - 1} for this {total}-layer model "
+                              f"(got {n})")
+        return CheapModel(first_layers(lm.model, n), "layers",
+                          f"the first {n} of {total} layers of {lm.name} + its final norm and LM head")
+    try:
+        small = load_draft_model(lm, cascade.cheap_model)
+    except ModelLoadError as error:
+        raise ConfigError(f"the cheap model could not be loaded: {error}") from error
+    except ConfigError as error:
+        raise ConfigError(str(error).replace("draft model", "cheap model")) from error
+    return CheapModel(small.model, "model", f"{small.name} ({small.model.num_parameters() / 1e6:.0f}M parameters)")
+
+
+def _warm(model: nn.Module, device: torch.device) -> None:
+    """One token through a new quantized copy: its layers build their kernel layouts on first use (a few hundred
+    ms on SmolLM2), which is part of making the copy, not of the first run's prompt."""
+    if model in _WARMED:
+        return
+    with torch.inference_mode():
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
+    _WARMED.add(model)
+
+
+def weight_macs(model: nn.Module) -> int:
+    """Multiply-adds of a model's weights per position read: every linear layer once (the LM head included; a
+    tied LM head is still a product). Attention over the cache is left out: it is the same for both models."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, QuantLinear)):
+            total += module.in_features * module.out_features
+        elif isinstance(module, Conv1D):
+            total += module.weight.numel()
+    return total
+
+
+class ModelSide:
+    """One model of the cascade with its KV cache. Each position is read once, when the model is next asked for
+    logits: a model that sat out several tokens reads them all in one pass (chunks of ``PREFILL_CHUNK``)."""
+
+    def __init__(self, model: nn.Module, device: torch.device, cache: DynamicCache | None = None,
+                 logits: torch.Tensor | None = None) -> None:
+        self.model = model
+        self.device = device
+        self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        self._logits = logits  # [1, vocab] after the cache's last position, when it came with the cache
+        self._logits_at = self.cache.get_seq_length() if logits is not None else -1
+        self.passes = 0  # forward passes made through this side (the prefill's not counted)
+
+    @property
+    def read(self) -> int:
+        """Positions in the cache (every one read exactly once: nothing is rolled back)."""
+        return self.cache.get_seq_length()
+
+    def next_logits(self, ids: list[int], should_stop: Callable[[], bool]) -> torch.Tensor | None:
+        """Float logits [1, vocab] for the token after ``ids``, reading the positions not yet in the cache; None
+        when Stop came between two chunks of a long catch-up."""
+        if self._logits_at == len(ids):
+            return self._logits
+        feed = ids[self.read :]
+        assert feed, "the cache already holds every position but has no logits for the next one"
+        out = None
+        for start in range(0, len(feed), PREFILL_CHUNK):
+            if start and should_stop():
+                return None
+            chunk = torch.tensor([feed[start : start + PREFILL_CHUNK]], device=self.device)
+            out = self.model(input_ids=chunk, cache=self.cache, use_cache=True, **keep_last_logits(self.model, 1))
+            self.passes += 1
+        self._logits = out.logits[:, -1, :].float()
+        self._logits_at = len(ids)
+        return self._logits
