@@ -56,7 +56,10 @@ def banned_beam_events(long_lm):
 
 
 @pytest.fixture(scope="module")
-def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events):
+def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_url):
+    from playground.remote.decode import run_remote
+    from playground.remote.source import RemoteSource
+
     runs = [
         (tiny_lm, RunSettings(strategy="greedy", max_new_tokens=4, stop_strings=("zzz",))),
         (tiny_lm, RunSettings(strategy="sample", max_new_tokens=4, top_k=3, top_p=0.8, min_p=0.05, temperature=0.8,
@@ -69,9 +72,14 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events):
         (tiny_lm, RunSettings.from_flat(strategy="early-exit", max_new_tokens=3, exit_threshold=8.0)),
         (tiny_lm, RunSettings.from_flat(strategy="kv-cache", max_new_tokens=3, paged=True, block_size=2,
                                         batch_sweep="1,2")),
+        (tiny_lm, RunSettings.from_flat(max_new_tokens=3, quant="smoothquant", compare=True)),
+        (tiny_lm, RunSettings.from_flat(strategy="contrastive", max_new_tokens=3)),
+        (tiny_lm, RunSettings.from_flat(strategy="cascade", cascade_unit="response", cascade_threshold=1.0,
+                                        cheap="layers", cheap_layers=1, max_new_tokens=3)),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
-    return events + banned_beam_events
+    remote = list(run_remote(RemoteSource(base_url=llama_server_url + "/v1"), RunSettings(max_new_tokens=3)))
+    return events + banned_beam_events + remote
 
 
 def test_every_event_type_round_trips_through_json(all_events):

@@ -15,7 +15,8 @@ from playground.presets import load_preset, preset_names
 EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
     "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked", "speculative-prompt-lookup",
-    "logit-lens", "early-exit", "kv-cache-paged",
+    "logit-lens", "early-exit", "kv-cache-paged", "contrastive-early-layer", "quant-lab-int4", "compare-strategies",
+    "cascade",
 }
 
 
@@ -176,3 +177,31 @@ def test_paged_samples_share_the_prompt_and_the_cache_pays(default_lm):
 def run_settings(lm, settings) -> tuple[list[TokenStep], RunFinished]:
     events = list(run_strategy(lm, settings))
     return [e for e in events if isinstance(e, TokenStep)], events[-1]
+
+
+def test_the_int4_lab_preset_shows_where_int4_parts_from_the_reference(default_lm):
+    from playground.events.panes import PaneFinished
+    from playground.events.quant import QuantReady, QuantStep, QuantSummary
+
+    events = list(run_strategy(default_lm, load_preset("quant-lab-int4").settings))
+    (ready,) = [e for e in events if isinstance(e, QuantReady)]
+    assert ready.weight_bytes < ready.reference_weight_bytes / 2.5  # packed int4 and its scales, really stored
+    assert ready.perplexity["rtn-int4"] > 1.5 * ready.perplexity["reference"]
+    reference, quantized = (e for e in events if isinstance(e, PaneFinished))
+    (summary,) = [e for e in events if isinstance(e, QuantSummary)]
+    # The claim: the outputs part, and the teacher-forced KL shows the int4 copy is less sure, token by token.
+    assert reference.token_ids != quantized.token_ids and 0 <= summary.first_divergence < 48
+    steps = [e for e in events if isinstance(e, QuantStep)]
+    assert summary.kl_mean > 0.05 and any(not s.top1_agrees for s in steps)
+
+
+def test_the_side_by_side_preset_ranks_beam_above_hot_sampling(default_lm):
+    from playground.events.panes import PaneFinished
+
+    settings = load_preset("compare-strategies").settings.replace(max_new_tokens=24)
+    done = [e for e in run_strategy(default_lm, settings) if isinstance(e, PaneFinished)]
+    greedy, hot, nucleus, beam = done
+    per_token = [d.figures["mean_logprob"] for d in done]
+    # Beam search finds likelier text than greedy; a temperature of 1.4 wanders into unlikely text.
+    assert beam.figures["mean_logprob"] >= greedy.figures["mean_logprob"] > hot.figures["mean_logprob"]
+    assert nucleus.figures["mean_logprob"] > hot.figures["mean_logprob"] and min(per_token) == per_token[1]

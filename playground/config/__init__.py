@@ -4,8 +4,11 @@ form and validation (``playground.config.table``).
 Capability modules register their group on import; list each one here.
 """
 
-from playground.config import beam, kv, layers, quant, speculative  # noqa: F401  (each registers its settings group)
+from playground.config import beam, compare, contrastive, kv, layers, quant, speculative  # noqa: F401  (each registers its settings group)
 from playground.config.beam import EARLY_STOPPING, BeamSettings
+from playground.config.cascade import CASCADE_UNITS, CHEAP_MODELS, CascadeSettings
+from playground.config.compare import CompareSettings
+from playground.config.contrastive import AMATEURS, ContrastiveSettings
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, SettingsGroup, register_group
 from playground.config.kv import ATTENTIONS, KV_DTYPES, KVSettings
@@ -16,7 +19,10 @@ from playground.config.speculative import DRAFTERS, SpeculativeSettings
 from playground.config.table import Row, Setting, rows, setting
 
 __all__ = [
+    "AMATEURS",
     "ATTENTIONS",
+    "CASCADE_UNITS",
+    "CHEAP_MODELS",
     "DEFAULT_PROMPT",
     "DEVICES",
     "DRAFTERS",
@@ -28,7 +34,10 @@ __all__ = [
     "KV_DTYPES",
     "QUANT_METHODS",
     "BeamSettings",
+    "CascadeSettings",
+    "CompareSettings",
     "ConfigError",
+    "ContrastiveSettings",
     "KVSettings",
     "LayerSettings",
     "LensSettings",

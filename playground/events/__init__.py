@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from playground.events import beam, kv, layers, panes, quant, run, speculative
+from playground.events import beam, cascade, contrastive, kv, layers, panes, quant, remote, run, speculative
 from playground.events.beam import BeamCandidate, BeamStep
 from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
 from playground.events.codec import event_from_dict as _event_from_dict
@@ -25,7 +25,7 @@ from playground.events.run import (
     TokenStep,
 )
 
-_MODULES = (run, beam, speculative, layers, kv, quant, panes)
+_MODULES = (run, beam, speculative, layers, kv, quant, panes, contrastive, cascade, remote)
 
 # Every event class by its JSON ``type`` (classes with a ``type`` tag in the modules above).
 EVENT_TYPES: dict[str, type] = {

@@ -16,6 +16,10 @@ VIEW_MODULES = (
     "playground.ui.views.speculative",
     "playground.ui.views.layers",
     "playground.ui.views.kv",
+    "playground.ui.views.cascade",
+    "playground.ui.views.contrastive",
+    "playground.ui.views.compare",
+    "playground.ui.views.quant",
 )
 
 _REGISTRY: dict[str, type[View]] = {}
