@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from playground.config import ModelSettings, RunSettings
+
+if TYPE_CHECKING:
+    from playground.remote.source import RemoteSource
 
 ORPHAN_GRACE_MS = 1000  # a stopped fetch ends pip within this (a model load cannot be interrupted at all)
 
@@ -29,10 +33,11 @@ def display_problem() -> str | None:
 
 
 def launch(model_settings: ModelSettings | None, run_settings: RunSettings | None,
-           open_run: str | os.PathLike | None = None) -> int:
+           open_run: str | os.PathLike | None = None, remote: RemoteSource | None = None) -> int:
     """Show the window and run the Qt event loop; returns the exit code.
 
     ``run_settings`` None: the user's last settings. ``open_run``: show that saved run and load no model.
+    ``remote``: use the model on that server instead of loading one.
     """
     problem = display_problem()
     if problem is not None:
@@ -54,6 +59,8 @@ def launch(model_settings: ModelSettings | None, run_settings: RunSettings | Non
     window.show()
     if open_run is not None:
         QTimer.singleShot(0, lambda: window.open_run(open_run))
+    elif remote is not None:
+        QTimer.singleShot(0, lambda: window.connect_server(remote))
     else:
         # Load after the window is on screen, so the user sees progress (or the offer to fetch the default model).
         QTimer.singleShot(0, lambda: window.load_model(model_settings))

@@ -19,6 +19,7 @@ from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPen
 from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from playground.events import TokenStep
+from playground.events.remote import RemoteTokenStep
 from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
 from playground.ui.style import (
     CHOSEN_COLOR,
@@ -29,6 +30,7 @@ from playground.ui.style import (
     format_percent,
     rich_label,
 )
+from playground.ui.token_view import rank_text
 
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
 LABEL_CHARS = 20
@@ -214,11 +216,8 @@ class CandidatesPanel(QWidget):
         self.header = rich_label(self)
         header_box = LabelBox(self.header, self)  # redrawn several times a second while a run streams
         self.legend = rich_label(self)
-        self.legend.setText(
-            f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
-            f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (picked from)<br>"
-            f"<span style='color:{CUT_COLOR}'>▨</span> cut by a processor &nbsp; ▶ chosen token &nbsp; "
-            "<i>double-click a bar to continue from that token</i>")
+        self.remote_label: str | None = None  # a server's run: which distribution its numbers are
+        self._set_legend()
 
         background = pg.mkColor(pg.getConfigOption("background"))
         self.plot = pg.PlotWidget(self, axisItems={"bottom": GridAxis("bottom", background)})
@@ -256,6 +255,28 @@ class CandidatesPanel(QWidget):
         layout.addWidget(self.legend)
         self.reset()
 
+    def set_remote(self, label: str | None, note: str = "") -> None:
+        """Chart a server's steps (``label``: which distribution its numbers are) or a local run's (None)."""
+        if label == self.remote_label:
+            return
+        self.remote_label = label
+        self._set_legend(note)
+
+    def _set_legend(self, note: str = "") -> None:
+        if self.remote_label is not None:
+            self.legend.setToolTip(note)
+            self.legend.setText(
+                f"<span style='color:{RAW_COLOR}'>■</span> the server's probability ({html.escape(self.remote_label)})"
+                " &nbsp; ▶ chosen token &nbsp; <i>double-click a bar to continue from that token</i><br>"
+                "only the candidates the server sent; the rest row is what they leave")
+            return
+        self.legend.setToolTip("")
+        self.legend.setText(
+            f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
+            f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (picked from)<br>"
+            f"<span style='color:{CUT_COLOR}'>▨</span> cut by a processor &nbsp; ▶ chosen token &nbsp; "
+            "<i>double-click a bar to continue from that token</i>")
+
     # --- drawing ------------------------------------------------------------------------------------------
     def reset(self) -> None:
         self.step = None
@@ -284,11 +305,16 @@ class CandidatesPanel(QWidget):
         self.step = step
         if total_steps is not None:
             self.total_steps = total_steps
+        remote = isinstance(step, RemoteTokenStep)
+        if remote and not step.has_probs:
+            self._show_no_probs(step)
+            return
         self.rows = rows = chart_rows(step, MAX_ROWS)
         n = len(rows)
         y = list(range(n))
         raw = [r.raw_prob * 100 for r in rows]
-        processed = [0.0 if r.cut_by else r.processed_prob * 100 for r in rows]
+        # A server sends one number per token: one bar per row (its distribution is in the legend).
+        processed = [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows]
         cut_rows = [i for i, r in enumerate(rows) if r.cut_by]
         x_max = _x_extent(max(8.0, max(raw + processed) * 1.18 + 6))  # room for the value labels
         chosen_pen = pg.mkPen(CHOSEN_COLOR, width=2)
@@ -305,7 +331,9 @@ class CandidatesPanel(QWidget):
         labels = self._value_labels
         for i, r in enumerate(rows):
             labels.label(2 * i).set(format_percent(r.raw_prob), RAW_COLOR, raw[i] + x_max * 0.01, i - BAR / 2)
-            if r.cut_by:
+            if remote:
+                labels.label(2 * i + 1).visible = False
+            elif r.cut_by:
                 labels.label(2 * i + 1).set(f"cut by {r.cut_by}", "#555555",
                                             max(raw[i], x_max * 0.01) + x_max * 0.01, i + BAR / 2)
             else:
@@ -319,7 +347,34 @@ class CandidatesPanel(QWidget):
         item.setXRange(0, x_max, padding=0)
         item.setYRange(-0.6, n - 0.4, padding=0)
         self._apply_range()
-        self.header.setText(self._header_html(step))
+        self.header.setText(self._remote_header_html(step) if remote else self._header_html(step))
+
+    def _show_no_probs(self, step: TokenStep) -> None:
+        """A token the server sent without probabilities: no bars (none would be true), and say so."""
+        self.rows = []
+        for bar in (self._band, self._raw, self._processed, self._cut):
+            bar.setOpts(x0=[], y=[], width=[], height=[])
+        for label in self._labels:
+            label.visible = False
+        item = self.plot.getPlotItem()
+        item.getAxis("left").setTicks([[]])
+        item.setXRange(0, 100, padding=0)
+        self._apply_range()
+        of = f" · token {step.step + 1} of {self.total_steps}" if self.total_steps else ""
+        token = html.escape(visible_token_text(chosen_text(step)))
+        self.header.setText(
+            f"<b>Step {step.step}</b>{of} · chose <code>{token}</code>: <b>no probabilities from the server</b><br>"
+            "it sent this token without numbers or candidates (llama-server does so for a draft model's accepted "
+            "tokens): nothing to chart")
+
+    def _remote_header_html(self, step: TokenStep) -> str:
+        of = f" · token {step.step + 1} of {self.total_steps}" if self.total_steps else ""
+        token = html.escape(visible_token_text(chosen_text(step)))
+        forced = " <i>(forced)</i>" if step.forced else ""
+        label = html.escape(self.remote_label or "server")
+        return (f"<b>Step {step.step}</b>{of} · chose <code>{token}</code>{forced}: {_pct(step.raw_prob)} "
+                f"({label}) · rank {rank_text(step)} · entropy ≥ {step.entropy:.2f} bits<br>"
+                f"the candidates the server sent cover {_pct(1.0 - self.rows[-1].raw_prob)} of the probability")
 
     def _header_html(self, step: TokenStep) -> str:
         # Steps count from 0 everywhere (events, tooltips, the beam axis); say which token that is.

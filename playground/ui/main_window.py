@@ -1,8 +1,11 @@
 """The main window: the prompt on top, every registered view in a dock, settings on the left, runs below.
 
 Data flows one way: a background job yields engine events → ``Session`` folds them → views draw. At most one job
-(model load, model fetch or a run) is active at a time. The window knows views only through the view interface
-(``playground.ui.views.base.View``) and the registry; it never names a strategy or a view.
+(model load, model fetch, a server check or a run) is active at a time. The window knows views only through the
+view interface (``playground.ui.views.base.View``) and the registry; it never names a strategy or a view.
+
+The model is either a local ``LoadedModel`` (``lm``) or a model on a server (``remote``, a ``RemoteSource``): a run
+then streams from the server through ``run_remote`` in the same job, with the same events, Stop and close.
 """
 
 from __future__ import annotations
@@ -32,17 +35,20 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import ConfigError, ModelSettings, RunSettings
-from playground.events import PrefillProgress
+from playground.events import PrefillProgress, RunStarted
 from playground.models.loaded import LoadedModel
+from playground.remote.branch import RemoteBranch
+from playground.remote.source import RemoteSource
 from playground.state import Branch, Run, Session
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
 from playground.ui.model_picker import ModelPicker
 from playground.ui.runs_list import RunsList
+from playground.ui.server_model import branch_remote_run, check_remote_run, model_label, server_check, server_details
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views import view_classes
-from playground.ui.views.base import View
+from playground.ui.views.base import View, is_remote_run, needs_local_model_text
 from playground.ui.worker import GeneratorJob, JobBody
 
 # Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
@@ -71,7 +77,8 @@ class ViewDock(QDockWidget):
 
     def show_view(self, shown: bool, run: Run | None) -> None:
         if not shown:
-            self.empty.setText(self.view.empty_text(run))
+            # A server's run: every view it cannot feed says so, whatever its own empty text.
+            self.empty.setText(needs_local_model_text(self.view, run) or self.view.empty_text(run))
         self.pages.setCurrentWidget(self.view if shown else self.empty)
 
 
@@ -88,9 +95,13 @@ class MainWindow(QMainWindow):
         self.model_spec = model_settings or ModelSettings()
         self.session = Session()
         self.lm: LoadedModel | None = None
+        self.remote: RemoteSource | None = None  # a model on a server, used instead of ``lm`` (one or the other)
+        self.remote_info: Any = None  # the server's EngineInfo from the last connection check
+        self.remote_model = ""  # the server's model a run uses (resolved from ``remote.model``)
         self.job: GeneratorJob | None = None
         self.job_kind = ""
-        self._pending: list[tuple[RunSettings, Branch | None]] = []  # a branch asked for while a run was live
+        # A branch asked for while a run was live: settings, the branch, and for a server's run its RemoteBranch.
+        self._pending: list[tuple[RunSettings, Branch | None, RemoteBranch | None]] = []
         self._running_run: Run | None = None  # the run the current job decodes
         self._shown: set[str] = set()  # names of the views that show the selected run
         self._kinds_seen = 0  # step event kinds the selected run had when its views were chosen
@@ -127,6 +138,8 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.generate)
         self.picker.load_requested.connect(self.load_model)
         self.picker.fetch_requested.connect(self.fetch_default_model)
+        self.picker.server_requested.connect(self.connect_server)
+        self.picker.server_test_requested.connect(self.test_server)
         self.runs_list.run_selected.connect(self.select_run)
         self._update_buttons()
 
@@ -283,13 +296,19 @@ class MainWindow(QMainWindow):
             self.docks[preset.view].show()
             self.docks[preset.view].raise_()
         self.status.showMessage(f"Preset: {preset.title} — {preset.description}", 15000)
-        if run and self.lm is not None and not self.busy:
+        if run and self.has_model and not self.busy:
             self.generate()
 
     # --- model --------------------------------------------------------------------------------------------
+    @property
+    def has_model(self) -> bool:
+        """A loaded model or a connected server: Generate can run."""
+        return self.lm is not None or self.remote is not None
+
     def set_model(self, lm: LoadedModel) -> None:
-        """Use an already loaded model (the load job ends here too)."""
+        """Use an already loaded model (the load job ends here too); a connected server is let go."""
         self.lm = lm
+        self.remote, self.remote_info, self.remote_model = None, None, ""
         self.picker.show_loaded(lm.name, str(lm.device), lm.dtype_name)
         self.status.show_model(lm.name, str(lm.device), lm.dtype_name)
         self.status.showMessage(f"{lm.name} loaded", 5000)
@@ -348,6 +367,35 @@ class MainWindow(QMainWindow):
         self.status.showMessage("Fetching the default model…")
         self._start_job(body, "fetch")
 
+    # --- a model on a server ------------------------------------------------------------------------------
+    def connect_server(self, source: RemoteSource) -> None:
+        """Use ``source``'s model for the next runs, once the server answers (in place of a loaded model)."""
+        if self.busy:
+            self.banner.show_info("Wait for the current job to finish (or Stop it) before connecting to a server.")
+            return
+        self.status.showMessage(f"Connecting to {source.api_url}…")
+        self._start_job(server_check(source), "connect")
+
+    def test_server(self, source: RemoteSource) -> None:
+        """The "Server…" dialog's test: its answer goes back to the dialog."""
+        dialog = self.picker.server_dialog
+        if self.busy:
+            if dialog is not None:
+                dialog.show_error("the window is busy (a run or a model load): stop it or wait, then test again")
+            return
+        self._start_job(server_check(source), "test")
+
+    def set_remote(self, source: RemoteSource, info: Any, model: str) -> None:
+        """Use ``model`` on the server ``source`` (checked: ``info`` is its EngineInfo); a loaded model is let go."""
+        self.lm = None
+        self.remote, self.remote_info, self.remote_model = source, info, model
+        name = model_label(model)
+        self.picker.show_server(info.engine, name, source.api_url, server_details(source, info, model))
+        self.picker.remember_server(source)
+        self.status.show_model(name, f"remote: {info.engine}", info.ftype)
+        self.status.showMessage(f"Connected to {info.engine} at {source.api_url}", 5000)
+        self._update_buttons()
+
     # --- runs ---------------------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
@@ -356,23 +404,28 @@ class MainWindow(QMainWindow):
     def generate(self) -> None:
         if self.busy:
             return
-        if self.lm is None:
-            self.banner.show_error("No model is loaded yet: load one on the left (or wait for it to load).")
+        if not self.has_model:
+            self.banner.show_error("No model is loaded yet: load one on the left (or wait for it to load), or use "
+                                   "a model on a server (Server…).")
             return
         settings = self.current_settings()
         try:
-            from playground.engine.strategies import get_strategy
+            if self.remote is not None:
+                check_remote_run(self.remote, settings, None)
+            else:
+                from playground.engine.strategies import get_strategy
 
-            get_strategy(settings.strategy)
-            settings.validate()
+                get_strategy(settings.strategy)
+                settings.validate()
         except ConfigError as error:
             self.banner.show_error(str(error))
             return
         self.start_run(settings)
 
-    def start_run(self, settings: RunSettings, branch: Branch | None = None) -> Run:
-        lm = self.lm
-        assert lm is not None
+    def start_run(self, settings: RunSettings, branch: Branch | None = None,
+                  remote_branch: RemoteBranch | None = None) -> Run:
+        lm, source = self.lm, self.remote
+        assert lm is not None or source is not None
         self.banner.hide()
         run = self.session.start_run(settings, branch)
         self._running_run = run
@@ -381,9 +434,14 @@ class MainWindow(QMainWindow):
         self._show_selected(run)
 
         def body(should_stop, progress) -> Iterator[Any]:
+            if source is not None:
+                from playground.remote.decode import run_remote
+
+                # The runner polls should_stop every 50 ms, even while the server is silent.
+                return run_remote(source, settings, should_stop, remote_branch)
             from playground.engine.strategies import run_strategy
 
-            return run_strategy(lm, settings, should_stop)
+            return run_strategy(lm, settings, should_stop, progress)  # progress: building a quantized copy
 
         self.status.showMessage("Generating…")
         self._start_job(body, "run")
@@ -397,13 +455,17 @@ class MainWindow(QMainWindow):
     def branch(self, step: int, token_id: int) -> None:
         """Continue the selected run from ``step`` with ``token_id`` instead of what it chose."""
         run = self.session.selected
+        if run is not None and is_remote_run(run):
+            self._branch_remote(run, step, token_id)
+            return
         if run is None or self.lm is None:
             if run is not None:
                 self.banner.show_error("Load a model to branch: a saved run replays without one, but continuing "
                                        "it needs the model")
             return
-        if run.started is not None and (run.started.model_path, run.started.model_name) != (self.lm.path,
-                                                                                           self.lm.name):
+        # A quantized run's model is named "<model> · <method>": the same weights, quantized again on branching.
+        made_with = run.started.model_name.split(" · ")[0] if run.started is not None else ""
+        if run.started is not None and (run.started.model_path, made_with) != (self.lm.path, self.lm.name):
             # Token ids only mean something to the tokenizer that produced them.
             self.banner.show_error(f"run #{run.index + 1} was made with {run.started.model_name}; load that model "
                                    "again to branch from it")
@@ -412,12 +474,29 @@ class MainWindow(QMainWindow):
             self.banner.show_info("Wait for the model to finish loading, then branch.")
             return
         settings, branch = self.session.branch_settings(run.index, step, token_id)
+        self._start_branch(settings, branch, None)
+
+    def _start_branch(self, settings: RunSettings, branch: Branch, remote_branch: RemoteBranch | None) -> None:
         if self.busy:
             # Stop what is running; the branch starts as soon as the job has ended.
-            self._pending = [(settings, branch)]
+            self._pending = [(settings, branch, remote_branch)]
             self.stop()
             return
-        self.start_run(settings, branch)
+        self.start_run(settings, branch, remote_branch)
+
+    def _branch_remote(self, run: Run, step: int, token_id: int) -> None:
+        """Continue a server's run: the server takes text, so the parent's text up to ``step`` and the picked
+        alternative's text are sent (``RemoteBranch``), to the server that decoded it."""
+        if self.busy and self.job_kind != "run":
+            self.banner.show_info("Wait for the current job to finish, then branch.")
+            return
+        try:
+            made = branch_remote_run(run, step, token_id, self.remote, self.remote_model)
+        except ConfigError as error:
+            self.banner.show_error(str(error))
+            return
+        if made is not None:
+            self._start_branch(*made)
 
     def select_run(self, index: int) -> None:
         run = self.session.select(index)
@@ -537,6 +616,14 @@ class MainWindow(QMainWindow):
         job.start()
 
     def _on_items(self, batch: list[Any]) -> None:
+        if self.job_kind in ("connect", "test"):
+            for source, info, model in batch:
+                if self.job_kind == "connect":
+                    self.banner.hide()  # an earlier failure no longer applies
+                    self.set_remote(source, info, model)
+                elif self.picker.server_dialog is not None:
+                    self.picker.server_dialog.show_models(info.engine, info.version, info.models, model)
+            return
         if self.job_kind == "load":
             for item in batch:
                 if isinstance(item, LoadedModel):
@@ -573,6 +660,10 @@ class MainWindow(QMainWindow):
             view.flush()
             if run.finished is not None:
                 view.end(run)
+        if any(isinstance(event, RunStarted) for event in batch):
+            for name in self.views:  # the empty views' texts can say more now (a server's run: why they are empty)
+                if name not in self._shown:
+                    self.docks[name].show_view(False, run)
         if len(run.step_kinds) != self._kinds_seen:  # a kind of step came that a view not shown yet draws
             self._kinds_seen = len(run.step_kinds)
             for name, view in self.views.items():
@@ -587,8 +678,12 @@ class MainWindow(QMainWindow):
         self.status.showMessage(message)
 
     def _on_failed(self, message: str) -> None:
+        if self.job_kind == "test":  # the dialog asked: it answers
+            if self.picker.server_dialog is not None:
+                self.picker.server_dialog.show_error(message)
+            return
         what = {"load": "Could not load the model", "fetch": "Could not fetch the default model",
-                "run": "The run failed"}.get(self.job_kind, "Failed")
+                "connect": "Could not connect to the server", "run": "The run failed"}.get(self.job_kind, "Failed")
         run = self.session.fail(message) if self.job_kind == "run" else None
         if run is not None:
             self.runs_list.update_run(run)
@@ -618,16 +713,16 @@ class MainWindow(QMainWindow):
         if kind == "fetch" and job is not None and job.error is None:
             self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
                                           dtype=self.picker.dtype.currentText()))
-        elif self._pending and self.lm is not None:
-            settings, branch = self._pending.pop()
-            self.start_run(settings, branch)
+        elif self._pending and self.has_model:
+            settings, branch, remote_branch = self._pending.pop()
+            self.start_run(settings, branch, remote_branch)
 
     def _update_buttons(self) -> None:
         busy = self.busy
-        self.generate_button.setEnabled(not busy and self.lm is not None)
+        self.generate_button.setEnabled(not busy and self.has_model)
         self.stop_button.setEnabled(busy and self.job_kind in ("run", "fetch"))
         self.picker.set_busy(busy)
-        if busy and self.job_kind != "run":
+        if busy and self.job_kind in ("load", "fetch"):
             self.picker.progress.show()
 
     # --- closing ------------------------------------------------------------------------------------------

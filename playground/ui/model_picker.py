@@ -1,9 +1,14 @@
-"""Choosing the model: the default one, recent ones (kept in QSettings), a folder or a .gguf file; device, dtype.
+"""Choosing the model: the default one, recent ones (kept in QSettings), a folder or a .gguf file; device, dtype;
+or a model on a server ("Server…").
 
-The picker only says what the user wants (``load_requested`` / ``fetch_requested``); the window does the work.
+The picker only says what the user wants (``load_requested`` / ``fetch_requested`` / ``server_requested`` /
+``server_test_requested``); the window does the work.
 """
 
 from __future__ import annotations
+
+import html
+import json
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtWidgets import (
@@ -20,8 +25,10 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import DEVICES, DTYPES, ModelSettings
+from playground.remote.source import RemoteSource
 
 RECENT_KEY = "models/recent"
+SERVER_KEY = "models/server"  # the last server's settings: its URL, model and the key's variable NAME (no key)
 MAX_RECENT = 8
 DEFAULT_LABEL = "SmolLM2-135M-Instruct (default)"
 
@@ -39,9 +46,22 @@ def remember_model(store: QSettings, path: str) -> list[str]:
     return recent
 
 
+def last_server(store: QSettings) -> RemoteSource | None:
+    text = store.value(SERVER_KEY)
+    if not isinstance(text, str):
+        return None
+    try:
+        source, _unknown = RemoteSource.from_plain_dict(json.loads(text))
+    except (ValueError, TypeError):
+        return None
+    return source
+
+
 class ModelPicker(QGroupBox):
     load_requested = Signal(object)  # ModelSettings
     fetch_requested = Signal()
+    server_requested = Signal(object)  # RemoteSource: use a model on a server
+    server_test_requested = Signal(object)  # RemoteSource: check the server, answer in ``server_dialog``
 
     def __init__(self, store: QSettings, spec: ModelSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__("Model", parent)
@@ -58,6 +78,10 @@ class ModelPicker(QGroupBox):
         self.open_folder.setToolTip("Open a Hugging Face model folder (with config.json)")
         self.open_gguf = QPushButton(".gguf…")
         self.open_gguf.setToolTip("Open a GGUF file (dequantized on load)")
+        self.open_server = QPushButton("Server…")
+        self.open_server.setToolTip("Use a model on an OpenAI-compatible server (llama.cpp's llama-server, vLLM, …) "
+                                    "instead of loading one here")
+        self.server_dialog = None  # made on first use (a ServerDialog)
         self.device = QComboBox()
         self.device.addItems(DEVICES)
         self.device.setCurrentText(spec.device)
@@ -82,6 +106,7 @@ class ModelPicker(QGroupBox):
         buttons = QHBoxLayout()
         buttons.addWidget(self.open_folder)
         buttons.addWidget(self.open_gguf)
+        buttons.addWidget(self.open_server)
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("model", self.source)
@@ -106,6 +131,7 @@ class ModelPicker(QGroupBox):
         self.fetch.clicked.connect(self.fetch_requested.emit)
         self.open_folder.clicked.connect(self._pick_folder)
         self.open_gguf.clicked.connect(self._pick_gguf)
+        self.open_server.clicked.connect(self.show_server_dialog)
         self.update_fetch_button()
 
     def refresh_sources(self, current: str | None = None) -> None:
@@ -149,13 +175,27 @@ class ModelPicker(QGroupBox):
             self.choose_path(path)
             self.load_requested.emit(self.model_settings())
 
+    def show_server_dialog(self):  # -> ServerDialog
+        """Open the "Server…" dialog (not blocking: its answers come back from the window's jobs)."""
+        from playground.ui.server_dialog import ServerDialog
+
+        if self.server_dialog is None:
+            self.server_dialog = ServerDialog(last_server(self._store), self)
+            self.server_dialog.test_requested.connect(self.server_test_requested)
+            self.server_dialog.connect_requested.connect(self.server_requested)
+        self.server_dialog.open()
+        return self.server_dialog
+
+    def remember_server(self, source: RemoteSource) -> None:
+        self._store.setValue(SERVER_KEY, json.dumps(source.as_plain_dict()))
+
     def update_fetch_button(self) -> None:
         from playground.models.default_model import is_default_model_ready
 
         self.fetch.setVisible(not is_default_model_ready())
 
     def set_busy(self, busy: bool) -> None:
-        for widget in (self.load, self.fetch, self.open_folder, self.open_gguf, self.source):
+        for widget in (self.load, self.fetch, self.open_folder, self.open_gguf, self.open_server, self.source):
             widget.setEnabled(not busy)
         if not busy:
             self.progress.hide()
@@ -169,3 +209,9 @@ class ModelPicker(QGroupBox):
 
     def show_loaded(self, name: str, device: str, dtype: str) -> None:
         self.loaded.setText(f"Loaded: <b>{name}</b> on {device}, {dtype}")
+        self.loaded.setToolTip("")
+
+    def show_server(self, engine: str, model: str, url: str, details: str = "") -> None:
+        """A server's model is the window's model (in place of a loaded one)."""
+        self.loaded.setText(f"Server: <b>{html.escape(engine)} · {html.escape(model)}</b> at {html.escape(url)}")
+        self.loaded.setToolTip(details)

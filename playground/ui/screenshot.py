@@ -7,10 +7,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from playground.config import ModelSettings, RunSettings
 from playground.errors import ScreenshotError
 from playground.models.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from playground.remote.source import RemoteSource
 
 
 def _ensure_platform() -> None:
@@ -136,8 +140,10 @@ def _close(window) -> None:
 
 def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, out_path: str | Path,
                       width: int = 1500, height: int = 950, *, lm: LoadedModel | None = None,
-                      timeout_s: float = 600.0, hover: bool = True, view: str | None = None) -> Path:
-    """Build the window offscreen, load the model (or use ``lm``), generate to the end, save the picture.
+                      timeout_s: float = 600.0, hover: bool = True, view: str | None = None,
+                      remote: RemoteSource | None = None) -> Path:
+    """Build the window offscreen, load the model (or use ``lm``, or connect to the server ``remote``), generate
+    to the end, save the picture.
 
     The tokens chart shows the run's least certain step; with ``hover`` the picture also shows the tooltip a user
     sees when hovering that token (tooltips are separate windows that a window grab would miss).
@@ -151,11 +157,18 @@ def render_screenshot(model_settings: ModelSettings, run_settings: RunSettings, 
     with tempfile.TemporaryDirectory() as tmp:
         window = _window(model_settings, run_settings, tmp, width, height)
         try:
-            if lm is None:
-                from playground.models.loading import load_model
+            if remote is not None:
+                window.connect_server(remote)
+                wait_until_idle(window, timeout_s)
+                if window.remote is None:
+                    message = window.banner.label.text().removeprefix("<b>Error:</b> ")
+                    raise ScreenshotError(message or "could not connect to the server")
+            else:
+                if lm is None:
+                    from playground.models.loading import load_model
 
-                lm = load_model(model_settings)  # headless: load here, and let its error speak for itself
-            window.set_model(lm)
+                    lm = load_model(model_settings)  # headless: load here, and let its error speak for itself
+                window.set_model(lm)
             window.generate()
             wait_until_idle(window, timeout_s)
             run = window.session.selected

@@ -12,7 +12,9 @@ from __future__ import annotations
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
 from playground.events import PrefillDone, RunFinished, RunStarted
+from playground.events.remote import RemoteStarted
 from playground.state import Run
+from playground.ui.server_model import remote_start
 
 # The widest text each live field is expected to hold: its label starts that wide and only ever grows.
 LIVE_FIELD_WIDEST = {
@@ -54,7 +56,7 @@ class _StepTiming:
 
 
 class RunStatusBar(QStatusBar):
-    FIELDS = ("speed", "per_token", "prefill", "kv", "device", "dtype", "model")
+    FIELDS = ("speed", "per_token", "prefill", "kv", "device", "dtype", "model", "numbers")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -70,6 +72,7 @@ class RunStatusBar(QStatusBar):
             label.setText(widest)
             label.setFixedSize(label.sizeHint())
             label.setAutoFillBackground(True)  # opaque: the bar and the window beneath need no repaint
+        self.labels["numbers"].hide()  # a server's runs: which distribution the numbers are
         self.show_model("none", "—", "—")
         self.show_run(None)
 
@@ -85,8 +88,26 @@ class RunStatusBar(QStatusBar):
 
     def show_model(self, name: str, device: str, dtype: str) -> None:
         self.labels["model"].setText(f"model: {name}")
-        self.labels["device"].setText(f"device: {device}")
-        self.labels["dtype"].setText(f"dtype: {dtype}")
+        if device.startswith("remote:"):  # "remote: llama.cpp"
+            self.labels["device"].setText(f"server: {device.partition(':')[2].strip()}")
+            self.labels["dtype"].setText(f"weights: {dtype or '—'}")
+        else:
+            self.labels["device"].setText(f"device: {device}")
+            self.labels["dtype"].setText(f"dtype: {dtype}")
+
+    def show_numbers(self, remote: RemoteStarted | None) -> None:
+        """Which distribution a server's numbers are (its own words in the tooltip); hidden for local runs."""
+        label = self.labels["numbers"]
+        if remote is None:
+            label.hide()
+            return
+        text = f"probabilities: {remote.distribution}, from {remote.engine}"
+        if label.text() != text:
+            label.setText(text)
+            missing = "; ".join(remote.missing)
+            label.setToolTip(f"{remote.distribution_note}." + (f" Not sent by this server: {missing}." if missing
+                                                               else ""))
+        label.show()
 
     def show_run(self, run: Run | None) -> None:
         per_token = self._timing.ms_per_step(run) if run is not None else None
@@ -104,8 +125,24 @@ class RunStatusBar(QStatusBar):
         else:
             prefill_text = f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —"
         self._set_live("prefill", prefill_text)
-        self._set_live("kv", f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
+        remote = remote_start(run) if run is not None else None
+        if remote is not None:
+            self._set_live("kv", self._server_kv(run))
+        else:
+            self._set_live("kv", f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
+        self.show_numbers(remote)
         if run is not None:
             source: RunStarted | RunFinished | PrefillDone | None = run.finished or run.started
             if isinstance(source, (RunStarted, RunFinished)):
                 self.show_model(source.model_name, source.device, source.dtype)
+
+    @staticmethod
+    def _server_kv(run: Run) -> str:
+        """A server reports no KV bytes; llama-server's slot says how many tokens its cache holds, after the run."""
+        figures = run.finished.figures if run.finished is not None else {}
+        tokens, n_ctx = figures.get("kv_tokens"), figures.get("n_ctx")
+        if tokens is not None and n_ctx:
+            return f"KV {tokens:.0f}/{n_ctx:.0f} tokens"
+        if "kv_cache_usage" in figures:
+            return f"KV {figures['kv_cache_usage'] * 100:.0f}% used"
+        return "KV cache —"

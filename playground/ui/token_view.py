@@ -42,6 +42,7 @@ from PySide6.QtWidgets import (
 )
 
 from playground.events import TokenStep
+from playground.events.remote import RemoteTokenStep
 from playground.state import (
     Run,
     character_piece,
@@ -73,6 +74,30 @@ SHADE_LABELS = {
     SHADE_RAW: "raw model probability (before processors)",
     SHADE_PROCESSED: "probability after processors (what was sampled from)",
 }
+# A token the server sent without probabilities (llama-server's accepted draft tokens): neutral grey, apart from the
+# probability ramp, so it reads neither as certain (pale) nor as unlikely (dark).
+NO_PROBS_BG = "#DADADA"
+NO_PROBS_FG = "#333333"
+NO_PROBS_TEXT = "no probabilities from the server"
+
+
+def has_probs(step: TokenStep) -> bool:
+    """False for a server's token that came without probabilities (its numbers are placeholders)."""
+    return getattr(step, "has_probs", True)
+
+
+def is_remote_step(step: TokenStep) -> bool:
+    return isinstance(step, RemoteTokenStep)
+
+
+def rank_text(step: TokenStep) -> str:
+    """The chosen token's rank: "3", or "> 20" when the server's list does not say exactly (no engine streams
+    ranks; they are inferred from the candidates it sends)."""
+    if not has_probs(step):
+        return "unknown"
+    if not getattr(step, "rank_exact", True):
+        return f"> {step.raw_rank - 1}" if step.raw_rank > 1 else "unknown"
+    return str(step.raw_rank)
 
 
 def _pct(prob: float) -> str:
@@ -86,7 +111,10 @@ def step_prob(step: TokenStep, mode: str) -> float:
 def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] | None = None) -> str:
     """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest.
 
-    ``piece``: (note, characters) when the token holds part of a character split across byte tokens."""
+    ``piece``: (note, characters) when the token holds part of a character split across byte tokens.
+    A server's token shows the one number the server sent (its distribution is in the status bar)."""
+    if is_remote_step(step):
+        return _remote_tooltip_html(step, limit, piece)
     part = f"<b>{html.escape(piece[0])}</b> (a split character shows once, where it completes)<br>" if piece else ""
     head = (f"<b>Step {step.step}</b> · chose <code>{html.escape(visible_token_text(chosen_text(step)))}</code>"
             f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>{part}"
@@ -111,6 +139,34 @@ def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] 
                 f"<td align=right>{_pct(rest.processed_prob)}</td><td></td></tr>")
     covered = 1.0 - rest.raw_prob
     foot = (f"Shown candidates cover {_pct(covered)} of the raw model's probability.<br>"
+            "Double-click a bar in the chart or right-click here to continue from an alternative.")
+    return f"{head}<table cellspacing=6 cellpadding=0>{''.join(rows)}</table>{foot}"
+
+
+def _remote_tooltip_html(step: TokenStep, limit: int, piece: tuple[str, str] | None) -> str:
+    """A server's token: one probability column (the server's), ranks inferred from its list."""
+    part = f"<b>{html.escape(piece[0])}</b> (a split character shows once, where it completes)<br>" if piece else ""
+    merged = getattr(step, "merged_bytes", 0)
+    if merged:
+        part += (f"the server folded the {merged} byte(s) of earlier tokens of this character into this entry; the "
+                 "numbers are those of its last piece<br>")
+    head = (f"<b>Step {step.step}</b> · chose <code>{html.escape(visible_token_text(chosen_text(step)))}</code>"
+            f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>{part}")
+    if not has_probs(step):
+        return (f"{head}<b>{NO_PROBS_TEXT}</b>: it sent this token without probabilities or candidates (llama-server "
+                "does so for the tokens a draft model proposed and the model accepted), so it is drawn in neutral "
+                "grey: neither certain nor unlikely.")
+    head += (f"log-prob (the server's, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
+             f"rank {rank_text(step)}<br>entropy ≥ {step.entropy:.2f} bits (over the candidates the server sent)")
+    rows = ["<tr><th align=left>candidate</th><th align=right>server</th><th></th></tr>"]
+    shown = chart_rows(step, limit)
+    for r in shown[:-1]:
+        weight = ("<b>", "</b>") if r.chosen else ("", "")
+        rows.append(f"<tr><td><code>{weight[0]}{html.escape(r.label)}{weight[1]}</code></td>"
+                    f"<td align=right>{_pct(r.raw_prob)}</td><td>{'◀ chosen' if r.chosen else ''}</td></tr>")
+    rest = shown[-1]
+    rows.append(f"<tr><td><i>rest of vocabulary</i></td><td align=right>{_pct(rest.raw_prob)}</td><td></td></tr>")
+    foot = (f"The server's candidates cover {_pct(1.0 - rest.raw_prob)}; the rest is what they leave.<br>"
             "Double-click a bar in the chart or right-click here to continue from an alternative.")
     return f"{head}<table cellspacing=6 cellpadding=0>{''.join(rows)}</table>{foot}"
 
@@ -257,11 +313,20 @@ class TokenTextEdit(QTextEdit):
             cursor.setPosition(self._starts[top])
             bar.setValue(bar.value() + self.cursorRect(cursor).top())
 
-    def _insert(self, cursor: QTextCursor, step: TokenStep) -> None:
-        background = shade_for_prob(step_prob(step, self.shade_mode))
+    def _shade_format(self, step: TokenStep) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        fmt.setBackground(background)
-        fmt.setForeground(text_color_on(background))
+        if has_probs(step):
+            background = shade_for_prob(step_prob(step, self.shade_mode))
+            fmt.setBackground(background)
+            fmt.setForeground(text_color_on(background))
+        else:
+            fmt.setBackground(QColor(NO_PROBS_BG))
+            fmt.setForeground(QColor(NO_PROBS_FG))
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
+        return fmt
+
+    def _insert(self, cursor: QTextCursor, step: TokenStep) -> None:
+        fmt = self._shade_format(step)
         if step.forced:
             fmt.setFontItalic(True)
         # Newlines and empty deltas (a byte of a multi-byte character) still get a visible mark.
@@ -275,10 +340,7 @@ class TokenTextEdit(QTextEdit):
         """Recolour every token (the shading mode changed); the text stays."""
         cursor = QTextCursor(self.document())
         for step, start, end in zip(self.steps, self._starts, self._ends, strict=True):
-            background = shade_for_prob(step_prob(step, self.shade_mode))
-            fmt = QTextCharFormat()
-            fmt.setBackground(background)
-            fmt.setForeground(text_color_on(background))
+            fmt = self._shade_format(step)
             cursor.setPosition(start)
             cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
             cursor.mergeCharFormat(fmt)
@@ -368,7 +430,8 @@ class TokenTextEdit(QTextEdit):
             if c.token_id == step.token_id:
                 continue
             label = visible_token_text(c.text).replace("&", "&&")  # a lone & would mark a shortcut key
-            action = QAction(f"{label}    raw {format_percent(c.raw_prob)}", menu)
+            kind = "server" if is_remote_step(step) else "raw"
+            action = QAction(f"{label}    {kind} {format_percent(c.raw_prob)}", menu)
             action.triggered.connect(lambda _=False, tid=c.token_id: self.branch_requested.emit(step.step, tid))
             menu.addAction(action)
         return menu
@@ -388,8 +451,10 @@ class TokenView(QWidget):
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.caption = QLabel(self)
         self.caption.setWordWrap(True)
+        self.remote_note: str | None = None  # which distribution a server's numbers are (None: a local run)
+        self.mode_label = QLabel("Shade =", self)
         legend_row = QHBoxLayout()
-        legend_row.addWidget(QLabel("Shade =", self))
+        legend_row.addWidget(self.mode_label)
         legend_row.addWidget(self.mode)
         legend_row.addWidget(self.legend, 1)
         layout = QVBoxLayout(self)
@@ -404,7 +469,21 @@ class TokenView(QWidget):
         self.text.reshade()
         self._update_caption()
 
+    def set_remote(self, label: str | None, note: str = "") -> None:
+        """A server's run (``label``: which distribution its numbers are) or a local one (None): a server sends one
+        number per token, so there is one shading to choose."""
+        self.remote_note = f"the server's probability ({label}): {note}" if label is not None else None
+        self.mode.setVisible(label is None)  # a server sends one probability per token: nothing to choose
+        self.mode_label.setText("Shade =" if label is None else "Shade = the server's probability")
+        self._update_caption()
+
     def _update_caption(self) -> None:
+        if self.remote_note is not None:
+            self.caption.setText(
+                f"Token shade: {self.remote_note}; darker = less likely; grey, dotted = {NO_PROBS_TEXT}. "
+                "Italic = forced. Hover a token for the server's candidates; click it to chart that step (←/→ to "
+                "step); right-click to branch (the server continues from the text).")
+            return
         self.caption.setText(
             f"Token shade: probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = "
             "less likely. Italic = forced. Hover a token for its alternatives; click it to chart that step "

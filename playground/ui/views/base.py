@@ -19,6 +19,28 @@ from playground.events import Event
 from playground.state import Run
 
 IMAGE_FORMATS = ("png", "svg")
+REMOTE_DEVICE = "remote"  # a remote run's RunStarted.device starts with this ("remote: llama.cpp")
+
+
+def is_remote_run(run: Run | None) -> bool:
+    """Whether ``run`` was streamed from a server (it then holds no logits, layers or cache of the model)."""
+    return run is not None and run.started is not None and run.started.device.startswith(REMOTE_DEVICE)
+
+
+def remote_engine(run: Run) -> str:
+    """The engine that decoded a remote run ("llama.cpp", "vllm", "generic"), as its start event names it."""
+    device = run.started.device if run.started is not None else ""
+    return device.partition(":")[2].strip() or "an engine"
+
+
+def needs_local_model_text(view: View, run: Run | None) -> str | None:
+    """Why ``view`` is empty for a remote run it does not apply to (None for a local run, or a view that applies)."""
+    if not is_remote_run(run) or view.applies_to(run):
+        return None
+    return (f"{view.title} needs a local model: run #{run.index + 1} was decoded by {remote_engine(run)} at a "
+            "server, which does not expose the model's insides (a server streams each chosen token with its top "
+            "candidates only: no logits of other sequences, hidden layers, KV cache or weights). Load a model on "
+            "the left to use this view.")
 
 
 class ExportError(ValueError):
@@ -50,6 +72,9 @@ class View(QWidget):
 
     def empty_text(self, run: Run | None) -> str:
         """What the dock says when this view has nothing to show for ``run``."""
+        remote = needs_local_model_text(self, run)
+        if remote is not None:
+            return remote
         if run is None:
             return f"The {self.title.lower()} shows a run here once there is one."
         return f"Run #{run.index + 1} ({run.settings.strategy}) has nothing for the {self.title.lower()}."

@@ -10,8 +10,10 @@ from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted, TokenStep
+from playground.events.remote import RemoteStarted
 from playground.state import Run, character_piece, most_interesting_step
 from playground.ui.candidates_panel import CandidatesPanel
+from playground.ui.server_model import remote_start
 from playground.ui.token_view import TokenView, token_tooltip_html
 from playground.ui.views import register_view
 from playground.ui.views.base import View
@@ -76,6 +78,7 @@ class TokensView(View):
     def show_run(self, run: Run) -> None:
         self.reset()
         self.run = run
+        self._show_source(remote_start(run))
         self.token_view.show_run(run)
         self.follow_live = run.running
         target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
@@ -87,6 +90,9 @@ class TokensView(View):
         for event in events:
             if isinstance(event, RunStarted):
                 self.token_view.reset(event.prompt_text)
+                self._show_source(None)
+            elif isinstance(event, RemoteStarted):
+                self._show_source(event)
             elif isinstance(event, TokenStep):
                 self._new_steps.append(event)
 
@@ -105,6 +111,13 @@ class TokensView(View):
             target = most_interesting_step(run.steps)
             if target is not None:
                 self.show_chart_step(target, follow=False)
+
+    def _show_source(self, remote: RemoteStarted | None) -> None:
+        """A server's run says which distribution its numbers are (one number per token); a local run has two."""
+        label = remote.distribution if remote is not None else None
+        note = remote.distribution_note if remote is not None else ""
+        self.token_view.set_remote(label, note)
+        self.chart.set_remote(label, note)
 
     # --- the chart ------------------------------------------------------------------------------------------
     def show_chart_step(self, index: int, follow: bool = False) -> None:
