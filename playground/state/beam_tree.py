@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from playground.config import BeamSettings, RunSettings
 from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
+from playground.state.run_end import RunEnd
 
 SURVIVING = "surviving"
 PRUNED = "pruned"
@@ -72,7 +73,7 @@ class RankedHypothesis:
     run_rank: int | None  # rank among the sequences the run returned (None: not returned)
 
 
-class BeamTree:
+class BeamTree(RunEnd):
     """The growing tree of one beam-search run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
     def __init__(self) -> None:
@@ -185,10 +186,6 @@ class BeamTree:
             if rank == 1:
                 self.best_path = self.path(node_id)
 
-    def end(self, status: str) -> None:
-        """Mark a run that ended without RunFinished (it failed, or its worker was stopped); no-op after one."""
-        if self.stop_reason is None:
-            self.ended_status = status
 
     def _find_sequence(self, token_ids: tuple[int, ...], prefer_finished: bool) -> int | None:
         step = len(token_ids) - 1
@@ -204,10 +201,6 @@ class BeamTree:
     def steps(self) -> int:
         return len(self.columns)
 
-    @property
-    def ended(self) -> bool:
-        """RunFinished came, or the run was marked as ended without one."""
-        return self.stop_reason is not None or self.ended_status is not None
 
     def path(self, node_id: int) -> list[int]:
         """Node ids from the root to ``node_id``."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from playground.events import Event, RunFinished, RunStarted, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
+from playground.state.run_end import RunEnd
 
 DISCARDED = "discarded"  # per response: a token of the cheap response that the full model rewrote
 KINDS = (CHEAP, FULL, FORCED, DISCARDED)
@@ -36,7 +37,7 @@ class Mark:
         return self.step.text
 
 
-class CascadeState:
+class CascadeState(RunEnd):
     """One cascade run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
     def __init__(self) -> None:
@@ -134,15 +135,8 @@ class CascadeState:
             self.restyled += 1
         return True
 
-    def end(self, status: str) -> None:
-        """A run that ended without RunFinished (failed, stopped): a no-op after one."""
-        if self.stop_reason is None:
-            self.ended_status = status
 
     # --- reading ----------------------------------------------------------------------------------------------
-    @property
-    def ended(self) -> bool:
-        return self.stop_reason is not None or self.ended_status is not None
 
     @property
     def per_response(self) -> bool:

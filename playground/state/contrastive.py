@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from playground.events import Event, RunFinished, RunStarted, TokenStep
 from playground.events.contrastive import ContrastCandidate, ContrastiveStarted, ContrastStep
+from playground.state.run_end import RunEnd
 
 
 def relative_prob(candidate: ContrastCandidate, expert_max: float) -> float:
@@ -100,7 +101,7 @@ def replay_alpha(state: ContrastiveState, alpha: float) -> AlphaReplay:
     return AlphaReplay(alpha, tuple(choices), tuple(changed), tuple(differs))
 
 
-class ContrastiveState:
+class ContrastiveState(RunEnd):
     """The steps of one contrastive run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
     def __init__(self) -> None:
@@ -156,15 +157,8 @@ class ContrastiveState:
         self.amateur_ms += s.amateur_ms
         self.contrast_ms += s.contrast_ms
 
-    def end(self, status: str) -> None:
-        """A run that ended without RunFinished (failed, stopped): a no-op after one."""
-        if self.stop_reason is None:
-            self.ended_status = status
 
     # --- reading ----------------------------------------------------------------------------------------------
-    @property
-    def ended(self) -> bool:
-        return self.stop_reason is not None or self.ended_status is not None
 
     @property
     def alpha(self) -> float:

@@ -15,6 +15,7 @@ import numpy as np
 
 from playground.events import Event, PrefillDone, RunFinished, RunStarted
 from playground.events.kv import KVBlocks, KVCompare, KVPhase, KVStarted, KVStep, KVSweep
+from playground.state.run_end import RunEnd
 
 FIRST_CAPACITY = 64  # steps reserved before the first one; doubled when full
 
@@ -47,7 +48,7 @@ class _Growing:
         return self.data[..., : self.size]
 
 
-class KVState:
+class KVState(RunEnd):
     """The KV-cache record of one run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
     def __init__(self) -> None:
@@ -119,15 +120,8 @@ class KVState:
         if step.blocks is not None:
             self.blocks = step.blocks
 
-    def end(self, status: str) -> None:
-        """A run that ended without RunFinished (failed, stopped): a no-op after one."""
-        if self.stop_reason is None:
-            self.ended_status = status
 
     # --- reading ----------------------------------------------------------------------------------------------
-    @property
-    def ended(self) -> bool:
-        return self.stop_reason is not None or self.ended_status is not None
 
     @property
     def count(self) -> int:

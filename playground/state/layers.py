@@ -19,6 +19,7 @@ import numpy as np
 
 from playground.events import BeamStep, Event, RunFinished, RunStarted, TokenStep
 from playground.events.layers import LayersStarted, LayerStep
+from playground.state.run_end import RunEnd
 
 ENTROPY = "entropy"
 MAX_PROB = "max-prob"
@@ -75,7 +76,7 @@ def _nan(values: tuple[float | None, ...]) -> list[float]:
     return [np.nan if v is None else float(v) for v in values]
 
 
-class LayerState:
+class LayerState(RunEnd):
     """The layer-wise record of one run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
     def __init__(self) -> None:
@@ -159,15 +160,8 @@ class LayerState:
         token.text = next((c.text for c in step.candidates if c.token_id == step.token_ids[0]), "")
         return True
 
-    def end(self, status: str) -> None:
-        """A run that ended without RunFinished (failed, stopped); a no-op after one."""
-        if self.stop_reason is None:
-            self.ended_status = status
 
     # --- reading ----------------------------------------------------------------------------------------------
-    @property
-    def ended(self) -> bool:
-        return self.stop_reason is not None or self.ended_status is not None
 
     @property
     def mode(self) -> str:

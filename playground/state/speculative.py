@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
+from playground.state.run_end import RunEnd
 
 ACCEPTED = "accepted"  # a drafted token the target kept
 REJECTED = "rejected"  # a drafted token the target threw away (it is not in the output)
@@ -75,7 +76,7 @@ class WhatIf:
     speedups: tuple[float, ...]
 
 
-class SpeculativeState:
+class SpeculativeState(RunEnd):
     """The rounds of one speculative run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
     def __init__(self) -> None:
@@ -201,13 +202,10 @@ class SpeculativeState:
     def end(self, status: str) -> None:
         """A run that ended without RunFinished (failed, stopped): draw what there is; a no-op after one."""
         if self.stop_reason is None:
-            self.ended_status = status
+            super().end(status)
             self._settle_all()
 
     # --- reading ----------------------------------------------------------------------------------------------
-    @property
-    def ended(self) -> bool:
-        return self.stop_reason is not None or self.ended_status is not None
 
     @property
     def rejected(self) -> int:
