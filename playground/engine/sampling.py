@@ -16,7 +16,7 @@ from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
-from playground.engine.stop_strings import StopStringWatch
+from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
 from playground.models.loaded import LoadedModel
@@ -94,11 +94,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
                 yield layer_step
             yield analysis.to_event(step=step, text=text, forced=forced, step_ms=step_ms,
                                     kv_bytes=kv_cache_bytes(cache), token_text=token_text)
-            if token_id in eos_ids:
-                stop_reason = "eos"
-                break
-            if stop_watch.hit(text):
-                stop_reason = "stop_string"
+            ended = end_reason(token_id, text, eos_ids, stop_watch)
+            if ended is not None:
+                stop_reason = ended
                 break
 
     yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,

@@ -15,3 +15,12 @@ class StopStringWatch:
             return False
         self._tail = (self._tail + new_text)[-(self._keep + len(new_text)) :]
         return any(s in self._tail for s in self._stops)
+
+
+def end_reason(token_id: int, text: str, eos_ids: tuple[int, ...] | set[int], watch: StopStringWatch) -> str | None:
+    """Why a run ends after this token: ``"eos"``, ``"stop_string"`` (``text``: what the token added), or None."""
+    if token_id in eos_ids:
+        return "eos"
+    if watch.hit(text):
+        return "stop_string"
+    return None

@@ -25,7 +25,7 @@ from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
-from playground.engine.stop_strings import StopStringWatch
+from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
 from playground.events.contrastive import ContrastiveStarted
@@ -130,11 +130,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
             yield contrast_event
             yield analysis.to_event(step=step, text=text, forced=is_forced, step_ms=step_ms,
                                     kv_bytes=kv_cache_bytes(cache), token_text=token_text)
-            if token_id in eos_ids:
-                stop_reason = "eos"
-                break
-            if stop_watch.hit(text):
-                stop_reason = "stop_string"
+            ended = end_reason(token_id, text, eos_ids, stop_watch)
+            if ended is not None:
+                stop_reason = ended
                 break
 
     finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,

@@ -27,7 +27,7 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
-from playground.engine.stop_strings import StopStringWatch
+from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event, PrefillDone
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
@@ -176,11 +176,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             yield held_now
             yield analysis.to_event(step=step, text=text, forced=step < len(forced), step_ms=ms,
                                     kv_bytes=held_now.total_bytes, token_text=token_text)
-            if token_id in eos_ids:
-                stop_reason = "eos"
-                break
-            if stop_watch.hit(text):
-                stop_reason = "stop_string"
+            ended = end_reason(token_id, text, eos_ids, stop_watch)
+            if ended is not None:
+                stop_reason = ended
                 break
         if len(generated) > 1:  # the first token came from the prefill's logits: one pass fewer than tokens
             yield _phase(lm, start, "decode", len(generated) - 1, len(prompt_ids) + len(generated) - 1,
