@@ -35,7 +35,7 @@ class QuantReady:
     type: ClassVar[str] = "quant_ready"
     method: str
     group_size: int | None  # None: per-channel
-    stored: str  # how the weights are held: "int8", "packed int4", "fake-quant float32"
+    stored: str  # how the weights are held: "int8 (per channel)", "packed int4", "packed int4 (AWQ-scaled)", ...
     reference_dtype: str  # the float model it was made from
     reference_weight_bytes: int
     weight_bytes: int  # what the quantized copy really holds

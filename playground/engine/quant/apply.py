@@ -156,15 +156,18 @@ def _notes(lm: LoadedModel, quant: QuantSettings, model: Any) -> str:
         parts.append("SmoothQuant's division of the inputs is folded into the RMSNorm weights before q/k/v and "
                      "gate/up; o_proj and down_proj are quantized unsmoothed.")
     if quant.quant == "awq":
+        o_kept = any(isinstance(m, InputScaledLinear) for m in model.modules())  # grouped-query attention
         parts.append("AWQ's division of the inputs is folded into the RMSNorm weights (q/k/v, gate/up) and into the "
                      "previous linear's int4 row scales (down_proj's into up_proj)"
                      + ("; o_proj keeps its own as a float32 vector in front of it (grouped-query attention: it "
-                        "cannot be folded into v_proj)." if any(isinstance(m, InputScaledLinear)
-                                                                for m in model.modules()) else "."))
+                        "cannot be folded into v_proj)." if o_kept else "."))
     if any(m.activation_quant for m in linears):
-        how = ("torch's integer matmul (int8 x int8) where the weights are per channel" if any(
-            m.kernel == "int8mm" for m in linears) else "an int8 product emulated in float")
-        parts.append(f"Activations are quantized to int8 per token on every call, then {how}.")
+        if any(m.kernel == "int8mm" for m in linears):
+            parts.append("Activations are quantized to int8 per token on every call and multiplied with the int8 "
+                         "weights on torch's integer matmul (int8 x int8 -> int32).")
+        else:
+            parts.append("Activations are quantized to int8 per token on every call; the int8 product is emulated "
+                         "in float.")
     if any(m.kernel == "int4pack" for m in linears):
         parts.append("The large int4 layers run on torch's int4 kernel, which rounds their inputs to bfloat16.")
     if any(m.kernel == "dequant" for m in linears):
