@@ -249,6 +249,17 @@ def test_views_that_need_the_models_insides_say_so(qtbot, window, llama_server_u
         text = w.docks[name].empty.text()
         assert text.startswith(f"{title} needs a local model: run #1 was decoded by llama.cpp at a server, which "
                                "does not expose the model's insides (")
+    # The KV view still says what the server tells of its cache: its slot's tokens, read here independently.
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(llama_server_url + "/slots", timeout=5) as response:
+        slots = json.load(response)
+    slot = max((s for s in slots if isinstance(s.get("id_task"), int)), key=lambda s: s["id_task"])
+    kv_text = w.docks["kv"].empty.text()
+    assert kv_text.startswith(f"The server's KV cache after run #1: {slot['n_prompt_tokens']} of the "
+                              f"{slot['n_ctx']} tokens its slot holds")
+    assert "KV cache needs a local model" in kv_text
 
 
 def test_branching_continues_with_the_alternatives_text(qtbot, window, llama_server_url):

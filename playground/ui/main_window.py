@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import ConfigError, ModelSettings, RunSettings
-from playground.events import PrefillProgress, RunStarted
+from playground.events import PrefillProgress, RunFinished, RunStarted
 from playground.models.loaded import LoadedModel
 from playground.remote.branch import RemoteBranch
 from playground.remote.source import RemoteSource
@@ -660,8 +660,9 @@ class MainWindow(QMainWindow):
             view.flush()
             if run.finished is not None:
                 view.end(run)
-        if any(isinstance(event, RunStarted) for event in batch):
-            for name in self.views:  # the empty views' texts can say more now (a server's run: why they are empty)
+        if any(isinstance(event, (RunStarted, RunFinished)) for event in batch):
+            # The empty views' texts can say more now (a server's run: why they are empty; at its end, its figures).
+            for name in self.views:
                 if name not in self._shown:
                     self.docks[name].show_view(False, run)
         if len(run.step_kinds) != self._kinds_seen:  # a kind of step came that a view not shown yet draws

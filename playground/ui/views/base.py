@@ -37,10 +37,12 @@ def needs_local_model_text(view: View, run: Run | None) -> str | None:
     """Why ``view`` is empty for a remote run it does not apply to (None for a local run, or a view that applies)."""
     if not is_remote_run(run) or view.applies_to(run):
         return None
-    return (f"{view.title} needs a local model: run #{run.index + 1} was decoded by {remote_engine(run)} at a "
+    text = (f"{view.title} needs a local model: run #{run.index + 1} was decoded by {remote_engine(run)} at a "
             "server, which does not expose the model's insides (a server streams each chosen token with its top "
             "candidates only: no logits of other sequences, hidden layers, KV cache or weights). Load a model on "
             "the left to use this view.")
+    note = view.remote_note(run)
+    return f"{note}\n\n{text}" if note else text
 
 
 class ExportError(ValueError):
@@ -64,6 +66,10 @@ class View(QWidget):
         if strategy is not None:
             kinds.update(strategy.step_events)
         return any(issubclass(kind, self.consumes) for kind in kinds)
+
+    def remote_note(self, run: Run) -> str:
+        """What this view can still say about a server's run it cannot draw (e.g. the server's own KV figures)."""
+        return ""
 
     def wants_front(self, run: Run) -> bool:
         """Whether ``run`` asked for this view beyond what its strategy yields (a recording the user switched on,

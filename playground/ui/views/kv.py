@@ -315,6 +315,18 @@ class KVView(View):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
 
+    def remote_note(self, run: Run) -> str:
+        """A server tells only how full its cache is: llama-server's slot (tokens of its context), vLLM's usage."""
+        figures = run.finished.figures if run.finished is not None else {}
+        if "kv_tokens" in figures and figures.get("n_ctx"):
+            tokens, n_ctx = figures["kv_tokens"], figures["n_ctx"]
+            return (f"The server's KV cache after run #{run.index + 1}: {tokens:.0f} of the {n_ctx:.0f} tokens its "
+                    f"slot holds ({tokens / n_ctx:.1%}), as its /slots reports.")
+        if "kv_cache_usage" in figures:
+            return (f"The server's KV cache after run #{run.index + 1}: {figures['kv_cache_usage']:.1%} of its "
+                    "blocks in use (vLLM's kv_cache_usage_perc, across every request it serves).")
+        return ""
+
     # --- the view interface ---------------------------------------------------------------------------------
     def reset(self) -> None:
         self._redraw.cancel()
