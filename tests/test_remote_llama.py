@@ -141,7 +141,7 @@ def test_post_sampler_probabilities(llama_server_url):
         assert step.token_id in {c.token_id for c in step.candidates}
 
 
-def test_speculative_decoding_tokens_are_marked_without_probabilities(llama_server_url):
+def test_speculative_decoding_tokens_are_marked_without_probabilities(llama_server_url, qtbot):
     settings = RunSettings(chat=False, prompt="def fibonacci(n):", max_new_tokens=16, num_candidates=3)
     _, plain = remote_steps(llama_server_url, settings)
     server, url = start_server("-md", "{gguf}", "--spec-type", "draft-simple", "--spec-draft-n-max", "4")
@@ -162,6 +162,15 @@ def test_speculative_decoding_tokens_are_marked_without_probabilities(llama_serv
     assert figures["acceptance_rate"] == figures["accepted_draft_tokens"] / figures["draft_tokens"]
     per_position = [v for k, v in figures.items() if k.startswith("accepted_at_draft_position_")]
     assert sum(per_position) == figures["accepted_draft_tokens"]
+    # The status bar says how many drafts the server accepted.
+    from playground.state import Run
+    from playground.ui.status_bar import RunStatusBar
+
+    bar = RunStatusBar()
+    qtbot.addWidget(bar)
+    bar.show_run(Run.from_events(events))
+    rate = figures["accepted_draft_tokens"] / figures["draft_tokens"]
+    assert f"server drafts accepted {rate:.0%}" in bar.labels["numbers"].text()
 
 
 def test_branch_continues_from_the_alternative_text(llama_server_url, default_lm):

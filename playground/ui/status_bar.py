@@ -95,13 +95,16 @@ class RunStatusBar(QStatusBar):
             self.labels["device"].setText(f"device: {device}")
             self.labels["dtype"].setText(f"dtype: {dtype}")
 
-    def show_numbers(self, remote: RemoteStarted | None) -> None:
-        """Which distribution a server's numbers are (its own words in the tooltip); hidden for local runs."""
+    def show_numbers(self, remote: RemoteStarted | None, figures: dict[str, float] | None = None) -> None:
+        """Which distribution a server's numbers are (its own words in the tooltip), and the share of drafted tokens
+        the server accepted when it decoded speculatively (its /metrics counters); hidden for local runs."""
         label = self.labels["numbers"]
         if remote is None:
             label.hide()
             return
         text = f"probabilities: {remote.distribution}, from {remote.engine}"
+        if figures and "acceptance_rate" in figures:
+            text += f" · server drafts accepted {figures['acceptance_rate']:.0%}"
         if label.text() != text:
             label.setText(text)
             missing = "; ".join(remote.missing)
@@ -130,7 +133,7 @@ class RunStatusBar(QStatusBar):
             self._set_live("kv", self._server_kv(run))
         else:
             self._set_live("kv", f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")
-        self.show_numbers(remote)
+        self.show_numbers(remote, run.finished.figures if run is not None and run.finished is not None else None)
         if run is not None:
             source: RunStarted | RunFinished | PrefillDone | None = run.finished or run.started
             if isinstance(source, (RunStarted, RunFinished)):
