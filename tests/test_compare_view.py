@@ -22,7 +22,14 @@ from playground.ui.style import configure_pyqtgraph
 from playground.ui.views import view_names
 from playground.ui.views.compare import CompareView
 from playground.ui.views.quant import QuantView
-from playground.ui.views.side_by_side import AFTER_COLOR, DIFFERS_BG, DIVERGE_BG, pane_html
+from playground.ui.views.side_by_side import (
+    AFTER,
+    DIFFERS_BG,
+    DIVERGES,
+    PLAIN,
+    SideBySidePanes,
+    pane_pieces,
+)
 
 
 def _pane_events(ref: list[int], other: list[int]) -> list:
@@ -49,11 +56,32 @@ def _state(events) -> PanesState:
 def test_the_panes_mark_differences_and_the_first_divergence():
     state = _state(_pane_events([1, 2, 3, 4, 5], [1, 2, 9, 4, 7]))
     assert state.divergence == [None, 2]
-    html = pane_html(state, 1)
-    assert "&lt;1&gt;&lt;2&gt;" in html  # the shared start is plain
-    assert f"<span style='background:{DIVERGE_BG};color:white'>&lt;9&gt;</span>" in html
-    assert f"<span style='color:{AFTER_COLOR}'>&lt;4&gt;</span>" in html  # after the divergence: grey, not tinted
-    assert DIFFERS_BG not in html and DIVERGE_BG not in pane_html(state, 0)
+    assert pane_pieces(state, 1) == [("<1>", PLAIN), ("<2>", PLAIN),  # the shared start is plain
+                                     ("<9>", DIVERGES),
+                                     ("<4>", AFTER), ("<7>", AFTER)]  # after the divergence: grey, not tinted
+    assert {mark for _, mark in pane_pieces(state, 0)} == {PLAIN}
+
+
+def test_marks_drawn_early_are_redrawn_when_the_reference_comes_late(qtbot):
+    """A beam reference has no token events: the other pane's tokens are drawn tinted at first (nothing to compare
+    with), and must be redrawn plain, with the divergence, once the reference's text comes at its end."""
+    events = [PaneStarted(pane=p, label=f"p{p}", summary="", strategy="greedy", model_name="m") for p in (0, 1)]
+    events += [PaneToken(pane=1, step=s, token_id=t, text=f"<{t}>", prob=0.5, step_ms=1.0)
+               for s, t in enumerate([1, 2, 9])]
+    events += [PaneFinished(pane=p, token_ids=ids, text="".join(f"<{i}>" for i in ids), stop_reason="eos",
+                            tokens_per_s=1.0, decode_ms=1.0) for p, ids in ((1, (1, 2, 9)), (0, (1, 2, 3)))]
+    live_state = PanesState()
+    live = SideBySidePanes(live_state)
+    qtbot.addWidget(live)
+    for event in events:  # drawn after every event, as a stream is
+        live_state.apply(event)
+        live.refresh()
+    whole = SideBySidePanes(_state(events))
+    qtbot.addWidget(whole)
+    whole.refresh()
+    assert live.columns[1].text.toHtml() == whole.columns[1].text.toHtml()
+    assert pane_pieces(live_state, 1) == [("<1>", PLAIN), ("<2>", PLAIN), ("<9>", DIVERGES)]
+    assert DIFFERS_BG.lower() not in live.columns[1].text.toHtml().lower()
 
 
 def test_a_pane_that_ends_early_diverges_where_it_ended():
@@ -187,3 +215,27 @@ def test_the_window_builds_the_copy_with_progress_and_shows_the_lab(qtbot, tmp_p
     assert w.docks["quant"].pages.currentWidget() is w.views["quant"]
     view = w.views["quant"]
     assert len(view.state.steps) == 6 and view.state.summary is not None
+
+
+def test_a_long_pane_keeps_its_text_when_split_for_speed_and_resized(qtbot):
+    """Appends keep the paragraph being written short (block breaks where Qt wrapped anyway); the text stays the
+    text, streamed or after a resize that lays it out again."""
+    ids = list(range(600))
+    events = _pane_events(ids, ids[:300] + [i + 1 for i in ids[300:]])
+    state = PanesState()
+    panes = SideBySidePanes(state)
+    qtbot.addWidget(panes)
+    panes.resize(900, 500)
+    panes.show()
+    for start in range(0, len(events), 7):
+        for event in events[start : start + 7]:
+            state.apply(event)
+        panes.refresh()
+    column = panes.columns[1]
+    expected = "".join(state.panes[1].texts)
+    assert column.text.document().blockCount() > 5  # precondition: the paragraph really was split
+    assert column.text.toPlainText().replace("\n", "") == expected
+    panes.resize(600, 500)  # narrower: the old splits would end lines early, so the pane is drawn again
+    qtbot.waitUntil(lambda: column._split_width == column.text.document().textWidth(), timeout=5000)
+    assert column.text.toPlainText().replace("\n", "") == expected
+    assert pane_pieces(state, 1)[300] == ("<301>", DIVERGES)

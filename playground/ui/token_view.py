@@ -29,6 +29,7 @@ from PySide6.QtGui import (
     QResizeEvent,
     QTextCharFormat,
     QTextCursor,
+    QTextDocument,
 )
 from PySide6.QtWidgets import (
     QComboBox,
@@ -66,6 +67,24 @@ from playground.ui.style import (
 SPLIT_LINES = 8
 # After the view's width changes, how long to wait (for the resize to settle) before laying the text out again.
 RELAYOUT_MS = 150
+
+
+def split_wrapped_paragraph(document: QTextDocument, floor: int = 0) -> int | None:
+    """If the document's last paragraph has grown to SPLIT_LINES lines, end its block where its last line starts
+    (where Qt wrapped the line anyway, often just after a token's leading space): the text above keeps its lines, and
+    later appends lay out only the last line. Returns the position split at (None: no split; never at or before
+    ``floor``)."""
+    block = document.lastBlock()
+    layout = block.layout()
+    if layout is None or layout.lineCount() < SPLIT_LINES:
+        return None
+    split = block.position() + layout.lineAt(layout.lineCount() - 1).textStart()
+    if split <= max(block.position(), floor):
+        return None
+    cursor = QTextCursor(document)
+    cursor.setPosition(split)
+    cursor.insertBlock()
+    return split
 
 # Which number shades a token; the legend says which one is in use.
 SHADE_RAW = "raw"
@@ -270,18 +289,10 @@ class TokenTextEdit(QTextEdit):
         self.ensureCursorVisible_at_end()
 
     def _split_wrapped_line(self) -> None:
-        """If the paragraph being written has grown to SPLIT_LINES lines, end its block where its last line
-        starts: the text above keeps its lines, and later appends lay out only the last line."""
-        block = self.document().lastBlock()
-        layout = block.layout()
-        if layout is None or layout.lineCount() < SPLIT_LINES:
+        """Keep the paragraph being written short (``split_wrapped_paragraph``), and the token ranges right."""
+        split = split_wrapped_paragraph(self.document(), self._prompt_end)
+        if split is None:
             return
-        split = block.position() + layout.lineAt(layout.lineCount() - 1).textStart()
-        if split <= max(block.position(), self._prompt_end):
-            return
-        cursor = QTextCursor(self.document())
-        cursor.setPosition(split)
-        cursor.insertBlock()  # where Qt wrapped the line anyway (often just after a token's leading space)
         for i in range(bisect.bisect_right(self._ends, split), len(self._starts)):  # the tokens it moved
             if self._starts[i] >= split:
                 self._starts[i] += 1
