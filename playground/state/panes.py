@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from playground.engine.compare.figures import first_divergence
 from playground.events import Event, RunFinished
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
 
@@ -88,11 +89,8 @@ class PanesState:
         for i, pane in enumerate(self.panes[1:], start=1):
             if pane.finished is None or self.divergence[i] is not None:
                 continue
-            ids = pane.token_ids
-            mismatch = next((s for s, (a, b) in enumerate(zip(ids, reference, strict=False)) if a != b), None)
-            if mismatch is None and len(ids) != len(reference):
-                mismatch = min(len(ids), len(reference))
-            self.divergence[i] = mismatch
+            first = first_divergence(pane.token_ids, reference)
+            self.divergence[i] = None if first < 0 else first
 
     def differs(self, index: int, step: int) -> bool:
         """Whether pane ``index``'s token at ``step`` differs from pane 0's token there (False for pane 0)."""

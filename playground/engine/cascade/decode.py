@@ -27,6 +27,7 @@ import torch
 
 from playground.config import CascadeSettings, RunSettings
 from playground.engine.cascade.models import CheapModel, ModelSide, make_cheap_model, weight_macs
+from playground.engine.compare.figures import agreement_figures
 from playground.engine.forward import sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
@@ -230,10 +231,8 @@ class _Cascade:
         }
         if self.cascade.cascade_compare and self.stop_reason != "stopped":
             alone, alone_ms = full_model_alone(self.lm, self.settings, self.prompt_ids, n, self.sample)
-            same = [s.token_id == t for s, t in zip(output, alone, strict=True)]
-            first = same.index(False) if not all(same) else -1
             figures.update({
-                "identical_fraction": sum(same) / n, "first_divergence": float(first),
+                **agreement_figures([s.token_id for s in output], alone),
                 "tokens_per_s_with_prompt": n / (run_ms / 1000) if run_ms > 0 else 0.0,
                 "full_alone_tokens_per_s": n / (alone_ms / 1000) if alone_ms > 0 else 0.0,
                 "time_saved": 1 - run_ms / alone_ms if alone_ms > 0 else 0.0,

@@ -1,12 +1,15 @@
-"""Figures measured on one output, for comparing panes: repetition, diversity, agreement, likelihood."""
+"""Figures measured on one output, for comparing panes and runs: repetition, diversity, agreement, likelihood.
+
+Torch-free but for ``log_likelihood`` (imported there), so the Qt-free state can use the same rules.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-
-from playground.models.loaded import LoadedModel
+if TYPE_CHECKING:
+    from playground.models.loaded import LoadedModel
 
 
 def ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
@@ -33,15 +36,26 @@ def first_divergence(ids: Sequence[int], reference: Sequence[int]) -> int:
     return -1 if len(ids) == len(reference) else min(len(ids), len(reference))
 
 
-@torch.inference_mode()
+def agreement_figures(output: Sequence[int], reference: Sequence[int]) -> dict[str, float]:
+    """``output`` against ``reference`` over the positions both have: where they first differ (−1: nowhere) and
+    the share of positions that agree (the figures every "compared with the full model" run reports)."""
+    n = min(len(output), len(reference))
+    same = sum(a == b for a, b in zip(output[:n], reference[:n], strict=True))
+    return {"first_divergence": float(first_divergence(output[:n], reference[:n])),
+            "identical_fraction": same / n if n else 0.0}
+
+
 def log_likelihood(lm: LoadedModel, prompt_ids: Sequence[int], ids: Sequence[int]) -> float:
     """Sum of log p(token | everything before it) over ``ids`` after ``prompt_ids``, under ``lm``, in nats."""
+    import torch
+
     if not ids:
         return 0.0
-    full = torch.tensor([[*prompt_ids, *ids]], device=lm.device)
-    logits = lm.model(full).logits[0, len(prompt_ids) - 1 : -1].float()  # [len(ids), vocab]: predicts ids
-    logprobs = torch.log_softmax(logits, dim=-1)
-    return float(logprobs.gather(1, torch.tensor(ids, device=lm.device)[:, None]).sum())
+    with torch.inference_mode():
+        full = torch.tensor([[*prompt_ids, *ids]], device=lm.device)
+        logits = lm.model(full).logits[0, len(prompt_ids) - 1 : -1].float()  # [len(ids), vocab]: predicts ids
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return float(logprobs.gather(1, torch.tensor(ids, device=lm.device)[:, None]).sum())
 
 
 def output_figures(ids: Sequence[int], reference_ids: Sequence[int], decode_ms: float) -> dict[str, float]:

@@ -17,6 +17,7 @@ import torch
 
 from playground.config import ConfigError, ContrastiveSettings, RunSettings
 from playground.engine.baseline import plain_greedy
+from playground.engine.compare.figures import agreement_figures
 from playground.engine.contrastive.amateurs import Amateur, LayerAmateur, ModelAmateur
 from playground.engine.contrastive.record import choose, step_events
 from playground.engine.kv_cache import kv_cache_bytes
@@ -146,6 +147,5 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
         figures["greedy_tokens_per_s"] = speed
         figures["step_cost"] = speed / finished.tokens_per_s if finished.tokens_per_s > 0 else 0.0
         if not forced:  # a branch's forced tokens are not greedy's: where they part says nothing
-            same = [a == b for a, b in zip(generated, greedy, strict=False)]
-            figures["first_divergence"] = float(same.index(False) if False in same else -1)
+            figures["first_divergence"] = agreement_figures(generated, greedy)["first_divergence"]
     yield dataclasses.replace(finished, figures=figures)

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from playground.config import KVSettings, RunSettings
 from playground.engine.baseline import plain_greedy
+from playground.engine.compare.figures import agreement_figures
 from playground.engine.forward import sync_device
 from playground.engine.kv import measure
 from playground.engine.processors import build_pipeline, run_pipeline
@@ -201,9 +202,7 @@ def _divergence(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], g
                 ) -> dict[str, float]:
     """Where a quantized cache's greedy output first leaves the full-precision cache's (−1: nowhere)."""
     full, _ = plain_greedy(lm, settings, prompt_ids, len(generated))
-    same = [a == b for a, b in zip(generated, full, strict=True)]
-    return {"first_divergence": float(same.index(False) if False in same else -1),
-            "identical_fraction": sum(same) / len(same)}
+    return agreement_figures(generated, full)
 
 
 def _sample_row(pipeline: tuple, ids: torch.Tensor, logits: torch.Tensor, generator: torch.Generator) -> int:

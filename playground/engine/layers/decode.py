@@ -14,6 +14,7 @@ import torch
 
 from playground.config import ConfigError, LayerSettings, LensSettings, RunSettings
 from playground.engine.baseline import plain_greedy
+from playground.engine.compare.figures import agreement_figures
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import layers_started, lens_step
 from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
@@ -130,8 +131,5 @@ def agreement(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], gen
     forced = list(settings.forced_token_ids[: len(generated)])  # a branch: the full model continues it too
     rest, full_tokens_per_s = plain_greedy(lm, settings, prompt_ids + forced, len(generated) - len(forced))
     full = forced + rest
-    same = [a == b for a, b in zip(generated, full, strict=True)]
-    first = same.index(False) if False in same else -1
-    return {"identical_fraction": sum(same) / len(same), "first_divergence": float(first),
-            "full_tokens_per_s": full_tokens_per_s,
+    return {**agreement_figures(generated, full), "full_tokens_per_s": full_tokens_per_s,
             "time_saved": 1 - full_tokens_per_s / tokens_per_s if tokens_per_s > 0 else 0.0}
