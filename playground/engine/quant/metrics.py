@@ -44,6 +44,13 @@ def perplexity(model: Any, ids) -> float:
     return float(torch.exp(nll))
 
 
+def kl_rows(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(P ‖ Q) in nats between the softmaxes of each row of two logit matrices [rows, vocab] → [rows]."""
+    log_p = F.log_softmax(p_logits, dim=-1)
+    log_q = F.log_softmax(q_logits, dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(dim=-1).clamp_min(0.0)  # tiny negatives are rounding
+
+
 def kl_stats(reference: Any, quantized: Any, ids) -> dict[str, float]:
     """Per-token KL(P_reference || P_quantized) over the n-1 positions that predict a next token.
 
@@ -52,9 +59,7 @@ def kl_stats(reference: Any, quantized: Any, ids) -> dict[str, float]:
     ids_list = list(ids.tolist() if torch.is_tensor(ids) else ids)
     ref = _logits(reference, ids_list)[: len(ids_list) - 1].double()
     quant = _logits(quantized, ids_list)[: len(ids_list) - 1].double()
-    log_p = F.log_softmax(ref, dim=-1)  # [n-1, vocab]
-    log_q = F.log_softmax(quant, dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1).clamp_min(0.0)  # [n-1]; tiny negatives are rounding
+    kl = kl_rows(ref, quant)  # [n-1]
     agree = (ref.argmax(dim=-1) == quant.argmax(dim=-1)).double().mean()
     return {
         "mean": float(kl.mean()),

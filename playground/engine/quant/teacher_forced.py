@@ -15,15 +15,14 @@ import torch
 from transformers import DynamicCache
 
 from playground.engine.forward import keep_last_logits
+from playground.engine.quant.metrics import kl_rows
 from playground.engine.token_text import TokenTextCache
 from playground.events.quant import QuantStep
 
 
 def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    """KL(p ‖ q) in nats between the softmaxes of two logit vectors [vocab]."""
-    log_p = torch.log_softmax(p_logits.float(), dim=-1)
-    log_q = torch.log_softmax(q_logits.float(), dim=-1)
-    return float((log_p.exp() * (log_p - log_q)).sum().clamp_min(0.0))
+    """KL(p ‖ q) in nats between the softmaxes of two logit vectors [vocab] (``metrics.kl_rows`` on one row)."""
+    return float(kl_rows(p_logits.float()[None], q_logits.float()[None])[0])
 
 
 class TeacherForcedScorer:
