@@ -75,43 +75,8 @@ def _delete_closed_widgets_now(request):
 def llama_server_url(default_lm, tmp_path_factory):
     """The real llama-server (``make llama-server`` builds it) serving the default model's own Q4_1 GGUF on
     127.0.0.1, on a free port; stopped when the session ends."""
-    import socket
-    import subprocess
-    import time
-    import urllib.request
+    from llama_server import start_server, stop_server
 
-    from playground.models.default_model import ensure_default_gguf
-    from playground.remote.llama_build import cached_server
-
-    binary = cached_server()
-    assert binary is not None, "llama-server is not built: run `make llama-server` (the README's test command does)"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [str(binary), "-m", str(ensure_default_gguf()), "--host", "127.0.0.1", "--port", str(port),
-               "-c", "4096", "-t", "2", "--metrics", "--no-warmup"]
-    log_path = tmp_path_factory.mktemp("llama-server") / "server.log"
-    log = log_path.open("w")  # a file, not a pipe: an unread pipe fills up and blocks the server
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            log.close()
-            raise RuntimeError(f"llama-server did not start: {log_path.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.2)
+    server, url = start_server(tmp_path_factory.mktemp("llama-server") / "server.log")
     yield url
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-    log.close()
+    stop_server(server)

@@ -5,12 +5,9 @@ Q4_1 GGUF, checked against our local engine on the same weights (dequantized) an
 from __future__ import annotations
 
 import math
-import socket
-import subprocess
-import time
-import urllib.request
 
 import pytest
+from llama_server import start_server, stop_server
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -29,43 +26,6 @@ pytestmark = pytest.mark.model
 MAX_PROB_GAP = 0.1
 MEAN_PROB_GAP = 0.03
 NEAR_TIE_NATS = 0.35  # a greedy divergence must be between tokens this close in the local model's log-probability
-
-
-def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
-    """A llama-server of our own (for the speculative and kill cases), as the session fixture starts its one."""
-    from playground.models.default_model import ensure_default_gguf
-    from playground.remote.llama_build import cached_server
-
-    binary = cached_server()
-    assert binary is not None, "llama-server is not built: run `make llama-server`"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    gguf = str(ensure_default_gguf())
-    server = subprocess.Popen([str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "2048",
-                               "-t", "2", "--metrics", "--no-warmup", *(a.replace("{gguf}", gguf) for a in extra)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return server, url
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise RuntimeError("llama-server did not start")
-        time.sleep(0.2)
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
 
 
 def remote_steps(url: str, settings: RunSettings, **source) -> tuple[list, list[RemoteTokenStep]]:
@@ -144,7 +104,7 @@ def test_post_sampler_probabilities(llama_server_url):
 def test_speculative_decoding_tokens_are_marked_without_probabilities(llama_server_url, qtbot):
     settings = RunSettings(chat=False, prompt="def fibonacci(n):", max_new_tokens=16, num_candidates=3)
     _, plain = remote_steps(llama_server_url, settings)
-    server, url = start_server("-md", "{gguf}", "--spec-type", "draft-simple", "--spec-draft-n-max", "4")
+    server, url = start_server(None, "-md", "{gguf}", "--spec-type", "draft-simple", "--spec-draft-n-max", "4")
     try:
         events, steps = remote_steps(url, settings)
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import socket
-import subprocess
 import threading
 import time
 import urllib.request
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_server import start_server
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QTextCursor
 from test_remote_failures import Misbehaving, QuietServer
@@ -46,34 +46,6 @@ def greedy_completion(root: str, prompt: str, n: int, top: int = 5) -> list[dict
     request = urllib.request.Request(root + "/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)["choices"][0]["logprobs"]["content"]
-
-
-def start_own_server() -> tuple[subprocess.Popen, str]:
-    """A llama-server of this test's own (to kill), started as the session fixture starts its one."""
-    from playground.models.default_model import ensure_default_gguf
-    from playground.remote.llama_build import cached_server
-
-    binary = cached_server()
-    assert binary is not None, "llama-server is not built: run `make llama-server`"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([str(binary), "-m", str(ensure_default_gguf()), "--host", "127.0.0.1", "--port",
-                               str(port), "-c", "2048", "-t", "2", "--no-warmup"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return server, url
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
-            raise RuntimeError("llama-server did not start")
-        time.sleep(0.2)
 
 
 def tokens(w: MainWindow):
@@ -294,7 +266,7 @@ def test_a_server_killed_mid_stream_keeps_the_run(qtbot, window, llama_server_ur
     from playground.traces import read_trace
 
     w = window
-    server, url = start_own_server()
+    server, url = start_server()
     try:
         w.connect_server(RemoteSource(base_url=url + "/v1", timeout_s=5.0))
         qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
