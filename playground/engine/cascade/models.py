@@ -35,6 +35,7 @@ def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings) -> CheapModel:
     # Shared with speculative decoding: one quantized copy / draft model is kept, and reused by both.
     from playground.engine.speculative.decode import load_draft_model, quantized_copy
     from playground.engine.speculative.drafters import first_layers
+    from playground.models.anatomy import anatomy_of
     from playground.models.loading import ModelLoadError
 
     if cascade.cheap == "quantized":
@@ -42,12 +43,7 @@ def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings) -> CheapModel:
         _warm(model, lm.device)
         return CheapModel(model, "quantized", f"{lm.name} with {QUANT_DETAIL[cascade.cheap_quant]}")
     if cascade.cheap == "layers":
-        layers = getattr(getattr(lm.model, "model", None), "layers", None)
-        if not isinstance(layers, nn.ModuleList) or len(layers) < 2:
-            raise ConfigError(f"the layers cheap model needs a decoder-only model with model.layers (two or more), "
-                              f"model.norm and lm_head ({type(lm.model).__name__} has another shape): use --cheap "
-                              "quantized")
-        total = len(layers)
+        total = anatomy_of(lm.model).count  # ConfigError naming the family when it cannot be opened up
         n = cascade.layers_for(total)
         if not 1 <= n < total:
             raise ConfigError(f"cheap_layers must be between 1 and {total - 1} for this {total}-layer model "

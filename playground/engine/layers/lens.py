@@ -15,31 +15,32 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from playground.config import ConfigError, LayerSettings, LensSettings
+from playground.config import LayerSettings, LensSettings
 from playground.events.layers import LayersStarted, LayerStep, LensCandidate
+from playground.models.anatomy import Anatomy, anatomy_of
 
 LN2 = math.log(2)
 
 
 @dataclass
 class LayerStack:
-    """The parts of a decoder-only model the lens and the layer loop need (Llama-like: model.model.layers, .norm,
-    .embed_tokens, .rotary_emb and lm_head)."""
+    """The parts of a decoder-only model the lens and the layer loop need (from ``models.anatomy``): the decoder
+    layers, the final norm, the LM head and what the model does to its logits after the head (soft-capping)."""
 
     model: nn.Module
     layers: nn.ModuleList
     norm: nn.Module
     lm_head: nn.Module
     precision: str = "model"  # "bfloat16": lens products through a bfloat16 copy of a float32 LM head
+    anatomy: Anatomy | None = None
 
     @classmethod
     def of(cls, model: nn.Module, precision: str = "model") -> LayerStack:
-        inner = getattr(model, "model", None)
-        layers = getattr(inner, "layers", None)
-        if not isinstance(layers, nn.ModuleList) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
-            raise ConfigError(f"the logit lens needs a decoder-only model with model.layers, model.norm and lm_head "
-                              f"({type(model).__name__} has another shape)")
-        return cls(model, layers, inner.norm, model.lm_head, precision)
+        anatomy = anatomy_of(model)
+        return cls(model, anatomy.layers, anatomy.final_norm, anatomy.lm_head, precision, anatomy)
+
+    def transform(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.anatomy.logit_transform(logits) if self.anatomy is not None else logits
 
     @property
     def count(self) -> int:
@@ -53,9 +54,9 @@ class LayerStack:
             # The full-vocabulary product is the lens's whole cost: bfloat16 makes it ~5x cheaper on CPU (SmolLM2:
             # 3.5 ms instead of 18.6 for 30 layers) at ~0.01 bits of entropy.
             bias = self.lm_head.bias
-            return nn.functional.linear(normed.to(torch.bfloat16), bfloat16_copy(weight),
-                                        bias.to(torch.bfloat16) if bias is not None else None).float()
-        return self.lm_head(normed).float()
+            return self.transform(nn.functional.linear(normed.to(torch.bfloat16), bfloat16_copy(weight),
+                                                       bias.to(torch.bfloat16) if bias is not None else None).float())
+        return self.transform(self.lm_head(normed).float())
 
 
 _BF16_COPIES: dict[int, tuple[int, torch.Tensor]] = {}  # id(weight) -> (its version, the copy): one per LM head

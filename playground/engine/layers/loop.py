@@ -1,28 +1,34 @@
 """One new token through the decoder layers one at a time, so a rule can stop after any layer (early exit) or
 pass a layer by (layer skipping), with the keys and values of every layer that did not run filled in.
 
+The model's own forward pass runs (its embeddings, masks per layer type, rotary embeddings per layer type, final
+norm, LM head and logit soft-capping: whatever its family does between the layers), with each decoder layer's
+``forward`` wrapped for the length of the pass: a wrapped layer runs, or passes its input through unchanged. The
+layers come from the model-anatomy seam, so every family in its table works the same way.
+
 Filling (as CALM does, Schuster et al. 2022): a layer that did not run for a token still needs that token's key and
-value, because later tokens attend to it there. We project the hidden state that reached the layer — the exit
-layer's output after an early exit, the skipped layer's input otherwise — through that layer's input norm and its
-key/value projections (with the rotary position of the token). The cost is two small matrix products per layer
-instead of the layer's attention and MLP.
+value, because later tokens attend to it there. The hidden state that reached the layer — the exit layer's output
+after an early exit, the skipped layer's input otherwise — goes through the layer's own attention-input norm and
+attention module, with the mask, rotary embedding and cache the model handed that layer: the module's own code
+computes the keys and values (fused or separate projections, q/k norms, partial rotary), writes them to the cache,
+and its output is dropped. The cost is one attention block per filled layer instead of the whole layer.
 """
 
 from __future__ import annotations
 
-import sys
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from transformers.masking_utils import create_causal_mask
+from torch import nn
 
-from playground.config import ConfigError
 from playground.engine.layers.lens import LayerStack, entropy_bits, relative_update
 
 KV_FILL = ("keys and values of layers that did not run come from the hidden state that reached them, through the "
-           "layer's input norm and key/value projections (CALM's propagation)")
+           "layer's own input norm and attention (CALM's propagation; the attention's output is dropped)")
 
 # (layer index, relative update of the last layer that ran, whether the layer before was skipped) -> skip?
 SkipRule = Callable[[int, float | None, bool], bool]
@@ -43,21 +49,32 @@ class TokenPass:
     filled: list[int] = field(default_factory=list)  # 0-based layers whose keys/values were filled
 
 
+@dataclass
+class _Pass:
+    """The state of one token's pass, shared by the wrapped layers."""
+
+    n: int
+    exit_rule: ExitRule | None
+    skip_rule: SkipRule | None
+    outputs: list[torch.Tensor | None]
+    updates: list[float | None]
+    skipped: list[int] = field(default_factory=list)
+    filled: list[int] = field(default_factory=list)
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    exit_layer: int | None = None
+    last_update: float | None = None
+
+
 class LayerLoop:
-    def __init__(self, model: torch.nn.Module, precision: str = "model") -> None:
-        self.stack = LayerStack.of(model, precision)
-        inner = model.model
-        self.embed = getattr(inner, "embed_tokens", None)
-        self.rotary = getattr(inner, "rotary_emb", None)
-        attn = getattr(self.stack.layers[0], "self_attn", None)
-        parts = (self.embed, self.rotary, attn, getattr(attn, "k_proj", None), getattr(attn, "v_proj", None),
-                 getattr(self.stack.layers[0], "input_layernorm", None), getattr(attn, "head_dim", None))
-        self._rope = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
-        if any(p is None for p in parts) or self._rope is None:
-            raise ConfigError(f"early exit and layer skipping run the layers one by one and need a Llama-like model "
-                              f"(embed_tokens, rotary_emb, self_attn.k_proj/v_proj, input_layernorm); "
-                              f"{type(model).__name__} has another shape")
-        self.config = model.config
+    def __init__(self, model: nn.Module, precision: str = "model") -> None:
+        self.stack = LayerStack.of(model, precision)  # ConfigError naming the family if it cannot be opened up
+        self.anatomy = self.stack.anatomy
+        self.model = model
+        self._blocks = [self.anatomy.layer(i).attention for i in range(self.stack.count)]
+        self._signatures = [inspect.signature(layer.forward) for layer in self.stack.layers]
+        attention = inspect.signature(self._blocks[0].module.forward).parameters
+        self._attention_params = set(attention)
+        self._attention_any = any(p.kind is p.VAR_KEYWORD for p in attention.values())
 
     def run(self, token_id: int, cache: object, exit_rule: ExitRule | None = None,
             skip_rule: SkipRule | None = None) -> TokenPass:
@@ -66,62 +83,75 @@ class LayerLoop:
         ``exit_rule`` is asked only where an exit is allowed: a lens check costs an LM-head product (for SmolLM2,
         as many multiply-adds as 8 layers)."""
         start = time.perf_counter()
-        device = self.stack.lm_head.weight.device
-        h = self.embed(torch.tensor([[token_id]], device=device))  # [1, 1, hidden]
-        position = cache.get_seq_length()
-        position_ids = torch.tensor([[position]], device=device)
-        rope = self.rotary(h, position_ids=position_ids)
-        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
         n = self.stack.count
-        outputs: list[torch.Tensor | None] = [None] * n
-        updates: list[float | None] = [None] * n
-        skipped: list[int] = []
-        filled: list[int] = []
-        rows: dict[int, torch.Tensor] = {}
-        exit_layer = None
-        last_update: float | None = None
-        for i, layer in enumerate(self.stack.layers):
-            if skip_rule is not None and skip_rule(i, last_update, bool(skipped) and skipped[-1] == i):
-                self.fill(i, h, rope, cache)
-                skipped.append(i + 1)
-                filled.append(i)
-                continue
-            h_in = h
-            h = layer(h, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True,
-                      position_embeddings=rope)
-            outputs[i] = h[0, -1]
-            updates[i] = last_update = relative_update(h_in[0, -1], h[0, -1])
-            if exit_rule is not None and exit_rule.min_layer - 1 <= i < n - 1:
-                row = None
-                if exit_rule.needs_lens:
-                    row = rows[i] = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)[0]  # [vocab]
-                if exit_rule.passes(row, h_in[0, -1], h[0, -1]):
-                    exit_layer = i + 1
-                    for j in range(i + 1, n):  # the layers after the exit: keys and values from the exit state
-                        self.fill(j, h, rope, cache)
-                        filled.append(j)
-                    break
-        logits = self.stack.lm_head(self.stack.norm(h[:, -1, :])).float()  # [1, vocab]
-        answering = exit_layer - 1 if exit_layer is not None else max(i for i, o in enumerate(outputs) if o is not None)
-        rows.setdefault(answering, logits[0].log_softmax(dim=-1))  # the answer's lens is its own distribution
-        return TokenPass(logits, outputs, updates, exit_layer, tuple(skipped), rows,
-                         (time.perf_counter() - start) * 1000, filled)
+        state = _Pass(n, exit_rule, skip_rule, [None] * n, [None] * n)
+        device = self.stack.lm_head.weight.device
+        with self._wrapped(state):
+            out = self.model(input_ids=torch.tensor([[token_id]], device=device), cache=cache, use_cache=True)
+        logits = out.logits[:, -1, :].float()  # [1, vocab]: final norm, head and transform on the answering state
+        ran = [i for i, o in enumerate(state.outputs) if o is not None]
+        answering = state.exit_layer - 1 if state.exit_layer is not None else max(ran)
+        state.rows.setdefault(answering, logits[0].log_softmax(dim=-1))  # the answer's lens is its own distribution
+        return TokenPass(logits, state.outputs, state.updates, state.exit_layer, tuple(state.skipped), state.rows,
+                         (time.perf_counter() - start) * 1000, state.filled)
 
-    def fill(self, index: int, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: object) -> None:
-        """Keys and values of layer ``index`` for this position, from the hidden state ``h`` [1, 1, hidden]."""
+    @contextmanager
+    def _wrapped(self, state: _Pass) -> Iterator[None]:
+        layers = list(self.stack.layers)
+        for i, layer in enumerate(layers):
+            layer.forward = self._layer_forward(i, layer.forward, state)  # an instance attribute shadows the method
+        try:
+            yield
+        finally:
+            for layer in layers:
+                del layer.forward
+
+    def _layer_forward(self, i: int, original: Callable, state: _Pass) -> Callable:
+        def forward(hidden: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+            if state.exit_layer is not None:  # the layers after the exit: keys and values from the exit state
+                self.fill(i, hidden, args, kwargs)
+                state.filled.append(i)
+                return hidden
+            previous_skipped = bool(state.skipped) and state.skipped[-1] == i
+            if state.skip_rule is not None and state.skip_rule(i, state.last_update, previous_skipped):
+                self.fill(i, hidden, args, kwargs)
+                state.skipped.append(i + 1)
+                state.filled.append(i)
+                return hidden
+            out = original(hidden, *args, **kwargs)
+            h = out[0] if isinstance(out, tuple) else out
+            state.outputs[i] = h[0, -1]
+            state.updates[i] = state.last_update = relative_update(hidden[0, -1], h[0, -1])
+            rule = state.exit_rule
+            if rule is not None and rule.min_layer - 1 <= i < state.n - 1:
+                row = None
+                if rule.needs_lens:
+                    row = state.rows[i] = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)[0]  # [vocab]
+                if rule.passes(row, hidden[0, -1], h[0, -1]):
+                    state.exit_layer = i + 1
+            return out
+
+        return forward
+
+    def fill(self, index: int, h: torch.Tensor, args: tuple, kwargs: dict) -> None:
+        """Keys and values of layer ``index`` for this position, from the hidden state ``h`` [1, 1, hidden]: the
+        layer's attention block on its input norm of ``h``, with the arguments the model gave the layer."""
         layer = self.stack.layers[index]
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        shape = (1, 1, -1, attn.head_dim)
-        keys = attn.k_proj(x).view(shape).transpose(1, 2)  # [1, kv_heads, 1, head_dim]
-        values = attn.v_proj(x).view(shape).transpose(1, 2)
-        k_norm = getattr(attn, "k_norm", None)  # models that normalise keys (Qwen3) do it before the rotation
-        if k_norm is not None:
-            keys = k_norm(keys)
-        cos, sin = rope
-        _, keys = self._rope(keys, keys, cos, sin)
-        cache.update(keys, values, index)
+        bound = self._signatures[index].bind(h, *args, **kwargs).arguments
+        names = list(bound)
+        passed: dict[str, object] = {}
+        for name in names[1:]:  # the first is the hidden state
+            value = bound[name]
+            if isinstance(value, dict) and self._signatures[index].parameters[name].kind is \
+                    inspect.Parameter.VAR_KEYWORD:
+                passed.update(value)
+            else:
+                passed[name] = value
+        if not self._attention_any:
+            passed = {k: v for k, v in passed.items() if k in self._attention_params}
+        block = self._blocks[index]
+        del layer  # the block's modules are the layer's own
+        block.module(block.norm(h), **passed)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from playground.config import ConfigError
 from playground.engine.processors import NamedTransform, run_pipeline
+from playground.models.anatomy import anatomy_of
 
 
 @dataclass
@@ -29,11 +30,20 @@ class Draft:
     probs: torch.Tensor | None  # [len(tokens), vocab] q rows of a model drafter (processed); None: deterministic
 
 
+def keep_past(cache: object) -> None:
+    """Make ``cache`` able to roll back: a sliding-window layer past its window otherwise drops the positions a
+    rejected draft would need back (transformers raises on ``crop`` then). Recording keeps them until the next
+    ``roll_back``, which trims the layer to its window again. Call it before the first pass that may be rolled back."""
+    record = getattr(cache, "activate_past_recording", None)
+    if record is not None:
+        record()
+
+
 def roll_back(cache: DynamicCache, keep: int) -> None:
-    """Drop every cached position from ``keep`` on (the drafts that were rejected)."""
+    """Drop every cached position from ``keep`` on (the drafts that were rejected); sliding-window layers are
+    trimmed back to their window (``crop(0)`` does only that)."""
     extra = cache.get_seq_length() - keep
-    if extra > 0:
-        cache.crop(-extra)
+    cache.crop(-extra if extra > 0 else 0)
 
 
 class Drafter:
@@ -96,6 +106,7 @@ class ModelDrafter(Drafter):
         self.generator = generator
         self.device = device
         self.cache = DynamicCache(config=model.config)
+        keep_past(self.cache)
         self._last_logits: torch.Tensor | None = None  # after the cache's last position, if still valid
 
     def propose(self, ids: list[int], k: int) -> Draft:
@@ -152,27 +163,38 @@ class JacobiDrafter(Drafter):
         self.guess = target_choices[accepted + 1 :]
 
 
-def first_layers(model: nn.Module, n_layers: int) -> nn.Module:
-    """The target's first ``n_layers`` decoder layers with its final norm and LM head, sharing every weight."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
-        raise ConfigError(f"the layers drafter needs a decoder-only model with model.layers, model.norm and lm_head "
-                          f"({type(model).__name__} has another shape): use another drafter")
-    total = len(layers)
+def first_layers(model: nn.Module, n_layers: int, setting: str = "draft_layers") -> nn.Module:
+    """The target's first ``n_layers`` decoder layers with its final norm, LM head and logit transform, sharing
+    every weight: the causal LM and the modules down to its decoder stack are shallow copies whose layer list and
+    config are cut to ``n_layers`` (the model's own forward then runs them, as it runs the whole model)."""
+    anatomy = anatomy_of(model)  # ConfigError naming the family when it cannot be opened up
+    total = anatomy.count
     if not 1 <= n_layers < total:
-        raise ConfigError(f"draft_layers must be between 1 and {total - 1} for this {total}-layer model "
+        raise ConfigError(f"{setting} must be between 1 and {total - 1} for this {total}-layer model "
                           f"(got {n_layers})")
     config = copy.copy(model.config)
-    config.num_hidden_layers = n_layers
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:n_layers]
-    draft_inner = copy.copy(inner)
-    draft_inner._modules = dict(inner._modules)
-    draft_inner.layers = nn.ModuleList(list(layers)[:n_layers])
-    draft_inner.config = config
-    draft = copy.copy(model)
-    draft._modules = dict(model._modules)
-    draft.model = draft_inner
-    draft.config = config
+    text = config.get_text_config(decoder=True)
+    if text is not config:  # a multimodal wrapper: cut a copy of its text config, held by the wrapper's copy
+        for name, value in list(vars(config).items()):
+            if value is text:
+                text = copy.copy(text)
+                setattr(config, name, text)
+    text.num_hidden_layers = n_layers
+    if isinstance(getattr(text, "layer_types", None), list):
+        text.layer_types = text.layer_types[:n_layers]
+    draft = _shallow(model, config)
+    parent = draft
+    for name in anatomy.base_path.split("."):  # copy each module down to the decoder stack
+        child = _shallow(getattr(parent, name), text if name == anatomy.base_path.split(".")[-1] else None)
+        setattr(parent, name, child)
+        parent = child
+    setattr(parent, anatomy.row.layers, nn.ModuleList(list(anatomy.layers)[:n_layers]))
     return draft
+
+
+def _shallow(module: nn.Module, config: object | None) -> nn.Module:
+    twin = copy.copy(module)
+    twin._modules = dict(module._modules)
+    if config is not None and hasattr(twin, "config"):
+        twin.config = config
+    return twin
