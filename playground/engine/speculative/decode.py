@@ -41,6 +41,7 @@ from playground.engine.speculative.drafters import (
     QuantizedDrafter,
     SmallModelDrafter,
     first_layers,
+    keep_past,
     roll_back,
 )
 from playground.engine.speculative.verify import Verdict, verify_greedy, verify_sampled
@@ -49,6 +50,7 @@ from playground.engine.stop_strings import StopStringWatch
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
+from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -81,7 +83,7 @@ def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[Nam
     if spec.draft == "layers":
         model = first_layers(lm.model, spec.draft_layers)
         drafter = LayersDrafter(model, pipeline, spec.do_sample, generator, lm.device)
-        drafter.detail = f"first {spec.draft_layers} of {len(lm.model.model.layers)} layers + final norm + LM head"
+        drafter.detail = f"first {spec.draft_layers} of {anatomy_of(lm.model).count} layers + final norm + LM head"
         return drafter
     if spec.draft == "model":
         draft_lm = load_draft_model(lm, spec.draft_model)
@@ -258,6 +260,7 @@ def _score(lm: LoadedModel, cache: object, ids: list[int], draft: list[int], con
     """The target's raw and processed logits [len(draft) + 1, vocab] for every drafted position and the one after,
     in one forward pass over what the cache has not read (the last emitted token; the prompt's tail in the first
     round) + the draft. Row j predicts the token after ids + draft[:j] (= context[:, :len(ids) + j])."""
+    keep_past(cache)  # the pass may be rolled back, also across a sliding window
     feed = ids[cache.get_seq_length():] + draft
     rows = len(draft) + 1
     out = lm.model(input_ids=torch.tensor([feed], device=lm.device), cache=cache, use_cache=True,
