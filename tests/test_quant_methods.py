@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from playground.engine.quant import awq as awq_module
-from playground.engine.quant.awq import InputScaledLinear, awq, awq_scales
+from playground.engine.quant.awq import InputScaledLinear, awq, awq_scales, fold_scales
 from playground.engine.quant.calibration import (
     activation_stats,
     capture_inputs,
@@ -27,6 +27,7 @@ from playground.engine.quant.smoothquant import (
     smoothing_factors,
     smoothquant,
 )
+from playground.models.anatomy import anatomy_of
 from playground.tiny_models import TRAINING_TEXT, build_tiny_lm
 
 TEXT = TRAINING_TEXT * 2
@@ -199,26 +200,19 @@ def test_awq_never_makes_the_calibration_loss_worse_than_rtn(tiny_lm, ids):
     assert improved > 0  # the search does something on this model
 
 
-def float_scaled(linear, s, *args):
-    """In place of ``awq.quantized_linear``: W diag s kept in float (quantization switched off)."""
-    scaled = copy.deepcopy(linear)
-    scaled.weight.data.mul_(s)
-    return scaled
-
-
 def test_awq_folding_keeps_the_float_function(tiny_lm, ids, monkeypatch):
-    """With quantization switched off, the scales alone (folded into norms, rows or an input scale) must leave the
-    model's output unchanged."""
+    """With quantization switched off in the search every alpha ties (alpha 0 kept); and the scales alone, folded
+    without rounding (into norms, rows or an input scale: ``fold_scales``), leave the model's output unchanged."""
     monkeypatch.setattr(awq_module, "fake_quantize", lambda w, *args: w)
-    monkeypatch.setattr(awq_module, "quantized_linear", float_scaled)
     results = []
-    scaled = awq(tiny_lm.model, tiny_lm.tokenizer, TEXT, group_size=16, grid=4, max_tokens=MAX_TOKENS,
-                 results=results)
-    assert all(r.alpha == 0.0 for r in results)  # no quantization error: every alpha ties, alpha 0 kept
-    # force non-trivial scales through the fold
-    monkeypatch.setattr(awq_module, "search_group", lambda x, weights, **kw: awq_module.AwqResult(
-        kw["name"], 1.0, 0.0, 0.0, awq_scales(x.abs().mean(0), 1.0)))
-    scaled = awq(tiny_lm.model, tiny_lm.tokenizer, TEXT, group_size=16, grid=4, max_tokens=MAX_TOKENS)
+    awq(tiny_lm.model, tiny_lm.tokenizer, TEXT, group_size=16, grid=4, max_tokens=MAX_TOKENS, results=results)
+    assert results and all(r.alpha == 0.0 for r in results)  # no quantization error: alpha 0 kept
+    # non-trivial scales through the fold: s = mean|X|^1 of each group's input
+    inputs = capture_inputs(tiny_lm.model, ids)
+    groups = awq_module.awq_groups(anatomy_of(tiny_lm.model))
+    scales = {g.name: awq_scales(inputs[f"model.layers.{g.index}.{g.linears[0]}"].abs().mean(0), 1.0)
+              for g in groups}
+    scaled = fold_scales(tiny_lm.model, scales)
     assert not torch.equal(scaled.model.layers[0].mlp.up_proj.weight, tiny_lm.model.model.layers[0].mlp.up_proj.weight)
     torch.testing.assert_close(logits_of(scaled, ids), logits_of(tiny_lm.model, ids), rtol=0, atol=1e-4)
 

@@ -26,11 +26,13 @@ from playground.config import ConfigError, QuantSettings, RunSettings, Speculati
 from playground.engine.quant import diagnostics
 from playground.engine.quant.awq import AwqResult, InputScaledLinear, awq
 from playground.engine.quant.calibration import activation_stats, load_text, text_ids
-from playground.engine.quant.linear import DECODER_LINEARS, QuantLinear, model_weight_bytes, quantize_model
+from playground.engine.quant.linear import QuantLinear, model_weight_bytes, quantize_model, replaced_linears
 from playground.engine.quant.metrics import perplexity
 from playground.engine.quant.smoothquant import naive_w8a8, smooth_model, to_w8a8
+from playground.engine.quant.targets import quant_targets
 from playground.events import RunStarted
 from playground.events.quant import QuantReady
+from playground.models.anatomy import LAYERNORM, RMS_OFFSET, Anatomy
 from playground.models.loaded import LoadedModel
 
 Progress = Callable[[str, float], None]
@@ -118,12 +120,13 @@ class _Built:
     row_scales: diagnostics.Scales  # per linear: output rows divided by s after quantization (AWQ's up_proj)
 
 
-def _build(lm: LoadedModel, quant: QuantSettings, stats: dict, tokens: int, say: Progress) -> _Built:
+def _build(lm: LoadedModel, quant: QuantSettings, stats: dict, tokens: int, say: Progress,
+           anatomy: Anatomy) -> _Built:
     """The quantized copy of ``lm.model``; ``say(message, fraction of this stage)``."""
     method, model = quant.quant, lm.model
     if method in RTN_METHODS:
         group = quant.group_size if method in GROUPWISE else None
-        per_layer = len(DECODER_LINEARS)
+        per_layer = len(anatomy.layer(0).linears())
 
         def layer_done(done: int, total: int) -> None:  # one report per decoder layer, not per linear
             if done % per_layer == 0 or done == total:
@@ -149,18 +152,37 @@ def _build(lm: LoadedModel, quant: QuantSettings, stats: dict, tokens: int, say:
     raise ConfigError(f"unknown quantization method {method!r}")
 
 
-def _notes(lm: LoadedModel, quant: QuantSettings, model: Any) -> str:
+def _norms(anatomy: Anatomy) -> str:
+    if anatomy.norm_kind == RMS_OFFSET:
+        return f"{anatomy.family}'s (1 + w) RMSNorm weights (w -> (1 + w) / s - 1)"
+    if anatomy.norm_kind == LAYERNORM:
+        return "the LayerNorm weights and biases"
+    return "the RMSNorm weights"
+
+
+def _labels(anatomy: Anatomy) -> dict[str, str]:
+    """Each projection's path under a layer -> its name in a sentence: the last part ("q_proj") unless two share it
+    (GPT-2's attn.c_proj and mlp.c_proj), then the path."""
+    paths = [path for path, _ in anatomy.layer(0).linears()]
+    last = [path.rpartition(".")[2] for path in paths]
+    return {path: name if last.count(name) == 1 else path for path, name in zip(paths, last, strict=True)}
+
+
+def _notes(lm: LoadedModel, quant: QuantSettings, model: Any, anatomy: Anatomy, replaced: int) -> str:
     parts = [reference_note(lm)]
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    layer, label = anatomy.layer(0), _labels(anatomy)
+    attn_in = "/".join(label[p] for p, _, _ in layer.attention.inputs)
+    mlp_in = "/".join(label[p] for p, _, _ in layer.mlp.inputs)
+    o_name, down_name = label[layer.attention.output_path], label[layer.mlp.output_path]
+    parts.append(f"All {replaced} decoder projections of this {anatomy.family} model ({anatomy.count} layers x "
+                 f"{attn_in}, {o_name}, {mlp_in}, {down_name}) are stored {STORED[quant.quant]}"
+                 + ("; its Conv1D projections became nn.Linear (transposed) first." if anatomy.conv1d else "."))
     if quant.quant == "smoothquant":
-        parts.append("SmoothQuant's division of the inputs is folded into the RMSNorm weights before q/k/v and "
-                     "gate/up; o_proj and down_proj are quantized unsmoothed.")
+        parts.append(f"SmoothQuant's division of the inputs is folded into {_norms(anatomy)} before {attn_in} "
+                     f"and {mlp_in}; {o_name} and {down_name} are quantized unsmoothed.")
     if quant.quant == "awq":
-        o_kept = any(isinstance(m, InputScaledLinear) for m in model.modules())  # grouped-query attention
-        parts.append("AWQ's division of the inputs is folded into the RMSNorm weights (q/k/v, gate/up) and into the "
-                     "previous linear's int4 row scales (down_proj's into up_proj)"
-                     + ("; o_proj keeps its own as a float32 vector in front of it (grouped-query attention: it "
-                        "cannot be folded into v_proj)." if o_kept else "."))
+        parts.append(_awq_note(model, anatomy, label))
     if any(m.activation_quant for m in linears):
         if any(m.kernel == "int8mm" for m in linears):
             parts.append("Activations are quantized to int8 per token on every call and multiplied with the int8 "
@@ -175,6 +197,26 @@ def _notes(lm: LoadedModel, quant: QuantSettings, model: Any) -> str:
                      "made on first use and not counted in the weight bytes.")
     parts.append(f"Embeddings and LM head stay {lm.dtype_name}.")
     return " ".join(p for p in parts if p)
+
+
+def _awq_note(model: Any, anatomy: Anatomy, label: dict[str, str]) -> str:
+    """Where AWQ's scales went in this family: the norms, up's rows (gated MLPs), or input scales kept in front."""
+    layer = anatomy.layer(0)
+    attn, mlp = layer.attention, layer.mlp
+    attn_in, mlp_in = "/".join(label[p] for p, _, _ in attn.inputs), "/".join(label[p] for p, _, _ in mlp.inputs)
+    note = f"AWQ's division of the inputs is folded into {_norms(anatomy)} ({attn_in}; {mlp_in})"
+    up = next(((path, parts) for path, _, parts in mlp.inputs if "up" in parts), None)
+    if anatomy.row.gated_mlp and up is not None:
+        rows = label[up[0]] if up[1] == ("up",) else f"the up rows of {label[up[0]]}"
+        note += f" and into the previous linear's int4 row scales ({label[mlp.output_path]}'s into {rows})"
+    separate_v = any(parts == ("v",) for _, _, parts in attn.inputs)
+    reasons = {attn.output_path: "grouped-query attention: it cannot be folded into v_proj" if separate_v
+               else "q/k/v are one fused linear: v's rows are not a linear of their own",
+               mlp.output_path: "the MLP is not gated: its activation sits between the two linears"}
+    kept = [path for path in reasons if isinstance(model.get_submodule(anatomy.linear_name(0, path)),
+                                                   InputScaledLinear)]
+    return note + "." + "".join(f" {label[path]} keeps its own as a float32 vector in front of it ({reasons[path]})."
+                                for path in kept)
 
 
 def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | None = None, *,
@@ -202,12 +244,17 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
 
     started = time.perf_counter()
     model = lm.model
+    anatomy, targets = quant_targets(model, quant.quant)  # ConfigError naming the family before any work
     tokens = min(quant.calibration_tokens, lm.context_length)
     with torch.no_grad():
         say(f"measuring activations on {tokens} calibration tokens", 0.0)
         stats = activation_stats(model, lm.tokenizer, load_text("calibration"), tokens)
-        built = _build(lm, quant, stats, tokens, lambda message, f: say(message, 0.05 + 0.8 * f))
+        built = _build(lm, quant, stats, tokens, lambda message, f: say(message, 0.05 + 0.8 * f), anatomy)
         quantized = built.model.eval()
+        replaced = len(replaced_linears(quantized))  # each builder refused a copy short of its targets
+        if replaced != len(targets):
+            raise ConfigError(f"{quant.quant} replaced {replaced} of the {len(targets)} decoder projections of this "
+                              f"{anatomy.family} model: the copy would not be what its label says")
         say("measuring weight errors", 0.86)
         errors = diagnostics.layer_errors(model, quantized, built.input_scales, built.row_scales)
         channels = diagnostics.channel_scales(stats, diagnostics.representative_linears(model), built.input_scales)
@@ -220,7 +267,7 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
         method=quant.quant, group_size=quant.group_size if quant.quant in GROUPWISE else None, stored=built.stored,
         reference_dtype=lm.dtype_name, reference_weight_bytes=model_weight_bytes(model),
         weight_bytes=model_weight_bytes(quantized), seconds=seconds, cached=False,
-        note=_notes(lm, quant, quantized), layer_errors=errors, channels=channels, perplexity=scores)
+        note=_notes(lm, quant, quantized, anatomy, replaced), layer_errors=errors, channels=channels, perplexity=scores)
     qlm = dataclasses.replace(lm, model=quantized, name=f"{lm.name} · {label(quant)}")
     _CACHE.append(_Entry(key, weakref.ref(model), qlm, ready))
     return qlm, ready

@@ -7,22 +7,26 @@ sqrt(max(s) min(s)) = 1), alpha searched over {0, 1/grid, ..., 1}, keeping the a
 squared output error on the calibration activations. alpha = 0 gives s = 1, plain round-to-nearest, so the
 chosen scales can never do worse than RTN on the calibration loss.
 
-Where the division by s goes, per decoder layer:
-- q/k/v: into ``input_layernorm``'s weight;  gate/up: into ``post_attention_layernorm``'s weight;
-- down: into ``up_proj``'s output rows (silu(gate) * up is linear in up);
-- o: into ``v_proj``'s output rows when every attention head has its own value head, else (grouped-query
-  attention, as SmolLM2) kept as an input scale in front of o_proj (``InputScaledLinear``).
+Where the division by s goes, per decoder layer (read from the model's anatomy, ``awq_groups``):
+- the attention inputs (q/k/v, separate or fused): into the norm that feeds attention; the MLP inputs (gate/up or
+  fc): into the norm that feeds the MLP (Gemma's ``pre_feedforward_layernorm``); each by ``scale_norm_output`` for
+  the family's norm kind (RMSNorm's w, Gemma's 1 + w, LayerNorm's weight and bias);
+- down: into up's output rows where the MLP is gated (silu(gate) * up is linear in up; for Phi-3's fused
+  ``gate_up_proj`` the up half of its rows), else (GPT-2, NeoX: act(fc(x)) is not) kept as an input scale in front
+  of down (``InputScaledLinear``);
+- o: into v's output rows where v is its own linear and every attention head has its own value head, else
+  (grouped-query attention, as SmolLM2, or a fused q/k/v) kept as an input scale in front of o.
 The activations are captured once from the float model (the scaling leaves its function unchanged).
 
 Storage is truly low-bit: each linear becomes a ``QuantLinear`` holding Q(W diag s) as packed int4 codes with float32
 group scales and zero points (torch's int4 kernel where ``choose_kernel`` picks it). A fold into a previous linear's
 rows comes after that linear is quantized (the groups are done in order: q/k/v, o, gate/up, down), so it divides
 that ``QuantLinear``'s group scales (``QuantLinear.scale_rows``: exact up to float rounding, codes unchanged). The
-norm folds change the norms' float weights in place; the only extra storage is o_proj's input scale under
-grouped-query attention (one float per input channel, counted in the weight bytes). The paper's code folds the
-same places (llm-awq's ``scale_ln_fcs`` / ``scale_fc_fc``); under GQA it and AutoAWQ skip o_proj's scaling (only
-when v_proj's and o_proj's shapes match, llm-awq PR 67), whereas this keeps the search and the vector. Not done:
-AWQ's second step, the search for a clipping range of each weight group.
+norm folds change the norms' float parameters in place; the only extra storage is the input scales kept in front of
+o (and of down where the MLP is not gated), one float per input channel, counted in the weight bytes. The paper's
+code folds the same places (llm-awq's ``scale_ln_fcs`` / ``scale_fc_fc``); under GQA it and AutoAWQ skip o_proj's
+scaling (only when v_proj's and o_proj's shapes match, llm-awq PR 67), whereas this keeps the search and the vector.
+Not done: AWQ's second step, the search for a clipping range of each weight group.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from playground.engine.quant.calibration import capture_inputs, decoder_layers, text_ids
-from playground.engine.quant.linear import QuantLinear
+from playground.engine.quant.calibration import capture_inputs, text_ids
+from playground.engine.quant.linear import InputScaledLinear, QuantLinear, check_replaced
 from playground.engine.quant.rtn import dequantize, quantize
+from playground.engine.quant.targets import float_linear_copy, in_features, out_features, quant_targets, set_module
+from playground.models.anatomy import Anatomy, part_rows, scale_norm_output
 
 Progress = Callable[[str, float], None]
 
@@ -50,25 +56,54 @@ def fake_quantize(w: torch.Tensor, bits: int, group_size: int | None, symmetric:
 
 @dataclass(frozen=True)
 class AwqGroup:
-    """Linears sharing one input; ``fold`` says where 1/s goes: a norm, a previous linear's rows, or the input."""
+    """Linears sharing one input, and where 1/s goes: ``fold`` "norm" (``target`` the norm's path), "rows" (the
+    output rows of the earlier linear ``target`` that hold ``part``) or "input" (an input scale in front)."""
 
     name: str  # e.g. "model.layers.3.mlp.gate_up"
+    index: int  # the decoder layer
     linears: tuple[str, ...]  # paths under the layer
-    fold: str  # "norm:<attr>", "rows:<linear path>" or "input"
+    fold: str  # "norm", "rows" or "input"
+    target: str | None = None  # the norm's or the earlier linear's path under the layer
+    part: str | None = None  # "v" or "up": which rows of ``target`` (all of them unless it is fused)
+    parts: tuple[str, ...] = ()  # what ``target``'s rows hold, in order (the anatomy's parts)
 
 
-def layer_groups(model: Any, index: int) -> list[AwqGroup]:
-    layer = decoder_layers(model)[index]
-    v, o = layer.self_attn.v_proj, layer.self_attn.o_proj
-    o_fold = "rows:self_attn.v_proj" if v.out_features == o.in_features else "input"
-    prefix = f"model.layers.{index}"
+def _layer_groups(anatomy: Anatomy, index: int) -> list[AwqGroup]:
+    layer = anatomy.layer(index)
+    prefix = anatomy.linear_name(index, "").rstrip(".")
+    attn, mlp = layer.attention, layer.mlp
+    attn_name, mlp_name = attn.output_path.rpartition(".")[0], mlp.output_path.rpartition(".")[0]
+    v = next(((path, module) for path, module, parts in attn.inputs if parts == ("v",)), None)
+    if v is not None and out_features(v[1]) == in_features(attn.output):  # a value head per head
+        o_group = AwqGroup(f"{prefix}.{attn_name}.o", index, (attn.output_path,), "rows", v[0], "v", ("v",))
+    else:
+        o_group = AwqGroup(f"{prefix}.{attn_name}.o", index, (attn.output_path,), "input")
+    up = next(((path, parts) for path, _, parts in mlp.inputs if "up" in parts), None)
+    if anatomy.row.gated_mlp and up is not None:
+        down = AwqGroup(f"{prefix}.{mlp_name}.down", index, (mlp.output_path,), "rows", up[0], "up", up[1])
+    else:
+        down = AwqGroup(f"{prefix}.{mlp_name}.down", index, (mlp.output_path,), "input")
+    mlp_parts = "_".join(part for _, _, parts in mlp.inputs for part in parts)  # "gate_up", "fc"
     return [
-        AwqGroup(f"{prefix}.self_attn.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                 "norm:input_layernorm"),
-        AwqGroup(f"{prefix}.self_attn.o", ("self_attn.o_proj",), o_fold),
-        AwqGroup(f"{prefix}.mlp.gate_up", ("mlp.gate_proj", "mlp.up_proj"), "norm:post_attention_layernorm"),
-        AwqGroup(f"{prefix}.mlp.down", ("mlp.down_proj",), "rows:mlp.up_proj"),
+        AwqGroup(f"{prefix}.{attn_name}.qkv", index, tuple(p for p, _, _ in attn.inputs), "norm", attn.norm_path),
+        o_group,
+        AwqGroup(f"{prefix}.{mlp_name}.{mlp_parts}", index, tuple(p for p, _, _ in mlp.inputs), "norm",
+                 mlp.norm_path),
+        down,
     ]
+
+
+def awq_groups(anatomy: Anatomy) -> list[AwqGroup]:
+    """Every layer's groups in the order they are quantized: attention inputs, o, MLP inputs, down."""
+    return [group for i in range(anatomy.count) for group in _layer_groups(anatomy, i)]
+
+
+def row_factors(anatomy: Anatomy, group: AwqGroup, s: torch.Tensor, rows: int) -> torch.Tensor:
+    """The factors [rows] a "rows" fold divides ``group.target``'s output rows by: s on the rows holding
+    ``group.part``, 1 elsewhere (Phi-3's gate half of ``gate_up_proj`` is left alone)."""
+    factors = torch.ones(rows, dtype=s.dtype)
+    factors[part_rows(anatomy, group.parts, group.part, rows)] = s.to(factors)
+    return factors
 
 
 def awq_scales(mean_abs: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -118,20 +153,6 @@ def search_group(x: torch.Tensor, weights: list[torch.Tensor], *, bits: int = 4,
     return AwqResult(name, best[1], best[0], rtn_loss, best[2])
 
 
-class InputScaledLinear(nn.Module):
-    """``linear(x * inv_scale)``: an AWQ scale that could not be folded into the operation before it.
-
-    ``inv_scale`` [in] is a (frozen) parameter, not a buffer, so ``model_weight_bytes`` counts it."""
-
-    def __init__(self, linear: nn.Module, inv_scale: torch.Tensor):
-        super().__init__()
-        self.linear = linear
-        self.inv_scale = nn.Parameter(inv_scale.detach().clone(), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x * self.inv_scale.to(x.dtype))
-
-
 def quantized_linear(linear: nn.Linear, s: torch.Tensor, bits: int, group_size: int | None, symmetric: bool,
                      kernel: str = "auto") -> nn.Module:
     """The ``QuantLinear`` storing Q(W diag s): the linear's columns scaled by s, then round-to-nearest."""
@@ -139,33 +160,47 @@ def quantized_linear(linear: nn.Linear, s: torch.Tensor, bits: int, group_size: 
                        kernel=kernel)
 
 
-def _set(layer: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, attr = path.rpartition(".")
-    setattr(layer.get_submodule(parent_path), attr, module)
-
-
-def apply_group(layer: nn.Module, group: AwqGroup, s: torch.Tensor, bits: int, group_size: int | None,
-                symmetric: bool, kernel: str = "auto") -> None:
-    """Fold 1/s into what comes before the group and replace its linears by ``QuantLinear``s of Q(W diag s)."""
+def float_scaled_linear(linear: nn.Linear, s: torch.Tensor, *_args: Any, **_kwargs: Any) -> nn.Module:
+    """In place of ``quantized_linear`` when folding without rounding: a float ``nn.Linear`` holding W diag s."""
+    scaled = copy.deepcopy(linear)
     with torch.no_grad():
-        kind, _, target = group.fold.partition(":")
-        if kind == "norm":
-            norm = layer.get_submodule(target)
-            norm.weight.div_(s.to(norm.weight))
-        elif kind == "rows":  # the previous linear, already quantized (earlier group): divide its rows
-            prev = layer.get_submodule(target)
+        scaled.weight.mul_(s.to(scaled.weight))
+    return scaled
+
+
+def apply_group(anatomy: Anatomy, group: AwqGroup, s: torch.Tensor, bits: int,
+                group_size: int | None, symmetric: bool, kernel: str = "auto", *, rounding: bool = True) -> None:
+    """Fold 1/s into what comes before the group and replace its linears by ``QuantLinear``s of Q(W diag s)
+    (``rounding=False``: by float linears holding W diag s, the fold alone)."""
+    layer = anatomy.layers[group.index]
+    with torch.no_grad():
+        if group.fold == "norm":
+            norm = layer.get_submodule(group.target)
+            scale_norm_output(norm, anatomy.norm_kind, s)
+        elif group.fold == "rows":  # the earlier linear, already replaced (earlier group): divide its rows
+            prev = layer.get_submodule(group.target)
+            factors = row_factors(anatomy, group, s.float(), prev.out_features)
             if isinstance(prev, QuantLinear):
-                prev.scale_rows(s)
+                prev.scale_rows(factors)
             else:
-                prev.weight.div_(s.to(prev.weight)[:, None])
+                prev.weight.div_(factors.to(prev.weight)[:, None])
                 if prev.bias is not None:
-                    prev.bias.div_(s.to(prev.bias))
+                    prev.bias.div_(factors.to(prev.bias))
+        make = quantized_linear if rounding else float_scaled_linear
         for path in group.linears:
-            linear = layer.get_submodule(path)
-            _set(layer, path, quantized_linear(linear, s, bits, group_size, symmetric, kernel))
-        if kind == "input":  # float32 [in]; cast to the input's dtype on use
+            set_module(layer, path, make(layer.get_submodule(path), s, bits, group_size, symmetric, kernel))
+        if group.fold == "input":  # float32 [in]; cast to the input's dtype on use
             (path,) = group.linears
-            _set(layer, path, InputScaledLinear(layer.get_submodule(path), 1.0 / s.float()))
+            set_module(layer, path, InputScaledLinear(layer.get_submodule(path), 1.0 / s.float()))
+
+
+def fold_scales(model: Any, scales: dict[str, torch.Tensor]) -> Any:
+    """A float copy of ``model`` with AWQ's scales (by group name, ``awq_groups``) folded where ``awq`` folds them,
+    without rounding: the same function as ``model`` up to float rounding (the fold step on its own)."""
+    folded, anatomy, _ = float_linear_copy(model, "awq")
+    for group in awq_groups(anatomy):
+        apply_group(anatomy, group, scales[group.name].float(), 4, None, False, rounding=False)
+    return folded
 
 
 def awq(model: Any, tokenizer: Any, text: str, group_size: int | None = 128, grid: int = 20, *, bits: int = 4,
@@ -175,21 +210,23 @@ def awq(model: Any, tokenizer: Any, text: str, group_size: int | None = 128, gri
 
     ``kernel`` is each ``QuantLinear``'s ("auto": the measured rule). ``progress(message, fraction)`` is called
     after each layer; ``results``, if given, receives the search result of every group (chosen alpha, its loss
-    and plain RTN's)."""
+    and plain RTN's). ``ConfigError`` naming the family when its projections cannot all be quantized."""
+    reference, targets = quant_targets(model, "awq")
     ids = text_ids(tokenizer, text, min(max_tokens, getattr(model.config, "max_position_embeddings", max_tokens)))
-    layers_n = len(decoder_layers(model))
-    wanted = {f"model.layers.{i}.{g.linears[0]}" for i in range(layers_n) for g in layer_groups(model, i)}
-    inputs = capture_inputs(model, ids, wanted)
-    quantized = copy.deepcopy(model)
-    for i, layer in enumerate(decoder_layers(quantized)):
-        for group in layer_groups(quantized, i):
-            x = inputs.pop(f"model.layers.{i}.{group.linears[0]}")
-            weights = [layer.get_submodule(p).weight for p in group.linears]
-            found = search_group(x, weights, bits=bits, group_size=group_size, grid=grid, symmetric=symmetric,
-                                 name=group.name)
-            apply_group(layer, group, found.scales, bits, group_size, symmetric, kernel)
-            if results is not None:
-                results.append(found)
-        if progress is not None:
-            progress(f"AWQ: layer {i + 1}/{layers_n}", (i + 1) / layers_n)
+    inputs = capture_inputs(model, ids, {reference.linear_name(g.index, g.linears[0]) for g in awq_groups(reference)})
+    quantized, anatomy, _ = float_linear_copy(model, "awq")
+    groups = awq_groups(anatomy)  # paths and shapes, read before any module is replaced
+    last = {group.index: group for group in groups}  # each layer's last group
+    for group in groups:
+        layer = anatomy.layers[group.index]
+        x = inputs.pop(anatomy.linear_name(group.index, group.linears[0]))
+        weights = [layer.get_submodule(p).weight for p in group.linears]
+        found = search_group(x, weights, bits=bits, group_size=group_size, grid=grid, symmetric=symmetric,
+                             name=group.name)
+        apply_group(anatomy, group, found.scales, bits, group_size, symmetric, kernel)
+        if results is not None:
+            results.append(found)
+        if progress is not None and last[group.index] is group:
+            progress(f"AWQ: layer {group.index + 1}/{anatomy.count}", (group.index + 1) / anatomy.count)
+    check_replaced(quantized, "awq", targets, anatomy.family)
     return quantized

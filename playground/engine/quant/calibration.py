@@ -1,4 +1,5 @@
-"""Calibration text and the activations it produces: one forward pass with hooks on every decoder linear.
+"""Calibration text and the activations it produces: one forward pass with hooks on every decoder projection (the
+anatomy's, by full module name: ``model.layers.3.mlp.up_proj``, ``transformer.h.0.attn.c_attn``).
 
 The texts live in ``resources/calibration/`` (public domain; calibration and evaluation held apart).
 ``activation_stats`` gives, per linear, the per-input-channel max |x| (what SmoothQuant needs) and mean |x|
@@ -13,13 +14,10 @@ from typing import Any
 
 import torch
 
-CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "resources" / "calibration"
+from playground.engine.quant.targets import decoder_linears as decoder_linears  # re-exported: by full name
+from playground.models.anatomy import anatomy_of
 
-# The linears of a Llama-style decoder layer, by the attribute path under ``model.layers.<i>``.
-DECODER_LINEARS = (
-    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-)
+CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "resources" / "calibration"
 
 
 def load_text(name: str) -> str:
@@ -38,17 +36,7 @@ def text_ids(tokenizer: Any, text: str, max_tokens: int) -> list[int]:
 
 
 def decoder_layers(model: Any) -> list[Any]:
-    return list(model.model.layers)
-
-
-def decoder_linears(model: Any) -> dict[str, torch.nn.Linear]:
-    """Every decoder linear by its full module name (``model.layers.3.mlp.up_proj``), layer by layer."""
-    found: dict[str, torch.nn.Linear] = {}
-    for i, layer in enumerate(decoder_layers(model)):
-        for path in DECODER_LINEARS:
-            module = layer.get_submodule(path)
-            found[f"model.layers.{i}.{path}"] = module
-    return found
+    return list(anatomy_of(model).layers)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """``QuantLinear``: a linear layer whose weight is stored low-bit, and ``quantize_model`` for whole decoder stacks.
 
+The decoder projections a copy replaces are the anatomy's (``targets``: separate, fused or ``Conv1D``, any family);
+``replaced_linears`` counts what a copy really holds and ``check_replaced`` refuses a copy that is not what its
+method's name says (``ConfigError``: a float copy is never labelled int4).
+
 Storage: the codes, scales and zero points of a ``QuantizedTensor`` are the module's buffers (that is what
 ``model_weight_bytes`` counts). To run, a layer uses one of three paths, chosen per layer at construction:
 
@@ -32,17 +36,19 @@ integer GEMM with float rescaling up to float32 accumulation rounding.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from playground.config import ConfigError
 from playground.engine.quant.rtn import QuantizedTensor, dequantize, quantize
+from playground.engine.quant.targets import Target, as_linear, decoder_linears, float_linear_copy, set_module
 
 INT4PACK_MIN_WEIGHTS = 576 * 576
 INT4PACK_GROUPS = (32, 64, 128, 256)
+# Llama's projection names (the layout of SmolLM2 and of the tests' tiny Llama); the methods read the anatomy instead.
 DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")
 ACTIVATION_QUANT = (None, "int8-token")
@@ -187,10 +193,50 @@ def method_spec(method: str, group_size: int | None) -> tuple[int, int | None, b
     raise ValueError(f"unknown quantization method {method!r}; choose from {', '.join(METHODS)}")
 
 
+class InputScaledLinear(nn.Module):
+    """``linear(x * inv_scale)``: an AWQ scale that could not be folded into the operation before it.
+
+    ``inv_scale`` [in] is a (frozen) parameter, not a buffer, so ``model_weight_bytes`` counts it."""
+
+    def __init__(self, linear: nn.Module, inv_scale: torch.Tensor):
+        super().__init__()
+        self.linear = linear
+        self.inv_scale = nn.Parameter(inv_scale.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x * self.inv_scale.to(x.dtype))
+
+
+def replaced_linears(model: nn.Module) -> dict[str, QuantLinear]:
+    """The decoder projections of ``model`` that are stored low-bit (a ``QuantLinear``, possibly behind an AWQ
+    input scale), by full module name: what a copy really holds, counted from its own modules."""
+    found = {}
+    for name, module in decoder_linears(model).items():
+        inner = module.linear if isinstance(module, InputScaledLinear) else module
+        if isinstance(inner, QuantLinear):
+            found[name] = inner
+    return found
+
+
+def check_replaced(copied: nn.Module, method: str, targets: list[Target], family: str) -> int:
+    """The number of decoder projections ``copied`` stores low-bit; ``ConfigError`` naming the family and method
+    unless that is every one of ``targets`` (a copy labelled with a method is that method throughout)."""
+    replaced = replaced_linears(copied)
+    missing = [t.short for t in targets if t.name not in replaced]
+    if missing:
+        what = "none" if len(missing) == len(targets) else f"only {len(targets) - len(missing)}"
+        raise ConfigError(f"{method} quantized {what} of the {len(targets)} decoder projections of this {family} "
+                          f"model ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''} stayed float): "
+                          f"the copy would not be what '{method}' says")
+    return len(replaced)
+
+
 def quantize_model(model: nn.Module, method: str, group_size: int | None = None, *,
                    quantize_lm_head: bool = False, lm_head_group_size: int = 32, kernel: str = "auto",
                    progress: Callable[[int, int], None] | None = None) -> nn.Module:
-    """A deep copy of a transformers causal LM with every decoder linear (q/k/v/o/gate/up/down) a ``QuantLinear``.
+    """A deep copy of a transformers causal LM with every decoder projection a ``QuantLinear``: each layer's
+    attention and MLP projections as the model's anatomy names them (fused ones whole, ``Conv1D``s converted to
+    ``nn.Linear`` first). ``ConfigError`` naming the family and method when they cannot all be replaced.
 
     The embedding and LM head stay float by default (SmolLM2 ties them: one float matrix serves both). With
     ``quantize_lm_head`` the LM head becomes an asymmetric int4 QuantLinear with ``lm_head_group_size`` (the place
@@ -199,18 +245,18 @@ def quantize_model(model: nn.Module, method: str, group_size: int | None = None,
     ``progress(done, total)`` is called after each replaced layer.
     """
     bits, group, symmetric, act = method_spec(method, group_size)
-    quantized = copy.deepcopy(model)
-    targets = [(parent, name, child) for parent in quantized.modules()
-               for name, child in parent.named_children()
-               if name in DECODER_LINEARS and isinstance(child, nn.Linear)]
+    quantized, anatomy, targets = float_linear_copy(model, method)
     head = quantized.get_output_embeddings() if quantize_lm_head else None
     total = len(targets) + (head is not None)
-    for done, (parent, name, child) in enumerate(targets, start=1):
+    for done, target in enumerate(targets, start=1):
+        child = quantized.get_submodule(target.name)
         qt = quantize(child.weight, bits, group, symmetric)
-        setattr(parent, name, QuantLinear(child, qt, kernel=kernel, activation_quant=act))
+        set_module(quantized, target.name, QuantLinear(child, qt, kernel=kernel, activation_quant=act))
         if progress is not None:
             progress(done, total)
+    check_replaced(quantized, method, targets, anatomy.family)
     if head is not None:
+        head = as_linear(head)
         qt = quantize(head.weight, 4, lm_head_group_size, symmetric=False)
         quantized.set_output_embeddings(QuantLinear(head, qt, kernel=kernel))
         if getattr(quantized.config, "tie_word_embeddings", False):
