@@ -333,3 +333,76 @@ def part_rows(anatomy: Anatomy, parts: tuple[str, ...], part: str, out_features:
         return torch.arange(heads * 3 * d).view(heads, 3, d)[:, which].reshape(-1)
     start = (0, q_rows, q_rows + kv_rows)[which]
     return torch.arange(start, start + (q_rows if part == "q" else kv_rows))
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a decoder's attention layers keep per token, read from a config alone (caches are built from one):
+    each layer's type (FULL or SLIDING), its window (None for full attention), and the KV geometry."""
+
+    layer_types: tuple[str, ...]
+    windows: tuple[int | None, ...]
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def count(self) -> int:
+        return len(self.layer_types)
+
+
+def kv_layout(config: Any) -> KVLayout:
+    """The ``KVLayout`` of a model config (its decoder's text config for multimodal ones): the same layer types and
+    windows ``anatomy_of`` gives, which are those transformers' ``DynamicCache(config=...)`` builds its layers from."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    types, windows = _layer_types(text, int(text.num_hidden_layers))
+    return KVLayout(layer_types=types, windows=windows, kv_heads=kv_heads, head_dim=head_dim)
+
+
+# What opens the model up, by the names users see, and what each one gates in the settings form: strategies that
+# cannot run at all without the seam, and settings groups / switches.
+CAPABILITIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "logit lens": ((), ("lens",)),
+    "early exit and layer skip": (("early-exit", "layer-skip"), ()),
+    "first-layers drafter, amateur and cheap model": ((), ()),
+    "quantization lab": ((), ("quant",)),
+    "KV lab": ((), ()),
+}
+
+
+@dataclass(frozen=True)
+class ModelSupport:
+    """What the loaded model supports: its family, and per capability None (supported) or why not."""
+
+    family: str
+    reasons: dict[str, str | None]
+
+    @property
+    def blocked_strategies(self) -> dict[str, str]:
+        return {s: why for cap, why in self.reasons.items() if why for s in CAPABILITIES[cap][0]}
+
+    @property
+    def blocked_groups(self) -> dict[str, str]:
+        return {g: why for cap, why in self.reasons.items() if why for g in CAPABILITIES[cap][1]}
+
+    def summary(self) -> str:
+        blocked = [cap for cap, why in self.reasons.items() if why]
+        if not blocked:
+            return f"{self.family}: every view supported"
+        return f"{self.family}: {len(blocked)} of {len(self.reasons)} capabilities need another family"
+
+    def details(self) -> str:
+        return "\n".join(f"{cap}: {'supported' if why is None else 'not supported — ' + why}"
+                         for cap, why in self.reasons.items())
+
+
+def model_support(model: nn.Module) -> ModelSupport:
+    """Per capability of ``CAPABILITIES``: supported, or the reason (the anatomy's refusal, which names the
+    family). Every family of the table supports every capability (tests/test_families.py is the matrix)."""
+    try:
+        anatomy = anatomy_of(model)
+    except ConfigError as error:
+        return ModelSupport(family_name(model), {cap: str(error) for cap in CAPABILITIES})
+    return ModelSupport(anatomy.family, {cap: None for cap in CAPABILITIES})

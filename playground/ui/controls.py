@@ -112,6 +112,7 @@ class RunControls(QWidget):
         self._shared: dict[str, Binding] = {}
         self._groups: dict[type[SettingsGroup], dict[str, Binding]] = {}
         self.boxes: dict[str, QGroupBox] = {}  # by section name or group name
+        self.blocked_groups: dict[str, str] = {}  # group name -> why the loaded model cannot use it
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -150,7 +151,8 @@ class RunControls(QWidget):
         strategy = STRATEGIES.get(strategy_name)
         if strategy is None:
             return {"generation"}, set()
-        return {"generation", *strategy.sections}, set(strategy.groups)
+        # A group the loaded model cannot use stays at its defaults, as a greyed-out group does.
+        return {"generation", *strategy.sections}, {g for g in strategy.groups if g.name not in self.blocked_groups}
 
     def _strategy_changed(self, strategy: str) -> None:
         sections, groups = self._active(strategy)
@@ -159,6 +161,23 @@ class RunControls(QWidget):
         for group in GROUPS.values():
             self.boxes[group.name].setEnabled(group in groups)
         self.strategy_changed.emit(strategy)
+
+    def limit_to_model(self, blocked_strategies: dict[str, str], blocked_groups: dict[str, str]) -> None:
+        """Grey out what the loaded model cannot run (strategy name or settings group -> why), with the reason
+        as the tooltip; a blocked current strategy falls back to greedy."""
+        model = self.strategy.model()
+        for i, entry in enumerate(STRATEGIES.values()):
+            why = blocked_strategies.get(entry.name)
+            model.item(i).setEnabled(why is None)
+            self.strategy.setItemData(i, entry.help if why is None else f"not for this model: {why}", role=3)
+        self.blocked_groups = dict(blocked_groups)
+        for name, box in self.boxes.items():
+            if name in {g.name for g in GROUPS.values()}:
+                why = blocked_groups.get(name)
+                box.setToolTip("" if why is None else f"not for this model: {why}")
+        if self.strategy.currentText() in blocked_strategies:
+            self.strategy.setCurrentText("greedy")
+        self._strategy_changed(self.strategy.currentText())
 
     def run_settings(self, prompt: str) -> RunSettings:
         """The form as settings (not validated: the engine validates and the window shows the message).

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.events import PrefillProgress, RunFinished, RunStarted
+from playground.models.anatomy import model_support
 from playground.models.loaded import LoadedModel
 from playground.remote.branch import RemoteBranch
 from playground.remote.source import RemoteSource
@@ -311,6 +312,9 @@ class MainWindow(QMainWindow):
         self.remote, self.remote_info, self.remote_model = None, None, ""
         self.picker.show_loaded(lm.name, str(lm.device), lm.dtype_name)
         self.status.show_model(lm.name, str(lm.device), lm.dtype_name)
+        support = model_support(lm.model)
+        self.status.show_family(support.summary(), support.details())
+        self.controls.limit_to_model(support.blocked_strategies, support.blocked_groups)
         self.status.showMessage(f"{lm.name} loaded", 5000)
         self._update_buttons()
 
@@ -393,6 +397,8 @@ class MainWindow(QMainWindow):
         self.picker.show_server(info.engine, name, source.api_url, server_details(source, info, model))
         self.picker.remember_server(source)
         self.status.show_model(name, f"remote: {info.engine}", info.ftype)
+        self.status.show_family("", "")
+        self.controls.limit_to_model({}, {})
         self.status.showMessage(f"Connected to {info.engine} at {source.api_url}", 5000)
         self._update_buttons()
 

@@ -56,7 +56,7 @@ class _StepTiming:
 
 
 class RunStatusBar(QStatusBar):
-    FIELDS = ("speed", "per_token", "prefill", "kv", "device", "dtype", "model", "numbers")
+    FIELDS = ("speed", "per_token", "prefill", "kv", "device", "dtype", "model", "family", "numbers")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -73,6 +73,7 @@ class RunStatusBar(QStatusBar):
             label.setFixedSize(label.sizeHint())
             label.setAutoFillBackground(True)  # opaque: the bar and the window beneath need no repaint
         self.labels["numbers"].hide()  # a server's runs: which distribution the numbers are
+        self.labels["family"].hide()  # a local model's family and what it supports
         self.show_model("none", "—", "—")
         self.show_run(None)
 
@@ -85,6 +86,13 @@ class RunStatusBar(QStatusBar):
         hint = label.sizeHint()
         if hint.width() > label.width() or hint.height() > label.height():
             label.setFixedSize(max(hint.width(), label.width()), max(hint.height(), label.height()))
+
+    def show_family(self, summary: str, details: str) -> None:
+        """The loaded model's family and what it supports (per capability, in the tooltip); hidden when empty."""
+        label = self.labels["family"]
+        label.setText(summary)
+        label.setToolTip(details)
+        label.setVisible(bool(summary))
 
     def show_model(self, name: str, device: str, dtype: str) -> None:
         self.labels["model"].setText(f"model: {name}")
