@@ -85,7 +85,7 @@ class LayerLoop:
         start = time.perf_counter()
         n = self.stack.count
         state = _Pass(n, exit_rule, skip_rule, [None] * n, [None] * n)
-        device = self.stack.lm_head.weight.device
+        device = self.anatomy.embed.weight.device
         with self._wrapped(state):
             out = self.model(input_ids=torch.tensor([[token_id]], device=device), cache=cache, use_cache=True)
         logits = out.logits[:, -1, :].float()  # [1, vocab]: final norm, head and transform on the answering state
