@@ -23,6 +23,7 @@ from playground.engine.baseline import plain_greedy
 from playground.engine.compare.figures import agreement_figures
 from playground.engine.forward import sync_device
 from playground.engine.kv import measure
+from playground.engine.kv_cache import kv_formula_bytes
 from playground.engine.processors import build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
@@ -32,6 +33,7 @@ from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event, PrefillDone
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
+from playground.models.anatomy import kv_layout
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -77,18 +79,19 @@ def attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
 
 
 def kv_started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
-    """What the run holds its cache in, with the formula's numbers and this machine's ceilings."""
-    config = lm.model.config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    """What the run holds its cache in, with the formula's numbers and this machine's ceilings.
+
+    ``formula_bytes_per_token`` is what one token costs while every layer holds every token: on a model with
+    sliding-window layers that is only until the sequence passes the window; each ``KVStep``'s ``formula_bytes``
+    counts every layer by its type (``kv_cache.kv_formula_bytes``)."""
+    layout = kv_layout(lm.model.config)
     element = ELEMENT_BYTES.get(kv.kv_dtype, float(torch.empty((), dtype=lm.dtype).element_size()))
     ceilings = measure.machine_ceilings(lm.device)
     holder = "none" if kv.no_cache else ("paged" if kv.paged else "contiguous")
     return KVStarted(
         holder=holder, block_size=kv.block_size if kv.paged else 0, kv_dtype=kv.kv_dtype, attn=kv.attn,
-        layers=config.num_hidden_layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=element,
-        formula_bytes_per_token=2 * config.num_hidden_layers * kv_heads * head_dim * element,
+        layers=layout.count, kv_heads=layout.kv_heads, head_dim=layout.head_dim, bytes_per_element=element,
+        formula_bytes_per_token=2 * layout.count * layout.kv_heads * layout.head_dim * element,
         weights_bytes=measure.weights_bytes(lm.model), max_length=max_length, peak_flops=ceilings.peak_flops,
         peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples)
 
@@ -98,7 +101,7 @@ def kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start
     process, reserved = measure.process_memory(lm.device)
     blocks = cache.blocks() if hasattr(cache, "blocks") else None
     sequences = start.sequences if cache is not None else 0
-    formula = round(start.formula_bytes_per_token * tokens * sequences)
+    formula = kv_formula_bytes(lm.model.config, tokens, start.bytes_per_element, sequences)
     return KVStep(step=step, tokens=tokens if cache is not None else 0, layer_bytes=tuple(layers),
                   total_bytes=sum(layers), formula_bytes=formula, process_bytes=process,
                   device_reserved_bytes=reserved, blocks=blocks)

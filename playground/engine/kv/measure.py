@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from playground.engine.kv_cache import kv_formula_bytes
 from playground.models.paths import cache_root
 
 CEILINGS_FILE = "machine_ceilings.json"
@@ -33,11 +34,17 @@ def _tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+# Tensors a cache layer keeps that are not keys, values or their scales (DynamicSlidingWindowLayer's window size).
+_BOOKKEEPING = frozenset({"_sliding_window_tensor"})
+
+
 def _layer_tensors(layer: Any) -> list[torch.Tensor]:
     """Every tensor a cache layer holds as an attribute (keys, values, and any scales or quantized states), each
     tensor object once."""
     found: dict[int, torch.Tensor] = {}
-    for value in vars(layer).values():
+    for name, value in vars(layer).items():
+        if name in _BOOKKEEPING:
+            continue
         items = value if isinstance(value, (list, tuple)) else (value,)
         for item in items:
             if isinstance(item, torch.Tensor):
@@ -70,10 +77,10 @@ def layer_bytes(cache: Any) -> list[int]:
 
 
 def formula_bytes(config: Any, tokens: int, bytes_per_element: float, sequences: int = 1) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × tokens × bytes per element × sequences (rounded to a byte;
-    ``bytes_per_element`` may be 0.5 for int4)."""
-    layers, kv_heads, head_dim = kv_geometry(config)
-    return round(2 * layers * kv_heads * head_dim * tokens * bytes_per_element * sequences)
+    """Σ over layers of 2 (K and V) × kv_heads × head_dim × positions held × bytes per element × sequences (rounded
+    to a byte; ``bytes_per_element`` may be 0.5 for int4): a full-attention layer holds all ``tokens``, a
+    sliding-window layer the newest window − 1 (``kv_cache.kv_formula_bytes``)."""
+    return kv_formula_bytes(config, tokens, bytes_per_element, sequences)
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
