@@ -19,6 +19,15 @@ and the gathered tensor is a temporary, not something the cache holds.
 
 ``kv_dtype`` "int8" / "int4" stores the blocks quantized (the codes and scales of ``kv.quantized``).
 
+Sliding-window layers (Mistral, Gemma 2 / 3's local layers) form their own group, with their own pool and block
+tables, as vLLM's hybrid allocator keeps one KV-cache group per attention type: a pass on a sliding layer of
+window w reads the newest w − 1 held positions and its own (what transformers' ``DynamicSlidingWindowLayer``
+hands attention, with the same mask sizes), and a block that lies wholly before the window of every later pass
+goes back to the group's free list; its table entry becomes ``NO_BLOCK`` (−1), so positions still map to
+``table[t // block_size]``. A sliding group holds about ⌈(w − 1) / block_size⌉ + 1 blocks per sequence however
+long the sequence grows; full-attention layers hold every block. ``blocks()`` describes the full-attention group
+when there is one (the sliding group's blocks are in ``layer_bytes()``).
+
 Pools are created (and grown) inside the forward pass: use the cache under one autograd mode throughout
 (``torch.inference_mode()`` or ``torch.no_grad()``), as inference tensors cannot be written outside it.
 """
@@ -31,21 +40,23 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from playground.engine.kv.quantized import KV_BITS, decode_kv, encode_kv, full_attention_layers, part_shapes
+from playground.engine.kv.quantized import KV_BITS, decode_kv, encode_kv, layer_windows, part_shapes
 from playground.events.kv import KVBlocks
+
+NO_BLOCK = -1  # a sliding-window table's entry for a block out of every later window (given back)
 
 
 class PagedLayer(CacheLayerMixin):
-    """One layer's block pools; the block tables belong to the ``PagedCache``."""
+    """One layer's block pools; the block tables belong to its ``BlockGroup``."""
 
     is_compileable = False
     is_croppable = True
-    is_sliding = False
 
-    def __init__(self, owner: PagedCache) -> None:
+    def __init__(self, owner: PagedCache, group: BlockGroup) -> None:
         # CacheLayerMixin.__init__ would assign ``keys``/``values``, which are read-only views here.
-        self.owner = owner
-        self.length = 0  # tokens written per row by this layer
+        self.owner, self.group = owner, group
+        self.is_sliding = group.window is not None  # read by transformers' masks
+        self.length = 0  # positions written per row by this layer (a sliding layer holds the newest of them)
         self.is_initialized = False
         # Per stored part: [kv_heads, blocks, block_size, ·]. Head-major: one head's slots are contiguous, so the
         # gather is one index_select along the slot dimension and a batch-1 result is contiguous (3× faster on CPU
@@ -58,7 +69,7 @@ class PagedLayer(CacheLayerMixin):
         self.heads, self.head_dim = key_states.shape[1], key_states.shape[3]
         self.key_pools = self.value_pools = ()
         self.is_initialized = True
-        self.grow(self.owner.capacity)
+        self.grow(self.group.capacity)
 
     def grow(self, blocks: int) -> None:
         """Make the pools ``blocks`` blocks long (new blocks uninitialised; they are written before being read)."""
@@ -85,17 +96,22 @@ class PagedLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """key_states, value_states: [b, h, q, d] -> all keys and values of the rows: [b, h, length + q, d]."""
+        """key_states, value_states: [b, h, q, d] -> the keys and values the pass reads: [b, h, length + q, d] on
+        a full-attention layer, from the window's first position on (``get_mask_sizes``) on a sliding one."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         rows, _, q, _ = key_states.shape
         start, end = self.length, self.length + q
-        slots = self.owner.reserve(rows, start, end)  # [b, end]: allocates, copies shared blocks, grows the pools
-        written = slots[:, start:].reshape(-1)  # [b·q]
+        first = self.group.first_read(start)
+        slots = self.group.reserve(rows, start, end, first)  # [b, end − first]: allocates, copies, grows the pools
+        written = slots[:, start - first:].reshape(-1)  # [b·q]
         self._write(self.key_pools, key_states, written)
         self._write(self.value_pools, value_states, written)
         self.length = end
-        return self._gather(self.key_pools, slots), self._gather(self.value_pools, slots)
+        read = self._gather(self.key_pools, slots), self._gather(self.value_pools, slots)
+        if self.group.window is not None and self is self.group.layers[-1]:  # the group's pass is over
+            self.group.release_before(self.group.first_read(end))
+        return read
 
     def _write(self, pools: tuple[torch.Tensor, ...], states: torch.Tensor, slots: torch.Tensor) -> None:
         """states: [b, h, q, d] into slots [b·q]."""
@@ -112,22 +128,29 @@ class PagedLayer(CacheLayerMixin):
                       .view(self.heads, rows, n, pool.shape[-1]).transpose(0, 1) for pool in pools)  # [b, h, n, ·]
         return decode_kv(parts, self.owner.kv_dtype, self.dtype)
 
-    @property
-    def keys(self) -> torch.Tensor | None:  # [b, h, length, d], gathered
-        return self._gather(self.key_pools, self.owner.slots(self.length)) if self.is_initialized else None
+    def _held(self, pools: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """What the layer holds: [b, h, length, d], or the newest window − 1 positions of a sliding layer."""
+        first = self.group.first_read(self.length)
+        return self._gather(pools, self.group.slots(first, self.length))
 
     @property
-    def values(self) -> torch.Tensor | None:  # [b, h, length, d], gathered
-        return self._gather(self.value_pools, self.owner.slots(self.length)) if self.is_initialized else None
+    def keys(self) -> torch.Tensor | None:  # [b, h, held, d], gathered
+        return self._held(self.key_pools) if self.is_initialized else None
+
+    @property
+    def values(self) -> torch.Tensor | None:  # [b, h, held, d], gathered
+        return self._held(self.value_pools) if self.is_initialized else None
 
     def get_seq_length(self) -> int:
         return self.length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
+        """(kv_length, kv_offset) of what the next pass reads (as ``DynamicSlidingWindowLayer`` on sliding layers)."""
+        first = self.group.first_read(self.length)
+        return self.length - first + query_length, first
 
     def get_max_length(self) -> int:
-        return -1
+        return self.group.window if self.group.window is not None else -1
 
     def slot_bytes(self) -> int:
         """Bytes of one token slot of this layer: keys and values of every KV head (codes and scales if quantized)."""
@@ -138,7 +161,7 @@ class PagedLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.length = 0
 
-    # Rows, lengths and blocks are the owner's business: transformers calls these per layer, the cache does it once.
+    # Rows, lengths and blocks are the group's business: transformers calls these per layer, the cache does it once.
     def crop(self, tokens_to_remove: int) -> None:
         self.length = max(self.length + min(tokens_to_remove, 0), 0)
 
@@ -147,30 +170,31 @@ class PagedLayer(CacheLayerMixin):
     def batch_select_indices(self, indices: torch.Tensor) -> None: ...
 
 
-class PagedCache(Cache):
-    """Block tables, reference counts and the free list, shared by all layers; see the module docstring.
+class BlockGroup:
+    """Block tables, reference counts, the free list and the pool size of the layers of one attention type (all
+    full-attention layers, or the sliding layers of one window)."""
 
-    ``PagedCache(model.config, block_size=16)``; ``initial_blocks`` reserves the pool up front (as vLLM does from
-    its memory budget); otherwise the pool doubles when the free list runs dry."""
-
-    def __init__(self, config: Any, block_size: int = 16, kv_dtype: str = "model", initial_blocks: int = 0) -> None:
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1 (got {block_size})")
-        if kv_dtype != "model" and kv_dtype not in KV_BITS:
-            raise ValueError(f"kv_dtype must be 'model' or one of {sorted(KV_BITS)} (got {kv_dtype!r})")
-        self.block_size, self.kv_dtype = block_size, kv_dtype
+    def __init__(self, block_size: int, window: int | None) -> None:
+        self.block_size, self.window = block_size, window
+        self.layers: list[PagedLayer] = []
         self.capacity = 0
         self.refs: list[int] = []  # per block: how many tables hold it
         self.free: list[int] = []  # a min-heap: the lowest free id is taken first
-        self.tables: list[list[int]] = []  # per row: block ids in token order
+        self.tables: list[list[int]] = []  # per row: block ids in token order (NO_BLOCK: given back)
         self._version = 0  # bumped whenever a table changes (invalidates the slot mapping)
-        self._slots_for: tuple[int, int] = (-1, -1)
+        self._slots_for: tuple[int, int, int] = (-1, -1, -1)
         self._slots = torch.empty(0, 0, dtype=torch.long)
-        super().__init__(layers=[PagedLayer(self) for _ in range(full_attention_layers(config))])
-        self._grow(initial_blocks)
 
-    # --- blocks -------------------------------------------------------------------------------------------------
-    def _grow(self, blocks: int) -> None:
+    @property
+    def length(self) -> int:
+        return max((layer.length for layer in self.layers), default=0)
+
+    def first_read(self, length: int) -> int:
+        """The first position a pass after ``length`` positions reads: 0, or length − (window − 1) on a sliding
+        group (a query attends to itself and the window − 1 positions before it)."""
+        return 0 if self.window is None else max(length - self.window + 1, 0)
+
+    def grow(self, blocks: int) -> None:
         if blocks <= self.capacity:
             return
         self.refs += [0] * (blocks - self.capacity)
@@ -182,7 +206,7 @@ class PagedCache(Cache):
 
     def _take(self) -> int:
         if not self.free:
-            self._grow(max(2 * self.capacity, 1))
+            self.grow(max(2 * self.capacity, 1))
         block = heapq.heappop(self.free)
         self.refs[block] = 1
         return block
@@ -192,21 +216,22 @@ class PagedCache(Cache):
         if self.refs[block] == 0:
             heapq.heappush(self.free, block)
 
-    def reserve(self, rows: int, start: int, length: int) -> torch.Tensor:
-        """Make every row hold the blocks that positions < ``length`` need, and own alone those it is about to
-        write (positions ``start`` .. ``length`` − 1); returns the slot mapping [rows, length].
+    def reserve(self, rows: int, start: int, length: int, first: int = 0) -> torch.Tensor:
+        """Make every row hold the blocks that positions ``first`` .. ``length`` − 1 need, and own alone those it is
+        about to write (positions ``start`` .. ``length`` − 1); returns their slot mapping [rows, length − first].
 
-        The first layer of a forward pass does the work (copying a shared block copies it in every layer, whose
-        earlier positions are all written); the others find the tables ready."""
+        The first layer of a forward pass does the work (copying a shared block copies it in every layer of the
+        group, whose earlier positions are all written); the others find the tables ready."""
         if not self.tables and rows:
             self.tables = [[] for _ in range(rows)]
         if rows != len(self.tables):
             raise ValueError(f"the cache holds {len(self.tables)} sequences, the forward pass has {rows} rows "
                              f"(use fork or reorder_cache to change the batch)")
-        first, need = start // self.block_size, -(-length // self.block_size)
+        self.release_before(first)
+        low, need = start // self.block_size, -(-length // self.block_size)
         copies: list[tuple[int, int]] = []
         for table in self.tables:
-            for j in range(first, min(need, len(table))):
+            for j in range(low, min(need, len(table))):
                 if self.refs[table[j]] > 1:  # shared: copy before anyone writes into it
                     old, table[j] = table[j], self._take()
                     self.refs[old] -= 1  # still held by another row: never reaches 0 here
@@ -218,72 +243,73 @@ class PagedCache(Cache):
             self._version += 1
             for layer in self.layers:
                 layer.copy_blocks(copies)
-        return self.slots(length)
+        return self.slots(first, length)
 
-    def slots(self, length: int) -> torch.Tensor:
-        """[rows, length] pool slot of every held position (cached until a table changes)."""
-        if self._slots_for != (self._version, length):
+    def release_before(self, first: int) -> None:
+        """Give back every block that lies wholly before position ``first`` (no later pass reads it)."""
+        whole = first // self.block_size
+        for table in self.tables:
+            for j in range(min(whole, len(table))):
+                if table[j] != NO_BLOCK:
+                    self._drop(table[j])
+                    table[j] = NO_BLOCK
+                    self._version += 1
+
+    def slots(self, first: int, length: int) -> torch.Tensor:
+        """[rows, length − first] pool slot of every position from ``first`` on (cached until a table changes)."""
+        if self._slots_for != (self._version, first, length):
             device = next((layer.device for layer in self.layers if layer.is_initialized), "cpu")
             n = -(-length // self.block_size)
             table = torch.tensor([t[:n] for t in self.tables], dtype=torch.long, device=device)
             table = table.reshape(len(self.tables), n)  # [rows, n] (also when there are no rows)
             offsets = torch.arange(self.block_size, device=device)
-            self._slots = (table[:, :, None] * self.block_size + offsets).reshape(len(self.tables), -1)[:, :length]
-            self._slots_for = (self._version, length)
+            mapping = (table[:, :, None] * self.block_size + offsets).reshape(len(self.tables), -1)
+            self._slots = mapping[:, first:length]
+            self._slots_for = (self._version, first, length)
         return self._slots
 
-    def _set_tables(self, tables: list[list[int]]) -> None:
+    def set_tables(self, tables: list[list[int]]) -> None:
         """Replace the tables, holding the new references before dropping the old (shared blocks survive)."""
         for table in tables:
             for block in table:
-                self.refs[block] += 1
+                if block != NO_BLOCK:
+                    self.refs[block] += 1
         for table in self.tables:
             for block in table:
-                self._drop(block)
+                if block != NO_BLOCK:
+                    self._drop(block)
         self.tables = tables
         self._version += 1
 
-    # --- sequences ----------------------------------------------------------------------------------------------
-    def fork(self, row: int, copies: int = 1) -> list[int]:
-        """Append ``copies`` sequences that share row ``row``'s blocks (parallel samples of one prompt); returns
-        their row indices. The next forward pass must have the new number of rows."""
-        first = len(self.tables)
-        self._set_tables([list(t) for t in self.tables] + [list(self.tables[row]) for _ in range(copies)])
-        return list(range(first, first + copies))
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Row i becomes old row beam_idx[i] by sharing its blocks (beam search; may change the number of rows)."""
-        self._set_tables([list(self.tables[i]) for i in beam_idx.tolist()])
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._set_tables([list(t) for t in self.tables for _ in range(repeats)])
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.reorder_cache(torch.arange(len(self.tables))[indices])
-
     def crop(self, tokens_to_remove: int) -> None:
-        """Drop the last ``-tokens_to_remove`` positions of every row (negative, as DynamicCache.crop); blocks no
-        longer needed go back to the free list once no sequence holds them."""
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative count of tokens to drop (as DynamicCache.crop)")
+        length = max(self.length + tokens_to_remove, 0)
+        first = self.first_read(length)
+        for table in self.tables:
+            given_back = [j for j in range(first // self.block_size, len(table)) if table[j] == NO_BLOCK]
+            if given_back and given_back[0] * self.block_size < length:
+                raise RuntimeError(f"cannot crop this sliding-window cache back to {length} positions: its window "
+                                   f"({self.window}) has already given back the block of position "
+                                   f"{given_back[0] * self.block_size}, which that length would read again")
         for layer in self.layers:
             layer.crop(tokens_to_remove)
-        keep = -(-max(layer.length for layer in self.layers) // self.block_size)
-        self._set_tables([t[:keep] for t in self.tables])
+        keep = -(-self.length // self.block_size)
+        self.set_tables([t[:keep] for t in self.tables])
 
-    def reset(self) -> None:
-        for layer in self.layers:
-            layer.reset()
-        self._set_tables([])
+    def held(self) -> set[int]:
+        return {b for t in self.tables for b in t if b != NO_BLOCK}
 
-    # --- what it holds ------------------------------------------------------------------------------------------
     def blocks(self) -> KVBlocks:
-        """Block tables, shared blocks (counted once) and fragmentation: 1 − slots used / slots allocated."""
-        length = self.get_seq_length()
+        """Block tables, shared blocks (counted once) and fragmentation: 1 − slots used / slots allocated, where a
+        slot is used when it holds a position a later pass can read."""
+        length = self.length
+        first = self.first_read(length)
         used: dict[int, int] = {}
         for table in self.tables:
             for j, block in enumerate(table):
-                used[block] = max(used.get(block, 0), min(self.block_size, max(length - j * self.block_size, 0)))
+                if block == NO_BLOCK:
+                    continue
+                low, high = max(j * self.block_size, first), min((j + 1) * self.block_size, length)
+                used[block] = max(used.get(block, 0), max(high - low, 0))
         allocated = len(used) * self.block_size
         slots_used = sum(used.values())
         return KVBlocks(tables=tuple(tuple(t) for t in self.tables),
@@ -291,10 +317,102 @@ class PagedCache(Cache):
                         blocks_allocated=len(used), slots_allocated=allocated, slots_used=slots_used,
                         fragmentation=1.0 - slots_used / allocated if allocated else 0.0)
 
+    def slot_bytes(self) -> int:
+        """Bytes of one token slot in every layer of the group."""
+        return sum(layer.slot_bytes() for layer in self.layers)
+
+
+class PagedCache(Cache):
+    """Block groups (one per attention type: see the module docstring) under one transformers ``Cache``.
+
+    ``PagedCache(model.config, block_size=16)``; ``initial_blocks`` reserves every group's pool up front (as vLLM
+    does from its memory budget); otherwise a pool doubles when its free list runs dry. ``tables``, ``refs``,
+    ``free`` and ``capacity`` are the main group's: the full-attention layers', or the sliding ones' on a model
+    that has no full-attention layer."""
+
+    def __init__(self, config: Any, block_size: int = 16, kv_dtype: str = "model", initial_blocks: int = 0) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1 (got {block_size})")
+        if kv_dtype != "model" and kv_dtype not in KV_BITS:
+            raise ValueError(f"kv_dtype must be 'model' or one of {sorted(KV_BITS)} (got {kv_dtype!r})")
+        self.block_size, self.kv_dtype = block_size, kv_dtype
+        windows = layer_windows(config)
+        self.groups: dict[int | None, BlockGroup] = {}
+        for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):  # full attention first
+            self.groups[window] = BlockGroup(block_size, window)
+        layers = []
+        for window in windows:
+            group = self.groups[window]
+            group.layers.append(PagedLayer(self, group))
+            layers.append(group.layers[-1])
+        super().__init__(layers=layers)
+        self.main = next(iter(self.groups.values()))
+        for group in self.groups.values():
+            group.grow(initial_blocks)
+
+    # --- the main group's tables (what ``blocks()`` shows) -------------------------------------------------------
+    @property
+    def tables(self) -> list[list[int]]:
+        return self.main.tables
+
+    @property
+    def refs(self) -> list[int]:
+        return self.main.refs
+
+    @property
+    def free(self) -> list[int]:
+        return self.main.free
+
+    @property
+    def capacity(self) -> int:
+        return self.main.capacity
+
+    # --- sequences ----------------------------------------------------------------------------------------------
+    def fork(self, row: int, copies: int = 1) -> list[int]:
+        """Append ``copies`` sequences that share row ``row``'s blocks (parallel samples of one prompt); returns
+        their row indices. The next forward pass must have the new number of rows."""
+        first = len(self.main.tables)
+        for group in self.groups.values():
+            group.set_tables([list(t) for t in group.tables] + [list(group.tables[row]) for _ in range(copies)])
+        return list(range(first, first + copies))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row i becomes old row beam_idx[i] by sharing its blocks (beam search; may change the number of rows)."""
+        order = beam_idx.tolist()
+        for group in self.groups.values():
+            group.set_tables([list(group.tables[i]) for i in order])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        for group in self.groups.values():
+            group.set_tables([list(t) for t in group.tables for _ in range(repeats)])
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(torch.arange(len(self.main.tables))[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions of every row (negative, as DynamicCache.crop); blocks no
+        longer needed go back to the free list once no sequence holds them. A sliding group cannot grow back the
+        positions its window has given back (RuntimeError, as ``DynamicSlidingWindowLayer``)."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of tokens to drop (as DynamicCache.crop)")
+        for group in self.groups.values():
+            group.crop(tokens_to_remove)
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+        for group in self.groups.values():
+            group.set_tables([])
+
+    # --- what it holds ------------------------------------------------------------------------------------------
+    def blocks(self) -> KVBlocks:
+        """The main group's block tables, shared blocks and fragmentation (``BlockGroup.blocks``)."""
+        return self.main.blocks()
+
     def layer_bytes(self) -> tuple[int, ...]:
-        """Per layer: bytes of the blocks sequences hold (their unused tail slots included)."""
-        blocks = len({b for t in self.tables for b in t})
-        return tuple(blocks * self.block_size * layer.slot_bytes() for layer in self.layers)
+        """Per layer: bytes of the blocks sequences hold in its group (their unused slots included)."""
+        held = {id(group): len(group.held()) for group in self.groups.values()}
+        return tuple(held[id(layer.group)] * self.block_size * layer.slot_bytes() for layer in self.layers)
 
     @property
     def nbytes(self) -> int:
@@ -303,10 +421,10 @@ class PagedCache(Cache):
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the slots that hold a token (``nbytes`` less the unused tail of the last blocks)."""
-        return self.blocks().slots_used * sum(layer.slot_bytes() for layer in self.layers)
+        """Bytes of the slots that hold a position a later pass can read (``nbytes`` less the unused slots)."""
+        return sum(group.blocks().slots_used * group.slot_bytes() for group in self.groups.values())
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes of the whole pool, free blocks included (what the process has allocated for the cache)."""
-        return self.capacity * self.block_size * sum(layer.slot_bytes() for layer in self.layers)
+        """Bytes of the whole pools, free blocks included (what the process has allocated for the cache)."""
+        return sum(group.capacity * self.block_size * group.slot_bytes() for group in self.groups.values())

@@ -20,6 +20,10 @@ The price of per-token scales: a key vector's few outlier channels (on SmolLM2 ~
 step, so int4 keys lose ~13% (relative L2) and greedy output drifts within a few tokens; KIVI quantizes keys per
 channel for this reason (``benchmarks/bench_kv_paged.py`` prints where outputs diverge).
 
+A sliding-window layer (Mistral, Gemma 2 / 3's local layers) keeps only what its window can still read, as
+transformers' ``DynamicSlidingWindowLayer`` does: a forward pass reads the newest ``window − 1`` stored positions and
+its own, and afterwards the layer drops all but the newest ``window − 1``. Full-attention layers keep everything.
+
 The maths (``quantize``, ``dequantize``, ``pack_int4``) is shared with the paged cache, which stores the same codes
 in blocks.
 """
@@ -30,6 +34,8 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from playground.models.anatomy import SLIDING, kv_layout
 
 KV_BITS = {"int8": 8, "int4": 4}
 PARAMS_BYTES = 8  # per stored vector: step and offset, float32
@@ -95,19 +101,25 @@ def _nbytes(tensors: tuple[torch.Tensor | None, ...]) -> int:
 
 
 class QuantizedKVLayer(CacheLayerMixin):
-    """One layer's keys and values: quantized parts [batch, kv_heads, seq, ·] and a full-precision residual tail."""
+    """One layer's keys and values: quantized parts [batch, kv_heads, seq, ·] and a full-precision residual tail.
+
+    ``window``: a sliding-window layer's window (it then holds the newest ``window − 1`` positions between passes);
+    None for full attention."""
 
     is_compileable = False
     is_croppable = True
-    is_sliding = False
 
-    def __init__(self, kv_dtype: str, residual_length: int = 0) -> None:
+    def __init__(self, kv_dtype: str, residual_length: int = 0, window: int | None = None) -> None:
         # CacheLayerMixin.__init__ would assign ``keys``/``values``, which are read-only views here.
-        self.kv_dtype, self.residual_length = kv_dtype, residual_length
+        if window is not None and window < 1:
+            raise ValueError(f"a sliding window must be >= 1 token (got {window})")
+        self.kv_dtype, self.residual_length, self.window = kv_dtype, residual_length, window
+        self.is_sliding = window is not None  # read by transformers' masks: which layer's sizes the sliding mask uses
         self.reset()
 
     def reset(self) -> None:
         self.is_initialized = False
+        self.cumulative_length = 0  # positions fed so far (a sliding layer holds only the newest of them)
         self.key_parts: tuple[torch.Tensor, ...] = ()  # (codes [b, h, t, d·bits/8], params [b, h, t, 2])
         self.value_parts: tuple[torch.Tensor, ...] = ()
         self.key_tail: torch.Tensor | None = None  # [b, h, r, d] the newest r ≤ residual_length tokens, unquantized
@@ -125,6 +137,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         """key_states, value_states: [b, h, q, d]; returns everything held, dequantized: [b, h, seq, d]."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
         key_tail = torch.cat((self.key_tail, key_states), dim=-2)
         value_tail = torch.cat((self.value_tail, value_states), dim=-2)
         spill = key_tail.shape[-2] - self.residual_length  # the oldest tokens beyond the window get quantized
@@ -133,7 +146,23 @@ class QuantizedKVLayer(CacheLayerMixin):
             self.value_parts = self._append(self.value_parts, value_tail[:, :, :spill])
             key_tail, value_tail = key_tail[:, :, spill:], value_tail[:, :, spill:]
         self.key_tail, self.value_tail = key_tail, value_tail
-        return self.keys, self.values
+        keys, values = self.keys, self.values  # the pass reads everything held, its own positions included
+        if self.window is not None:
+            self._keep_newest(self.window - 1)
+        return keys, values
+
+    def _held(self) -> int:
+        return self.quantized_length + self.key_tail.shape[-2] if self.is_initialized else 0
+
+    def _keep_newest(self, keep: int) -> None:
+        """Drop all but the newest ``keep`` held positions (the oldest quantized ones first, then the tail's)."""
+        drop = self._held() - keep
+        if drop <= 0:
+            return
+        quantized = min(drop, self.quantized_length)
+        self.key_parts = tuple(p[:, :, quantized:] for p in self.key_parts)
+        self.value_parts = tuple(p[:, :, quantized:] for p in self.value_parts)
+        self.key_tail, self.value_tail = (t[:, :, drop - quantized:] for t in (self.key_tail, self.value_tail))
 
     def _append(self, parts: tuple[torch.Tensor, ...], states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         new = encode_kv(states, self.kv_dtype)
@@ -156,13 +185,16 @@ class QuantizedKVLayer(CacheLayerMixin):
         return self.key_parts[0].shape[-2] if self.is_initialized else 0
 
     def get_seq_length(self) -> int:
-        return self.quantized_length + self.key_tail.shape[-2] if self.is_initialized else 0
+        return self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+        """(kv_length, kv_offset) of the keys the next pass reads: everything, or on a sliding layer the newest
+        ``window − 1`` held positions from ``kv_offset`` on (as ``DynamicSlidingWindowLayer``)."""
+        held = self._held()
+        return held + query_length, self.cumulative_length - held
 
     def get_max_length(self) -> int:
-        return -1
+        return self.window if self.window is not None else -1
 
     @property
     def nbytes(self) -> int:
@@ -174,11 +206,19 @@ class QuantizedKVLayer(CacheLayerMixin):
             raise ValueError("crop takes a negative count of tokens to drop (as DynamicCache.crop)")
         if tokens_to_remove == 0 or not self.is_initialized:
             return
-        keep = max(self.get_seq_length() + tokens_to_remove, 0)
+        length = max(self.cumulative_length + tokens_to_remove, 0)
+        held = self._held()
+        first = self.cumulative_length - held  # the oldest position still held
+        if self.window is not None and first > max(length - self.window + 1, 0):
+            raise RuntimeError(f"cannot crop this sliding-window layer back to {length} positions: its window "
+                               f"({self.window}) has already dropped positions before {first}, which that length "
+                               f"would read again")
+        keep = length - first
         quantized = min(keep, self.quantized_length)
         self.key_parts = tuple(p[:, :, :quantized] for p in self.key_parts)
         self.value_parts = tuple(p[:, :, :quantized] for p in self.value_parts)
         self.key_tail, self.value_tail = (t[:, :, : keep - quantized] for t in (self.key_tail, self.value_tail))
+        self.cumulative_length = length
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Row i becomes old row beam_idx[i] (codes move as they are: no lossy round trip)."""
@@ -211,7 +251,7 @@ class QuantizedKVCache(Cache):
         if residual_length < 0:
             raise ValueError(f"residual_length must be >= 0 (got {residual_length})")
         self.kv_dtype, self.residual_length = kv_dtype, residual_length
-        layers = [QuantizedKVLayer(kv_dtype, residual_length) for _ in range(full_attention_layers(config))]
+        layers = [QuantizedKVLayer(kv_dtype, residual_length, window) for window in layer_windows(config)]
         super().__init__(layers=layers)
 
     @property
@@ -222,10 +262,9 @@ class QuantizedKVCache(Cache):
         return tuple(layer.nbytes for layer in self.layers)
 
 
-def full_attention_layers(config: Any) -> int:
-    """The decoder's number of layers; refuses models with sliding-window or linear-attention layers."""
-    text = config.get_text_config(decoder=True)
-    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise ValueError(f"these KV caches hold full-attention layers only (the model has {sorted(kinds)})")
-    return text.num_hidden_layers
+def layer_windows(config: Any) -> tuple[int | None, ...]:
+    """Per decoder layer: its sliding window, or None for a full-attention layer (``models.anatomy.kv_layout``,
+    the layer types transformers' ``DynamicCache`` builds its layers from)."""
+    layout = kv_layout(config)
+    return tuple(window if kind == SLIDING else None
+                 for kind, window in zip(layout.layer_types, layout.windows, strict=True))

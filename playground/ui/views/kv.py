@@ -503,6 +503,8 @@ class KVView(View):
         x0, y0, brushes, ids, fills = [], [], [], [], []
         for row, table in enumerate(blocks.tables):
             for position, block in enumerate(table):
+                if block < 0:  # a sliding window's block given back: its positions are out of every later window
+                    continue
                 color = SHARED_COLOR if block in shared else TOTAL_COLOR
                 partial = position == len(table) - 1 and fill[row] < size
                 if partial:  # the used part of the last block, drawn over its free slots
