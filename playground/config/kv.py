@@ -9,7 +9,7 @@ from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
 
 KV_DTYPES = ("model", "int8", "int4")
-ATTENTIONS = ("sdpa", "eager")
+ATTENTIONS = ("model", "sdpa", "eager")
 
 
 @register_group
@@ -25,8 +25,9 @@ class KVSettings(SettingsGroup):
     block_size: int = setting(16, "block size", "paged cache: tokens per block", minimum=1, maximum=256)
     kv_dtype: str = setting("model", "KV dtype", "store keys and values in the model's dtype, or quantized to int8 / "
                             "int4 (per-token scales)", choices=KV_DTYPES)
-    attn: str = setting("sdpa", "attention", "attention implementation: sdpa (PyTorch's scaled-dot-product "
-                        "attention) or eager (the explicit softmax(QKᵀ)V)", choices=ATTENTIONS)
+    attn: str = setting("model", "attention", "attention implementation: the model's own (sdpa for most families, "
+                        "eager for Gemma 2), sdpa (PyTorch's scaled-dot-product attention) or eager (the explicit "
+                        "softmax(QKᵀ)V)", choices=ATTENTIONS)
     samples: int = setting(1, "parallel samples", "decode this many sampled continuations of the prompt as one "
                            "batch sharing its prefill (paged: the prompt's blocks shared, copied on write; "
                            "contiguous: a copy per sequence); 1 = one greedy sequence", minimum=1, maximum=16)
@@ -40,7 +41,8 @@ class KVSettings(SettingsGroup):
         holder = "no cache" if self.no_cache else (f"paged ({self.block_size}-token blocks)" if self.paged
                                                     else "contiguous cache")
         samples = f" · {self.samples} samples" if self.samples > 1 else ""
-        return f"{holder} · KV {self.kv_dtype} · {self.attn}{samples}"
+        attention = "model's attention" if self.attn == "model" else self.attn
+        return f"{holder} · KV {self.kv_dtype} · {attention}{samples}"
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         try:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
-from playground.config import KVSettings, RunSettings
+from playground.config import ConfigError, KVSettings, RunSettings
 from playground.engine.baseline import plain_greedy
 from playground.engine.compare.figures import agreement_figures
 from playground.engine.forward import sync_device
@@ -33,7 +33,7 @@ from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event, PrefillDone
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
-from playground.models.anatomy import kv_layout
+from playground.models.anatomy import family_name, kv_layout
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -43,6 +43,7 @@ ELEMENT_BYTES = {"int8": 1.0, "int4": 0.5}
 def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
     settings.validate()
     kv = settings.group(KVSettings)
+    check_attention(lm, kv)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
     record = RunRecorder(lm, settings, should_stop, groups=(KVSettings,))
@@ -64,11 +65,31 @@ def new_cache(lm: LoadedModel, kv: KVSettings) -> object | None:
     return DynamicCache(config=lm.model.config)
 
 
+def check_attention(lm: LoadedModel, kv: KVSettings) -> None:
+    """``ConfigError`` (before the first event) when the model's family cannot run the attention asked for:
+    transformers gives Gemma 2 no SDPA attention (it soft-caps the attention scores, which PyTorch's
+    ``scaled_dot_product_attention`` cannot), so ``--attn sdpa`` there would fail inside the first forward pass.
+    Every cache (contiguous, paged, quantized) runs under the model's own attention, eager included."""
+    model = lm.model
+    if kv.attn != "sdpa" or model.config._attn_implementation == "sdpa" or getattr(model, "_supports_sdpa", True):
+        return
+    softcap = getattr(model.config.get_text_config(decoder=True), "attn_logit_softcapping", None)
+    why = (f"its attention soft-caps the scores (attn_logit_softcapping={softcap:g}), which PyTorch's "
+           f"scaled_dot_product_attention cannot do" if softcap else "transformers has no SDPA attention for it")
+    raise ConfigError(f"{family_name(model)} ({type(model).__name__}) cannot run SDPA attention: {why}. Use "
+                      f"--attn eager, or --attn model to keep its own ({model.config._attn_implementation})")
+
+
+def attention_used(model: torch.nn.Module, asked: str) -> str:
+    """The implementation a run uses: the one asked for, or the model's own for "model"."""
+    return model.config._attn_implementation if asked == "model" else asked
+
+
 @contextmanager
 def attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
-    """The model's attention switched to ``implementation`` for the run, and back after."""
+    """The model's attention switched to ``implementation`` for the run ("model": left as it is), and back after."""
     before = model.config._attn_implementation
-    if before == implementation:
+    if implementation in (before, "model"):
         yield
         return
     model.set_attn_implementation(implementation)
@@ -89,8 +110,9 @@ def kv_started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
     ceilings = measure.machine_ceilings(lm.device)
     holder = "none" if kv.no_cache else ("paged" if kv.paged else "contiguous")
     return KVStarted(
-        holder=holder, block_size=kv.block_size if kv.paged else 0, kv_dtype=kv.kv_dtype, attn=kv.attn,
-        layers=layout.count, kv_heads=layout.kv_heads, head_dim=layout.head_dim, bytes_per_element=element,
+        holder=holder, block_size=kv.block_size if kv.paged else 0, kv_dtype=kv.kv_dtype,
+        attn=attention_used(lm.model, kv.attn), layers=layout.count, kv_heads=layout.kv_heads,
+        head_dim=layout.head_dim, bytes_per_element=element,
         formula_bytes_per_token=2 * layout.count * layout.kv_heads * layout.head_dim * element,
         weights_bytes=measure.weights_bytes(lm.model), max_length=max_length, peak_flops=ceilings.peak_flops,
         peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples)
