@@ -215,7 +215,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
         if kv.compare_no_cache:
             yield _compare(lm, prompt_ids, len(generated))
         if kv.sweep_sizes():
-            yield _sweep(lm, prompt_ids, kv.sweep_sizes(), min(len(generated), 32))
+            # At least two tokens, so one step follows the prefill: the sweep times steps, and decodes past EOS
+            # anyway, so an answer that ended at its first token still gets one.
+            yield _sweep(lm, prompt_ids, kv.sweep_sizes(), max(2, min(len(generated), 32)))
         if kv.kv_dtype != "model" and samples == 1 and not forced:
             figures = _divergence(lm, settings, prompt_ids, generated)
     finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
