@@ -708,6 +708,17 @@ class KVView(View):
         self.header.setText(" · ".join(parts))
         self.figures.setText(self._figures_html())
 
+    def _windowed_formula_per_token(self) -> float | None:
+        """The latest step's formula per token held, where it is below the every-layer-every-token figure (a model
+        with sliding-window layers past its window; the step's formula counts each layer by its type)."""
+        s = self.state
+        started, last = s.started, s.last
+        if started is None or last is None or last.tokens <= 0 or s.holder == "none":
+            return None
+        if last.formula_bytes >= round(started.formula_bytes_per_token * last.tokens * started.sequences):
+            return None
+        return last.formula_bytes / (last.tokens * s.sequences)
+
     def _kv_dtype_text(self, kv_dtype: str) -> str:
         if kv_dtype == "model":
             model = f" ({html.escape(self.state.model_dtype)})" if self.state.model_dtype else ""
@@ -728,10 +739,18 @@ class KVView(View):
                                                             if s.sequences > 1 else ""))
         measured = s.measured_bytes_per_token()
         if started is not None:
-            formula = (f"{started.formula_bytes_per_token:,.0f} B by the formula (2 × {started.layers} layers × "
-                       f"{started.kv_heads} KV heads × {started.head_dim} × {started.bytes_per_element:g} B)")
+            every = (f"2 × {started.layers} layers × {started.kv_heads} KV heads × {started.head_dim} × "
+                     f"{started.bytes_per_element:g} B")
+            formula = f"{started.formula_bytes_per_token:,.0f} B by the formula ({every})"
+            target = started.formula_bytes_per_token
+            windowed = self._windowed_formula_per_token()
+            if windowed is not None and last is not None:  # sliding-window layers hold their window only
+                target = windowed
+                formula = (f"{windowed:,.0f} B by the formula at {last.tokens:,} tokens (sliding-window layers hold "
+                           f"only their window; {started.formula_bytes_per_token:,.0f} B while every layer holds "
+                           f"every token: {every})")
             if measured is not None:
-                agree = "✓" if math.isclose(measured, started.formula_bytes_per_token, rel_tol=1e-9) else "≠"
+                agree = "✓" if math.isclose(measured, target, rel_tol=1e-9) else "≠"
                 parts.append(f"bytes per token: <b>{measured:,.0f} B measured</b> {agree} {formula}")
             else:
                 would = " a cache would hold" if s.holder == "none" else ""
