@@ -67,7 +67,11 @@ def test_stop_ends_the_engine_run_with_its_final_event(qtbot, tiny_lm):
     assert len(final.token_ids) < 200
 
 
-def test_stop_closes_a_generator_that_ignores_it(qtbot):
+def test_stop_closes_a_generator_that_ignores_it(qtbot, monkeypatch):
+    """The safety net: a job still yielding ``STOP_DEADLINE_S`` after Stop is closed, and says so."""
+    import playground.ui.worker as worker
+
+    monkeypatch.setattr(worker, "STOP_DEADLINE_S", 0.3)
     closed = []
 
     def body(should_stop, progress):
@@ -85,6 +89,27 @@ def test_stop_closes_a_generator_that_ignores_it(qtbot):
     job.stop()
     assert job.wait(5000)
     assert closed == [True] and seen["finished"] == 1
+    assert len(seen["failed"]) == 1 and "did not end within 0.3 s of Stop" in seen["failed"][0]
+
+
+def test_after_stop_a_job_runs_to_its_own_end_however_many_items_it_yields(qtbot):
+    """Stop is the job's to honour: one that polls it and then yields many items (a speculative round of k
+    tokens, two panes side by side) and its final item is not cut off after a fixed number of items."""
+    def body(should_stop, progress):
+        for i in range(10_000):
+            if should_stop():
+                yield from ("step", "step", "step", "step", "step", "final")  # the step in flight, then the end
+                return
+            time.sleep(0.001)
+            yield i
+
+    job = GeneratorJob(body)
+    seen = _collect(job)
+    job.start()
+    qtbot.waitUntil(lambda: len(seen["items"]) > 3, timeout=5000)
+    job.stop()
+    qtbot.waitUntil(lambda: seen["finished"] == 1, timeout=5000)
+    assert seen["items"][-6:] == ["step"] * 5 + ["final"] and seen["failed"] == []
 
 
 def test_error_messages_say_what_happened():

@@ -8,9 +8,12 @@ fast model costs one repaint per frame, not one per token.
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,9 +32,14 @@ JobBody = Callable[[StopCheck, Progress], Iterator[Any]]
 # on a 2-core CPU those are taken from the model: at 33 ms (~20 tokens/s, one token a batch) the window cost about
 # 0.4 ms more GUI time per token than at 80 ms (benchmarks/bench_window.py measures the decode side by side).
 FRAME_MS = 80
-# After Stop, how many more items a job that polls ``should_stop`` may yield (the step in flight, the final
-# event) before the worker closes it anyway.
-STOP_GRACE_ITEMS = 3
+# After Stop the job runs to its own end: an engine strategy polls ``should_stop`` before each step and ends with its
+# final event (the figures so far), however many events the step in flight still yields (a speculative round, two
+# panes side by side). A job still yielding this long after Stop ignores it: the worker then closes it (a safety
+# net for a broken job, not a budget for a working one, which ends within one step).
+STOP_DEADLINE_S = 10.0
+# At the interpreter's exit, how long to wait for jobs still running (a model load cannot be interrupted; a stopped
+# run ends within a step) before leaving without them.
+EXIT_WAIT_S = 60.0
 
 
 def describe_error(error: BaseException) -> str:
@@ -52,15 +60,63 @@ def is_user_error(error: BaseException) -> bool:
     return isinstance(error, USER_ERRORS)
 
 
+# Every started job thread until it has ended and been waited for: Python must never free the wrapper of a running
+# QThread (Qt then aborts the process: "QThread: Destroyed while thread '' is still running"), whatever happened to
+# the job or window that started it.
+_LIVE_THREADS: set[_GeneratorThread] = set()
+
+
+def live_threads() -> list[_GeneratorThread]:
+    """Job threads that have not ended yet."""
+    return [thread for thread in _LIVE_THREADS if not thread.isFinished()]
+
+
+def wait_for_jobs(timeout_s: float) -> bool:
+    """Ask every job still running to stop and wait for their threads, at most ``timeout_s`` in all; True if none
+    is left running."""
+    deadline = time.monotonic() + timeout_s
+    for thread in live_threads():
+        thread.request_stop()
+        thread.wait(max(0, int((deadline - time.monotonic()) * 1000)))
+    return not live_threads()
+
+
+@atexit.register
+def _end_jobs_at_exit() -> None:
+    """Before Python's shutdown frees the module globals (and with them a still running job's thread), let the jobs
+    end; one that will not (within ``EXIT_WAIT_S``) is left behind by leaving the process now, which is an exit,
+    not Qt's abort."""
+    if wait_for_jobs(EXIT_WAIT_S):
+        return
+    print(f"playground: a background job did not end within {EXIT_WAIT_S:g} s of exit; leaving without it",
+          file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 class _GeneratorThread(QThread):
     def __init__(self, body: JobBody, inbox: queue.SimpleQueue, stop_flag: threading.Event) -> None:
         super().__init__()
         self._body = body
         self._inbox = inbox
         self._stop_flag = stop_flag
+        self.stop_requested_at: float | None = None  # time.monotonic() of the first Stop (set by the GUI thread)
 
     def should_stop(self) -> bool:
         return self._stop_flag.is_set() or self.isInterruptionRequested()
+
+    def request_stop(self) -> None:
+        """Any thread may call it."""
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.monotonic()
+        self._stop_flag.set()
+        self.requestInterruption()
+
+    def _past_stop_deadline(self) -> bool:
+        if self.stop_requested_at is None:  # interrupted from elsewhere (requestInterruption): start the clock now
+            self.stop_requested_at = time.monotonic()
+        return time.monotonic() - self.stop_requested_at > STOP_DEADLINE_S
 
     def _progress(self, message: str, fraction: float) -> None:
         self._inbox.put(("progress", (message, fraction)))
@@ -69,13 +125,12 @@ class _GeneratorThread(QThread):
         items: Iterator[Any] | None = None
         try:
             items = iter(self._body(self.should_stop, self._progress))
-            grace = STOP_GRACE_ITEMS
             for item in items:
                 self._inbox.put(("item", item))
-                if self.should_stop():
-                    grace -= 1
-                    if grace <= 0:
-                        break
+                if self.should_stop() and self._past_stop_deadline():
+                    self._inbox.put(("error", f"it did not end within {STOP_DEADLINE_S:g} s of Stop, so it was "
+                                              "closed before its final event (a job should end within one step)"))
+                    break
         except Exception as error:  # any failure becomes a message; the app stays usable
             if not is_user_error(error):  # ours say what to do; others need a trace
                 traceback.print_exc(file=sys.stderr)
@@ -123,12 +178,13 @@ class GeneratorJob(QObject):
         gui_gc.job_started()  # while it runs, the worker must never run the collector (see gui_gc)
         self._counted = True
         self._timer.start()
+        _LIVE_THREADS.add(self._thread)
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the job to end: the engine sees it before its next step; other jobs between items."""
-        self._stop_flag.set()
-        self._thread.requestInterruption()
+        """Ask the job to end: the engine sees it before its next step and ends with its final event; a job that
+        goes on yielding for ``STOP_DEADLINE_S`` after this is closed."""
+        self._thread.request_stop()
 
     @property
     def stopping(self) -> bool:
@@ -169,6 +225,7 @@ class GeneratorJob(QObject):
         self._done = True
         # `finished` was emitted as the thread's last act; wait for it to really exit before anyone frees it.
         self._thread.wait()
+        _LIVE_THREADS.discard(self._thread)
         if self._counted:
             self._counted = False
             gui_gc.job_ended()
