@@ -45,18 +45,25 @@ class QuantState:
         return sum(s.top1_agrees for s in self.steps) / len(self.steps) if self.steps else None
 
     def layer_errors_by_layer(self) -> tuple[list[str], dict[str, np.ndarray]]:
-        """Relative weight error of each projection kind (q_proj, ..., down_proj) per decoder layer.
+        """Relative weight error of each projection kind per decoder layer.
 
-        Returns the projection kinds and, per kind, an array over layers (NaN where a layer has none)."""
+        Errors are named ``layers.<i>.<path under the layer>`` for any family; a kind is that path shortened to its
+        last part ("q_proj", Phi-3's "qkv_proj", NeoX's "dense") unless another kind shares the last part (GPT-2's
+        "attn.c_proj" and "mlp.c_proj" stay apart). Returns the kinds in the order they first appear (a layer's
+        forward order) and, per kind, an array over layers (NaN where a layer has none)."""
         if self.ready is None or not self.ready.layer_errors:
             return [], {}
         parsed: dict[str, dict[int, float]] = {}
         for error in self.ready.layer_errors:
             parts = error.name.split(".")
-            layer = next((int(p) for p in parts if p.isdigit()), None)
-            if layer is None:
+            at = next((k for k, p in enumerate(parts) if p.isdigit()), None)
+            if at is None or at + 1 >= len(parts):
                 continue
-            parsed.setdefault(parts[-1], {})[layer] = error.relative_error
-        layers = 1 + max(max(v) for v in parsed.values()) if parsed else 0
-        kinds = list(parsed)
-        return kinds, {k: np.asarray([parsed[k].get(i, np.nan) for i in range(layers)]) for k in kinds}
+            parsed.setdefault(".".join(parts[at + 1:]), {})[int(parts[at])] = error.relative_error
+        if not parsed:
+            return [], {}
+        last = [path.rpartition(".")[2] for path in parsed]
+        kinds = {path: name if last.count(name) == 1 else path for path, name in zip(parsed, last, strict=True)}
+        layers = 1 + max(max(v) for v in parsed.values())
+        return list(kinds.values()), {kinds[path]: np.asarray([by_layer.get(i, np.nan) for i in range(layers)])
+                                      for path, by_layer in parsed.items()}

@@ -49,8 +49,14 @@ DISAGREE_COLOR = "#CC3311"
 BEFORE_COLOR = "#9E9E9E"
 AFTER_COLOR = "#0077BB"
 SCALE_COLOR = "#EE7733"
-KIND_COLORS = {"q_proj": "#0077BB", "k_proj": "#33BBEE", "v_proj": "#009988", "o_proj": "#EE7733",
-               "gate_proj": "#CC3311", "up_proj": "#EE3377", "down_proj": "#555555"}
+# A layer's projection kinds take these colours in forward order (Llama's q, k, v, o, gate, up, down; a fused family's
+# fewer kinds the first few), whatever the family calls them.
+KIND_PALETTE = ("#0077BB", "#33BBEE", "#009988", "#EE7733", "#CC3311", "#EE3377", "#555555", "#AA4499", "#999933")
+
+
+def kind_label(kind: str) -> str:
+    """A legend's name for a projection kind: "q_proj" -> "q", "gate_up_proj" -> "gate_up", "attn.c_proj" as is."""
+    return kind if "." in kind else kind.removesuffix("_proj")
 
 
 def _mb(n: int) -> str:
@@ -88,13 +94,9 @@ class QuantView(View):
 
         self.error_plot = static_plot(self, "Which layers suffer: ‖W_q − W‖ / ‖W‖", "decoder layer",
                                       "relative error", min_height=135)
-        self.error_curves = {}
-        for kind, color in KIND_COLORS.items():
-            self.error_curves[kind] = self.error_plot.plot([], [], pen=pg.mkPen(color, width=2), symbol="o",
-                                                           symbolSize=4, symbolBrush=color, symbolPen=None)
+        self.error_curves: dict[str, pg.PlotDataItem] = {}  # by kind, made when a model first shows that kind
+        self._legend_kinds: list[str] | None = None
         self.error_legend = rich_label(self)
-        self.error_legend.setText(" ".join(f"<span style='color:{color}'>━ {kind.removesuffix('_proj')}</span>"
-                                           for kind, color in KIND_COLORS.items()))
 
         self.layer_choice = QComboBox(self)
         self.layer_choice.currentIndexChanged.connect(lambda _: self._draw_channels())
@@ -246,8 +248,23 @@ class QuantView(View):
         else:
             self.divergence_line.hide()
 
+    def _error_curve(self, kind: str, color: str) -> pg.PlotDataItem:
+        curve = self.error_curves.get(kind)
+        if curve is None:
+            curve = self.error_curves[kind] = self.error_plot.plot([], [], symbol="o", symbolSize=4, symbolPen=None)
+        curve.setPen(pg.mkPen(color, width=2))
+        curve.setSymbolBrush(color)
+        return curve
+
     def _draw_errors(self) -> None:
-        _kinds, series = self.state.layer_errors_by_layer()
+        kinds, series = self.state.layer_errors_by_layer()
+        if kinds != self._legend_kinds:  # a new model's kinds: colours in forward order, legend to match
+            self._legend_kinds = kinds
+            colors = {kind: KIND_PALETTE[i % len(KIND_PALETTE)] for i, kind in enumerate(kinds)}
+            for kind, color in colors.items():
+                self._error_curve(kind, color)
+            self.error_legend.setText(" ".join(f"<span style='color:{color}'>━ {html.escape(kind_label(kind))}</span>"
+                                               for kind, color in colors.items()))
         for kind, curve in self.error_curves.items():
             values = series.get(kind)
             if values is None:
