@@ -355,3 +355,21 @@ def test_every_family_is_named_and_an_unknown_one_is_refused_by_name():
     bloom = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=16, n_layer=1, n_head=2)).eval()
     with pytest.raises(ConfigError, match=r"BloomForCausalLM family \('bloom'\) is not in the model-anatomy"):
         anatomy_of(bloom)
+
+
+def test_an_offset_norm_folds_exactly_in_bfloat16():
+    """Gemma's (1 + w) norm in bfloat16: after dividing its output by a large s, the output still equals the
+    original output / s to float32 precision (w is held in float32; Gemma's norm computes in float32)."""
+    from playground.models.anatomy import RMS_OFFSET, scale_norm_output
+
+    lm = build_tiny_lm(seed=1, layers=2, family="gemma2")
+    norm = anatomy_of(lm.model).layer(0).attention.norm
+    norm.to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(32) * 0.3)
+        x = torch.randn(4, 32, dtype=torch.bfloat16)
+        before = norm(x.float())  # float32 out (the norm computes in float32 and returns x's dtype)
+        s = torch.logspace(0, 2.5, 32)
+        scale_norm_output(norm, RMS_OFFSET, s)
+        after = norm(x.float()).float()
+    assert torch.allclose(after, before / s, rtol=1e-5, atol=1e-6)

@@ -304,9 +304,13 @@ def scale_norm_output(norm: nn.Module, kind: str, s: torch.Tensor) -> None:
     """Change ``norm``'s parameters (in place) so that its output is divided by ``s`` per channel, exactly:
     RMSNorm w -> w / s; Gemma's (1 + w) -> (1 + w) / s, so w -> (1 + w) / s - 1; LayerNorm w, b -> w / s, b / s."""
     with torch.no_grad():
+        if kind == RMS_OFFSET and norm.weight.dtype != torch.float32:
+            # w' = (1 + w) / s - 1 sits near -1 for a large s: in bfloat16 that keeps ~2 bits of 1 + w'. Gemma's
+            # norms compute (1 + w.float()) in float32 anyway, so hold w in float32 (a few KB per norm).
+            norm.weight.data = norm.weight.data.float()
         s = s.to(norm.weight)
         if kind == RMS_OFFSET:
-            norm.weight.copy_((1 + norm.weight) / s - 1)
+            norm.weight.copy_((1 + norm.weight.double()) / s.double() - 1)
         else:
             norm.weight.div_(s)
         if kind == LAYERNORM and getattr(norm, "bias", None) is not None:
