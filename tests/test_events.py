@@ -78,6 +78,15 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
                                         cheap="layers", cheap_layers=1, max_new_tokens=3)),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
+    polls: list[int] = []
+
+    def stop_at_the_third_poll() -> bool:
+        polls.append(1)
+        return len(polls) >= 3
+
+    # Stopped mid-run: its final event names the end-of-run figure Stop left out (cut_short).
+    events += run_strategy(tiny_lm, RunSettings.from_flat(strategy="speculative", draft="jacobi", max_new_tokens=6,
+                                                          baseline_tokens=2), stop_at_the_third_poll)
     remote = list(run_remote(RemoteSource(base_url=llama_server_url + "/v1"), RunSettings(max_new_tokens=3)))
     return events + banned_beam_events + remote
 
@@ -100,6 +109,7 @@ def test_round_tripped_events_cover_their_optional_parts(all_events):
     assert any(t.forced for t in tokens)
     assert any(c.finished_score is not None for b in beams for c in b.candidates)
     assert any(len(e.sequences) > 1 for e in all_events if isinstance(e, RunFinished))
+    assert any(e.cut_short == ("baseline",) for e in all_events if isinstance(e, RunFinished))
     progress = [e for e in all_events if isinstance(e, PrefillProgress)]
     assert len(progress) >= 2 and progress[0].total_tokens > 256
 
@@ -225,7 +235,7 @@ BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates"
 BEAM_CANDIDATE_KEYS = {"beam", "token_id", "text", "token_logprob", "score", "survived", "finished",
                        "finished_score"}
 DONE_KEYS = {"type", "token_ids", "text", "stop_reason", "tokens_per_s", "prefill_ms", "decode_ms", "prompt_tokens",
-             "model_name", "model_path", "device", "dtype", "sequences", "figures"}
+             "model_name", "model_path", "device", "dtype", "sequences", "figures", "cut_short"}
 SEQUENCE_KEYS = {"token_ids", "text", "score", "sum_logprobs"}
 SETTINGS_KEYS = {"prompt", "chat", "system", "strategy", "max_new_tokens", "num_candidates", "stop_strings",
                  "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "no_repeat_ngram_size",

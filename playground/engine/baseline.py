@@ -4,6 +4,7 @@ skipping are compared with (the same per-token analysis as a greedy run, no even
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
@@ -15,14 +16,19 @@ from playground.engine.step_analysis import analyse_step
 from playground.models.loaded import LoadedModel
 
 
-def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int
-                 ) -> tuple[list[int], float]:
+def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int,
+                 should_stop: Callable[[], bool] | None = None) -> tuple[list[int], float]:
     """``tokens`` greedy tokens after ``prompt_ids`` with every layer (the settings' penalties apply), one target
     pass per token with a greedy run's per-token analysis; returns the tokens and the decode speed (tokens/s,
-    prefill excluded)."""
+    prefill excluded).
+
+    ``should_stop`` is polled before the prompt's pass and each token: a stopped decode returns fewer than
+    ``tokens`` tokens (the speed over those, 0.0 for none), which the caller reports as cut short."""
     pipeline = build_pipeline(settings, sampling=False)
     ids = torch.tensor([prompt_ids], device=lm.device)
     chosen: list[int] = []
+    if should_stop is not None and should_stop():
+        return chosen, 0.0
     with torch.inference_mode():
         # The prompt but its last token is prefilled: every timed token then costs one forward pass, as in the
         # runs compared with it (which read the prompt's last token with their first step).
@@ -30,6 +36,8 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
         sync_device(lm.device)
         start = time.perf_counter()
         for step in range(tokens):
+            if should_stop is not None and should_stop():
+                break
             logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
             analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)
             token = int(analysis.processed_logits.argmax(dim=-1).item())
@@ -38,4 +46,5 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
             chosen.append(token)
             ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
         sync_device(lm.device)
-    return chosen, tokens / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return chosen, len(chosen) / seconds if chosen and seconds > 0 else 0.0

@@ -128,3 +128,8 @@ class RunFinished:
     # Figures a strategy measured over the whole run, by name (speculative decoding: "acceptance_rate",
     # "mean_accepted", "target_calls", ...); empty for strategies that have none.
     figures: dict[str, float] = field(default_factory=dict)
+    # End-of-run measurements the settings asked for that Stop skipped or cut short (their figures are left out):
+    # "baseline" (plain greedy's speed), "full_model" (the full model's own decode, compared), "no_cache" (the
+    # KV lab's decode without a cache), "batch_sweep" (its batch sizes; the sizes measured before Stop are kept),
+    # "log_likelihood" (side by side). Empty when nothing was cut.
+    cut_short: tuple[str, ...] = ()

@@ -114,10 +114,23 @@ class _Cascade:
                 else:
                     yield from self._per_response(cheap, full, output)
         generated = [s.token_id for s in output]
+        alone = self._full_model_alone(output, cheap, full)
+        cut_short = ("full_model",) if alone is None and self.cascade.cascade_compare and output else ()
+        if cut_short:
+            self.stop_reason = "stopped"
         finished = self.record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True),
                                         self.stop_reason, steps=len(generated))
-        figures = self._figures(output, cheap, full, finished.prefill_ms + finished.decode_ms)
-        yield dataclasses.replace(finished, figures=figures)
+        figures = self._figures(output, cheap, full, finished.prefill_ms + finished.decode_ms, alone)
+        yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
+
+    def _full_model_alone(self, output: list[CascadeStep], cheap: ModelSide | None, full: ModelSide | None
+                          ) -> tuple[list[int], float] | None:
+        """The comparison's decode by the full model alone, when asked; None when not asked, or Stop cut it."""
+        if not (self.cascade.cascade_compare and output and cheap is not None and full is not None) \
+                or self.stop_reason == "stopped":
+            return None
+        return full_model_alone(self.lm, self.settings, self.prompt_ids, len(output), self.sample,
+                                self.record.should_stop)
 
     def _per_response(self, cheap: ModelSide, full: ModelSide, output: list[CascadeStep]) -> Iterator[Event]:
         """The cheap model's whole response, the verdict on it, then the output: that response or the full
@@ -212,7 +225,7 @@ class _Cascade:
                 return
 
     def _figures(self, output: list[CascadeStep], cheap: ModelSide | None, full: ModelSide | None,
-                 run_ms: float) -> dict[str, float]:
+                 run_ms: float, alone_run: tuple[list[int], float] | None) -> dict[str, float]:
         n = len(output)
         if not n or cheap is None or full is None:
             return {}
@@ -229,8 +242,8 @@ class _Cascade:
             "compute_saved": 1 - spent / (full_macs * alone_positions),
             "cheap_ms": self.ms[CHEAP], "full_ms": self.ms[FULL],
         }
-        if self.cascade.cascade_compare and self.stop_reason != "stopped":
-            alone, alone_ms = full_model_alone(self.lm, self.settings, self.prompt_ids, n, self.sample)
+        if alone_run is not None:
+            alone, alone_ms = alone_run
             figures.update({
                 **agreement_figures([s.token_id for s in output], alone),
                 "tokens_per_s_with_prompt": n / (run_ms / 1000) if run_ms > 0 else 0.0,
@@ -240,12 +253,13 @@ class _Cascade:
         return figures
 
 
-def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int, sample: bool
-                     ) -> tuple[list[int], float]:
+def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int, sample: bool,
+                     should_stop: StopCheck = never_stop) -> tuple[list[int], float] | None:
     """``tokens`` tokens of the full model alone after ``prompt_ids`` (forced tokens first; greedy, or sampled
     with the run's seed), each step timed as a cascade step is (forward pass, analysis, choice; not the event);
     returns them and the milliseconds it took, the prompt's pass included (as a cascade run's time includes its
-    prompt)."""
+    prompt). ``should_stop`` is polled before each step (and between a long prompt's chunks): None when it
+    stopped the decode."""
     pipeline = build_pipeline(settings, sampling=sample)
     generator = make_generator(lm.device, settings.seed)
     forced = settings.forced_token_ids
@@ -256,8 +270,13 @@ def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[in
         sync_device(lm.device)
         start = time.perf_counter()
         for step in range(tokens):
+            if should_stop():
+                return None
             context = torch.tensor([ids], device=lm.device)
-            analysis = analyse_step(pipeline, context, side.next_logits(ids, never_stop), settings.num_candidates)
+            logits = side.next_logits(ids, should_stop)
+            if logits is None:  # Stop between the chunks of a long prompt
+                return None
+            analysis = analyse_step(pipeline, context, logits, settings.num_candidates)
             token = forced[step] if step < len(forced) else choose(analysis, sample, generator)
             chosen.append(token)
             ids.append(token)

@@ -83,11 +83,11 @@ def run_compare(lm: LoadedModel, settings: RunSettings, should_stop=None) -> Ite
     specs = settings.group(CompareSettings).panes
     panes = [Pane(spec, lm, s) for spec, s in zip(specs, pane_settings(settings), strict=True)]
     streams = [run_strategy(p.lm, p.settings, should_stop) for p in panes]
-    return _compare(lm, settings, panes, streams)
+    return _compare(lm, settings, panes, streams, should_stop)
 
 
-def _compare(lm: LoadedModel, settings: RunSettings, panes: list[Pane], streams: list[Iterator[Event]]
-             ) -> Iterator[Event]:
+def _compare(lm: LoadedModel, settings: RunSettings, panes: list[Pane], streams: list[Iterator[Event]],
+             should_stop=None) -> Iterator[Event]:
     done: list[RunFinished | None] = [None] * len(panes)
     prompt_ids: tuple[int, ...] = ()
     for i, event in interleave(streams):
@@ -109,7 +109,14 @@ def _compare(lm: LoadedModel, settings: RunSettings, panes: list[Pane], streams:
     finished = [d for d in done if d is not None]
     if len(finished) != len(panes):  # a stream that ends without its final event is a bug in that strategy
         raise RuntimeError("a pane ended without its final event")
+    cut_short = [name for d in finished for name in d.cut_short]
+    stopped = should_stop is not None and should_stop()
     scorer = lm if settings.group(CompareSettings).log_likelihood else None
+    if scorer is not None and stopped:
+        scorer = None  # Stop: no scoring pass over every output
+        cut_short.append("log_likelihood")
     for i, d in enumerate(finished):
         yield pane_finished(i, d, finished[0].token_ids, scorer, prompt_ids)
-    yield dataclasses.replace(finished[0], figures={**finished[0].figures, "panes": float(len(panes))})
+    yield dataclasses.replace(finished[0], figures={**finished[0].figures, "panes": float(len(panes))},
+                              stop_reason="stopped" if stopped else finished[0].stop_reason,
+                              cut_short=tuple(dict.fromkeys(cut_short)))

@@ -136,16 +136,23 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
                 stop_reason = ended
                 break
 
-    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                               steps=len(generated))
     n = len(generated)
     figures = {"changed_steps": float(changed), "changed_fraction": changed / n if n else 0.0,
                "mean_plausible": plausible_total / n if n else 0.0, "amateur_ms": amateur_ms / n if n else 0.0,
                "amateur_prefill_ms": amateur_prefill_ms}
-    if contrastive.contrast_baseline and generated and stop_reason != "stopped":
-        greedy, speed = plain_greedy(lm, settings, prompt_ids, min(contrastive.contrast_baseline, n))
+    cut_short: tuple[str, ...] = ()
+    greedy: list[int] | None = None
+    if contrastive.contrast_baseline and generated:
+        wanted = min(contrastive.contrast_baseline, n)
+        greedy, speed = ([], 0.0) if stop_reason == "stopped" else \
+            plain_greedy(lm, settings, prompt_ids, wanted, record.should_stop)
+        if len(greedy) < wanted:  # Stop came before or during the greedy baseline: its figures are left out
+            stop_reason, cut_short, greedy = "stopped", ("baseline",), None
+    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                               steps=len(generated))
+    if greedy is not None:
         figures["greedy_tokens_per_s"] = speed
         figures["step_cost"] = speed / finished.tokens_per_s if finished.tokens_per_s > 0 else 0.0
         if not forced:  # a branch's forced tokens are not greedy's: where they part says nothing
             figures["first_divergence"] = agreement_figures(generated, greedy)["first_divergence"]
-    yield dataclasses.replace(finished, figures=figures)
+    yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)

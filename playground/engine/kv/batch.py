@@ -36,10 +36,15 @@ def _greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, :].argmax(dim=-1)  # logits: [batch, positions, vocab] -> [batch]
 
 
-def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_ids: Collection[int] = ()
-                  ) -> tuple[list[int], list[float]]:
+def _stopped(should_stop: Callable[[], bool] | None) -> bool:
+    return should_stop is not None and should_stop()
+
+
+def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_ids: Collection[int] = (),
+                  should_stop: Callable[[], bool] | None = None) -> tuple[list[int], list[float]]:
     """Greedy with a ``DynamicCache``: the first token from one pass over the prompt, each later one from a pass over
-    the previous token alone. Returns the new ids and each one's milliseconds (index 0: the prompt pass)."""
+    the previous token alone. Returns the new ids and each one's milliseconds (index 0: the prompt pass); fewer
+    when ``should_stop`` (polled before each pass) stopped it."""
     model, extra = lm.model, keep_last_logits(lm.model, 1)
     ids = torch.tensor([list(prompt_ids)], device=lm.device)  # [1, prompt_len]
     cache = DynamicCache(config=model.config)
@@ -47,6 +52,8 @@ def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_
     times: list[float] = []
     with torch.inference_mode():
         for _ in range(tokens):
+            if _stopped(should_stop):
+                break
             step_input = ids if not chosen else ids[:, -1:]
             token, ms = _timed(lm.device, lambda x=step_input: _greedy(
                 model(input_ids=x, cache=cache, use_cache=True, **extra).logits))
@@ -58,16 +65,19 @@ def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_
     return chosen, times
 
 
-def no_cache_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_ids: Collection[int] = ()
-                    ) -> tuple[list[int], list[float]]:
+def no_cache_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_ids: Collection[int] = (),
+                    should_stop: Callable[[], bool] | None = None) -> tuple[list[int], list[float]]:
     """Greedy without a cache: every step runs the whole sequence so far (prompt + tokens chosen) through the model
-    again. Same tokens as ``cached_decode``, quadratic cost. Returns the new ids and each one's milliseconds."""
+    again. Same tokens as ``cached_decode``, quadratic cost. Returns the new ids and each one's milliseconds; fewer
+    when ``should_stop`` (polled before each pass) stopped it."""
     model, extra = lm.model, keep_last_logits(lm.model, 1)
     ids = torch.tensor([list(prompt_ids)], device=lm.device)  # [1, prompt_len + step]
     chosen: list[int] = []
     times: list[float] = []
     with torch.inference_mode():
         for _ in range(tokens):
+            if _stopped(should_stop):
+                break
             token, ms = _timed(lm.device, lambda x=ids: _greedy(model(input_ids=x, use_cache=False, **extra).logits))
             chosen.append(int(token.item()))
             times.append(ms)
@@ -110,10 +120,12 @@ def _pad_id(lm: LoadedModel) -> int:
     return int(pad)
 
 
-def batch_greedy(lm: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: int) -> BatchRun:
+def batch_greedy(lm: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: int,
+                 should_stop: Callable[[], bool] | None = None) -> BatchRun:
     """Greedy decoding of all ``prompts`` as one batch with one ``DynamicCache``: left padding with an attention
     mask, and positions counted from each row's first real token (as ``generate`` does), so every row chooses the
-    tokens it would alone. Every row decodes ``new_tokens`` tokens (no stop at EOS)."""
+    tokens it would alone. Every row decodes ``new_tokens`` tokens (no stop at EOS), fewer when ``should_stop``
+    (polled before each step after the prefill) stopped it."""
     if new_tokens < 1 or not prompts or not all(prompts):
         raise ValueError("batch_greedy needs at least one token to decode and non-empty prompts")
     model, extra = lm.model, keep_last_logits(lm.model, 1)
@@ -130,7 +142,7 @@ def batch_greedy(lm: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: 
             times.append(ms)
             for row, value in zip(rows, token.tolist(), strict=True):
                 row.append(int(value))
-            if len(rows[0]) == new_tokens:
+            if len(rows[0]) == new_tokens or _stopped(should_stop):
                 break
             step_input = token[:, None]  # [batch, 1]
             if mask is not None and positions is not None:
@@ -146,16 +158,20 @@ class SweepPoint(NamedTuple):
     kv_bytes: int  # the cache at the end
 
 
-def batch_sweep(lm: LoadedModel, prompts: Sequence[Sequence[int]], sizes: Sequence[int], new_tokens: int
-                ) -> list[SweepPoint]:
+def batch_sweep(lm: LoadedModel, prompts: Sequence[Sequence[int]], sizes: Sequence[int], new_tokens: int,
+                should_stop: Callable[[], bool] | None = None) -> list[SweepPoint]:
     """For each size N, decode N prompts as one batch (``prompts`` taken in turn: one prompt gives N copies,
     several give different, left-padded prompts) and time the steps after the prefill (the median, which a busy
-    machine disturbs least)."""
+    machine disturbs least). When ``should_stop`` stops it, the sizes measured in full before are returned."""
     if new_tokens < 2:
         raise ValueError("a sweep needs new_tokens >= 2: the first token comes from the prefill, not a step")
     points = []
     for size in sizes:
-        run = batch_greedy(lm, [prompts[i % len(prompts)] for i in range(size)], new_tokens)
+        if _stopped(should_stop):
+            break
+        run = batch_greedy(lm, [prompts[i % len(prompts)] for i in range(size)], new_tokens, should_stop)
+        if len(run.tokens[0]) < new_tokens:  # cut short: its steps are not the size's figure
+            break
         ms = statistics.median(run.step_ms)
         points.append(SweepPoint(size=size, tokens_per_s=size * 1000 / ms, ms_per_step=ms, kv_bytes=run.kv_bytes))
     return points

@@ -210,26 +210,41 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             yield _phase(lm, start, "decode", len(generated) - 1, len(prompt_ids) + len(generated) - 1,
                          sum(step_ms[1:]), recompute=cache is None)
 
-    figures: dict[str, float] = {}
-    if generated and stop_reason != "stopped":
-        if kv.compare_no_cache:
-            yield _compare(lm, prompt_ids, len(generated))
-        if kv.sweep_sizes():
-            # At least two tokens, so one step follows the prefill: the sweep times steps, and decodes past EOS
-            # anyway, so an answer that ended at its first token still gets one.
-            yield _sweep(lm, prompt_ids, kv.sweep_sizes(), max(2, min(len(generated), 32)))
-        if kv.kv_dtype != "model" and samples == 1 and not forced:
-            figures = _divergence(lm, settings, prompt_ids, generated)
+    # The measurements after the run poll Stop too: one Stop cut short, or skipped, is named in the final event.
+    figures: dict[str, float] | None = {}
+    cut_short: list[str] = []
+    stop = (lambda: True) if stop_reason == "stopped" else record.should_stop
+    if generated and kv.compare_no_cache:
+        compared = _compare(lm, prompt_ids, len(generated), stop)
+        if compared is None:
+            cut_short.append("no_cache")
+        else:
+            yield compared
+    if generated and kv.sweep_sizes():
+        # At least two tokens, so one step follows the prefill: the sweep times steps, and decodes past EOS
+        # anyway, so an answer that ended at its first token still gets one.
+        sweep = _sweep(lm, prompt_ids, kv.sweep_sizes(), max(2, min(len(generated), 32)), stop)
+        if len(sweep.batch_sizes) < len(kv.sweep_sizes()):
+            cut_short.append("batch_sweep")
+        if sweep.batch_sizes:  # the sizes measured in full before Stop
+            yield sweep
+    if generated and kv.kv_dtype != "model" and samples == 1 and not forced:
+        figures = _divergence(lm, settings, prompt_ids, generated, stop)
+        if figures is None:
+            cut_short.append("full_model")
+    if cut_short:
+        stop_reason = "stopped"
     finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
                                steps=len(generated))
-    yield dataclasses.replace(finished, figures=figures)
+    yield dataclasses.replace(finished, figures=figures or {}, cut_short=tuple(cut_short))
 
 
-def _divergence(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int]
-                ) -> dict[str, float]:
-    """Where a quantized cache's greedy output first leaves the full-precision cache's (−1: nowhere)."""
-    full, _ = plain_greedy(lm, settings, prompt_ids, len(generated))
-    return agreement_figures(generated, full)
+def _divergence(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
+                should_stop: StopCheck | None = None) -> dict[str, float] | None:
+    """Where a quantized cache's greedy output first leaves the full-precision cache's (−1: nowhere); None when
+    Stop cut the full-precision decode short."""
+    full, _ = plain_greedy(lm, settings, prompt_ids, len(generated), should_stop)
+    return agreement_figures(generated, full) if len(full) == len(generated) else None
 
 
 def _sample_row(pipeline: tuple, ids: torch.Tensor, logits: torch.Tensor, generator: torch.Generator) -> int:
@@ -255,17 +270,23 @@ def _phase(lm: LoadedModel, start: KVStarted, phase: str, tokens: int, context: 
                    intensity=flops / moved if moved else 0.0, achieved_flops=flops / seconds if seconds else 0.0)
 
 
-def _compare(lm: LoadedModel, prompt_ids: list[int], tokens: int) -> KVCompare:
+def _compare(lm: LoadedModel, prompt_ids: list[int], tokens: int, should_stop: StopCheck | None = None
+             ) -> KVCompare | None:
+    """The same tokens decoded with and without a cache, each step timed; None when Stop cut either short."""
     from playground.engine.kv.batch import cached_decode, no_cache_decode
 
-    cached_ids, cached_ms = cached_decode(lm, prompt_ids, tokens)
-    uncached_ids, uncached_ms = no_cache_decode(lm, prompt_ids, tokens)
+    cached_ids, cached_ms = cached_decode(lm, prompt_ids, tokens, should_stop=should_stop)
+    uncached_ids, uncached_ms = no_cache_decode(lm, prompt_ids, tokens, should_stop=should_stop)
+    if min(len(cached_ids), len(uncached_ids)) < tokens:
+        return None
     return KVCompare(cached_ms=tuple(cached_ms), uncached_ms=tuple(uncached_ms), identical=cached_ids == uncached_ids)
 
 
-def _sweep(lm: LoadedModel, prompt_ids: list[int], sizes: tuple[int, ...], tokens: int) -> KVSweep:
+def _sweep(lm: LoadedModel, prompt_ids: list[int], sizes: tuple[int, ...], tokens: int,
+           should_stop: StopCheck | None = None) -> KVSweep:
+    """The batch sweep; when Stop comes, only the sizes measured before it."""
     from playground.engine.kv.batch import batch_sweep
 
-    rows = batch_sweep(lm, [prompt_ids], sizes, tokens)
+    rows = batch_sweep(lm, [prompt_ids], sizes, tokens, should_stop)
     return KVSweep(batch_sizes=tuple(r[0] for r in rows), tokens_per_s=tuple(r[1] for r in rows),
                    ms_per_step=tuple(r[2] for r in rows), kv_bytes=tuple(r[3] for r in rows))

@@ -114,22 +114,35 @@ def _decode(lm: LoadedModel, settings: RunSettings, mode: str, loop: LayerLoop, 
                 stop_reason = ended
                 break
 
-    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                               steps=len(generated))
     total = count * len(generated)
     figures = {"layers_total": float(total), "layers_computed": float(computed),
                "compute_saved": 1 - computed / total if total else 0.0}
-    if layers.compare_full and generated and stop_reason != "stopped":
-        figures.update(agreement(lm, settings, prompt_ids, generated, finished.tokens_per_s))
-    yield dataclasses.replace(finished, figures=figures)
+    cut_short: tuple[str, ...] = ()
+    full = None
+    if layers.compare_full and generated:
+        full = None if stop_reason == "stopped" else full_decode(lm, settings, prompt_ids, generated,
+                                                                 record.should_stop)
+        if full is None:  # Stop came before or during the full model's decode: no agreement to report
+            stop_reason, cut_short = "stopped", ("full_model",)
+    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
+                               steps=len(generated))
+    if full is not None:
+        figures.update(agreement(generated, *full, finished.tokens_per_s))
+    yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
 
 
-def agreement(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
-              tokens_per_s: float) -> dict[str, float]:
-    """The full model's greedy decode of as many tokens: where the outputs first differ (−1: nowhere), the share
-    of positions that agree, its speed and the time this run saved per token against it."""
+def full_decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
+                should_stop: StopCheck | None = None) -> tuple[list[int], float] | None:
+    """The full model's greedy decode of as many tokens as ``generated`` and its speed; None when Stop cut it."""
     forced = list(settings.forced_token_ids[: len(generated)])  # a branch: the full model continues it too
-    rest, full_tokens_per_s = plain_greedy(lm, settings, prompt_ids + forced, len(generated) - len(forced))
-    full = forced + rest
+    wanted = len(generated) - len(forced)
+    rest, full_tokens_per_s = plain_greedy(lm, settings, prompt_ids + forced, wanted, should_stop)
+    return (forced + rest, full_tokens_per_s) if len(rest) == wanted else None
+
+
+def agreement(generated: list[int], full: list[int], full_tokens_per_s: float, tokens_per_s: float
+              ) -> dict[str, float]:
+    """Against the full model's greedy decode of as many tokens: where the outputs first differ (−1: nowhere), the
+    share of positions that agree, its speed and the time this run saved per token against it."""
     return {**agreement_figures(generated, full), "full_tokens_per_s": full_tokens_per_s,
             "time_saved": 1 - full_tokens_per_s / tokens_per_s if tokens_per_s > 0 else 0.0}

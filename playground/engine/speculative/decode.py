@@ -241,13 +241,21 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         "mean_accepted": accepted_total / rounds if rounds else 0.0,
         "target_calls": float(target_calls), "draft_ms": draft_ms_total, "verify_ms": verify_ms_total,
     }
+    cut_short: tuple[str, ...] = ()
+    if spec.baseline_tokens and generated:
+        wanted = min(spec.baseline_tokens, len(generated))
+        baseline_ids, baseline = ([], 0.0) if stop_reason == "stopped" else \
+            plain_greedy(lm, settings, prompt_ids, wanted, record.should_stop)
+        if len(baseline_ids) < wanted:  # Stop came before or during the baseline: no speed-up to report
+            stop_reason, cut_short = "stopped", ("baseline",)
+        else:
+            figures["baseline_tokens_per_s"] = baseline
     finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
                                steps=len(generated))
-    if spec.baseline_tokens and generated and stop_reason != "stopped":
-        _, baseline = plain_greedy(lm, settings, prompt_ids, min(spec.baseline_tokens, len(generated)))
-        figures["baseline_tokens_per_s"] = baseline
+    if "baseline_tokens_per_s" in figures:
+        baseline = figures["baseline_tokens_per_s"]
         figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
-    yield dataclasses.replace(finished, figures=figures)
+    yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
 
 
 def next_draft_length(k: int, accepted: int, drafted: int) -> int:
