@@ -44,7 +44,7 @@ from playground.state.contrastive import AlphaReplay, ContrastiveState, StepReco
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, PROCESSED_COLOR, RAW_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw, static_plot
+from playground.ui.views.drawing import ThrottledDraw, clear_bars, static_plot
 
 LIVE_DRAW_MS = 200
 EXPERT_COLOR = RAW_COLOR  # the expert's own distribution: the raw model output, blue as everywhere
@@ -374,7 +374,7 @@ class ContrastiveView(View):
             self._strip_what_if.setOpts(x=xs, y0=np.full(n, -0.45), height=np.full(n, 0.9), width=0.86,
                                         brushes=what_brushes)
         else:
-            self._strip_what_if.setOpts(x=[], height=[], brushes=[])
+            clear_bars(self._strip_what_if)
         item = self.strip.getPlotItem()
         item.setXRange(-0.6, max(n, 12) - 0.4, padding=0)
         item.setYRange(-0.55, 1.55, padding=0)
@@ -404,7 +404,7 @@ class ContrastiveView(View):
     def _draw_strip_band(self) -> None:
         shown = self.shown_step
         if shown is None:
-            self._strip_band.setOpts(x=[], height=[])
+            clear_bars(self._strip_band)
         else:
             self._strip_band.setOpts(x=[shown], y0=[-0.55], height=[2.1], width=1.0)
 
@@ -415,7 +415,7 @@ class ContrastiveView(View):
             mark.setVisible(False)
         if index is None or index >= len(state.steps):
             for bars in (self.expert_bars, self.amateur_bars, self.contrast_bars, *self._shades, *self._bands):
-                bars.setOpts(x=[], height=[])
+                clear_bars(bars)
             self._cut_line.setVisible(False)
             bottom_panel.getAxis("bottom").setTicks([[]])
             top_panel.setTitle("Selected step (none yet)", size="10pt")

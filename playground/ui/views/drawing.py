@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QWidget
@@ -22,6 +23,18 @@ def static_plot(parent: QWidget, title: str, bottom: str, left: str, min_height:
     if min_height is not None:
         plot.setMinimumHeight(min_height)
     return plot
+
+
+# BarGraphItem options that hold one value per bar (or one for all, as a scalar).
+_PER_BAR = ("x", "x0", "x1", "y", "y0", "y1", "width", "height", "brushes", "pens")
+
+
+def clear_bars(bars: pg.BarGraphItem) -> None:
+    """Draw no bars, whatever the item was drawn with last: every per-bar option holding a list or an array
+    becomes empty. (pyqtgraph broadcasts the options together, so ``setOpts(x=[], height=[])`` on bars last drawn
+    with a ``y0`` of 4 values raises "operands could not be broadcast together with shapes (4,) (0,)".)"""
+    bars.setOpts(**{key: [] for key, value in bars.opts.items()
+                    if key in _PER_BAR and value is not None and not np.isscalar(value)})
 
 
 class ThrottledDraw(QObject):
