@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,11 @@ class ViewDock(QDockWidget):
             self.empty.setText(needs_local_model_text(self.view, run) or self.view.empty_text(run))
         self.pages.setCurrentWidget(self.view if shown else self.empty)
 
+    def show_failure(self, message: str) -> None:
+        """The view raised while drawing: say so in its place (the window and the other views go on)."""
+        self.empty.setText(message)
+        self.pages.setCurrentWidget(self.empty)
+
 
 class MainWindow(QMainWindow):
     closed = Signal()  # the window really closed
@@ -105,6 +112,7 @@ class MainWindow(QMainWindow):
         self._pending: list[tuple[RunSettings, Branch | None, RemoteBranch | None]] = []
         self._running_run: Run | None = None  # the run the current job decodes
         self._shown: set[str] = set()  # names of the views that show the selected run
+        self.view_failures: dict[tuple[str, str], int] = {}  # (view, method) -> times it raised (logged once)
         self._kinds_seen = 0  # step event kinds the selected run had when its views were chosen
 
         # --- widgets ------------------------------------------------------------------------------------
@@ -519,9 +527,9 @@ class MainWindow(QMainWindow):
             self.docks[name].show_view(shown, run)
             if shown:
                 self._shown.add(name)
-                view.show_run(run)
+                self._call_view(name, "show_run", run)
             else:
-                view.reset()
+                self._call_view(name, "reset")
         front = self._front_view(run)
         if front is not None:
             self.docks[front].raise_()  # bring it to the front when tabbed behind another
@@ -541,6 +549,32 @@ class MainWindow(QMainWindow):
                 if issubclass(kind, self.views[name].consumes):
                     return name
         return next((name for name in self.views if name in self._shown), None)
+
+    def _call_view(self, name: str, method: str, *args: Any) -> bool:
+        """View ``name``'s ``method`` (reset, show_run, apply, flush, end); True if it returned.
+
+        A view that raises must not take the window with it (a run that never starts, a Generate that does
+        nothing): its traceback goes to stderr (once per view and method), its dock says what failed, it is left
+        out until the next run is shown, and everything else goes on."""
+        try:
+            getattr(self.views[name], method)(*args)
+            return True
+        except Exception as error:
+            key = (name, method)
+            self.view_failures[key] = self.view_failures.get(key, 0) + 1
+            if self.view_failures[key] == 1:
+                print(f"playground: the {name} view raised in {method}(); the window goes on without it:",
+                      file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
+            self._shown.discard(name)
+            view = self.views[name]
+            message = f"{type(error).__name__}: {error}".splitlines()[0]
+            what = "clear itself" if method == "reset" else "draw this run"
+            self.docks[name].show_failure(
+                f"The {view.title.lower()} failed to {what} ({message}); the other views and the run go on. "
+                "Details are in the terminal; select the run again to retry.")
+            self.status.showMessage(f"The {view.title.lower()} failed to {what}: {message}", 10000)
+            return False
 
     def shown_views(self) -> list[View]:
         """The views that show the selected run."""
@@ -660,12 +694,10 @@ class MainWindow(QMainWindow):
         self.runs_list.update_run(run)
         if run is not self.session.selected:
             return
-        for name in self._shown:
-            view = self.views[name]
-            view.apply(run, batch)
-            view.flush()
-            if run.finished is not None:
-                view.end(run)
+        for name in list(self._shown):
+            if self._call_view(name, "apply", run, batch) and self._call_view(name, "flush") \
+                    and run.finished is not None:
+                self._call_view(name, "end", run)
         if any(isinstance(event, (RunStarted, RunFinished)) for event in batch):
             # The empty views' texts can say more now (a server's run: why they are empty; at its end, its figures).
             for name in self.views:
@@ -677,7 +709,7 @@ class MainWindow(QMainWindow):
                 if name not in self._shown and view.applies_to(run):
                     self._shown.add(name)
                     self.docks[name].show_view(True, run)
-                    view.show_run(run)
+                    self._call_view(name, "show_run", run)
         self.status.show_run(run)
 
     def _on_progress(self, message: str, fraction: float) -> None:
@@ -706,12 +738,14 @@ class MainWindow(QMainWindow):
             if ended is not None:
                 self.runs_list.update_run(ended)
                 if ended is self.session.selected:
-                    for name in self._shown:
-                        self.views[name].end(ended)
+                    for name in list(self._shown):
+                        self._call_view(name, "end", ended)
                     self.status.show_run(ended)
             if ended is not None and ended.finished is not None and job is not None and job.error is None:
+                cut = ended.finished.cut_short
+                note = f" (Stop cut short: {', '.join(c.replace('_', ' ') for c in cut)})" if cut else ""
                 self.status.showMessage(f"Run #{ended.index + 1} done: {ended.finished.stop_reason}, "
-                                        f"{ended.count_label()}", 10000)
+                                        f"{ended.count_label()}{note}", 10000)
         self.job, self.job_kind = None, ""
         if job is not None:
             job.deleteLater()
