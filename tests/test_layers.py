@@ -392,6 +392,69 @@ def test_a_threshold_no_update_falls_below_is_plain_greedy(deep_lm):
     assert list(events[-1].token_ids) == generate(deep_lm, prompt_ids(deep_lm), 10)
 
 
+def reference_layer_skip(model, ids: list[int], n: int, threshold: float) -> dict:
+    """Layer skipping written out here on the model's own layers: the prompt read whole but for its last token,
+    then each token through the layers one by one; a layer is skipped after one whose ‖h_out − h_in‖ / ‖h_in‖
+    was below ``threshold`` (never the first or last layer, never two in a row), and a skipped layer's keys and
+    values for the token are its own k/v projections (rotary applied) of its input norm of the hidden state that
+    reached it, written to the cache, so later tokens that run the layer attend to them."""
+    layers = model.model.layers
+    cache = DynamicCache(config=model.config)
+    out = {"tokens": [], "skipped": [], "updates": [], "probs": []}
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True)
+        token, position = ids[-1], len(ids) - 1
+        for _ in range(n):
+            h = model.model.embed_tokens(torch.tensor([[token]]))
+            pos = torch.tensor([[position]])
+            cos, sin = model.model.rotary_emb(h, position_ids=pos)
+            last, previous_skipped, skipped, updates = None, False, [], []
+            for j, layer in enumerate(layers):
+                if 0 < j < len(layers) - 1 and not previous_skipped and last is not None and last < threshold:
+                    attention = layer.self_attn
+                    x = layer.input_layernorm(h)
+                    k = attention.k_proj(x).view(1, 1, -1, attention.head_dim).transpose(1, 2)
+                    v = attention.v_proj(x).view(1, 1, -1, attention.head_dim).transpose(1, 2)
+                    _, k = apply_rotary_pos_emb(k, k, cos, sin)
+                    cache.update(k, v, j)
+                    skipped.append(j + 1)
+                    updates.append(None)
+                    previous_skipped = True
+                    continue
+                h_out = layer(h, position_ids=pos, cache=cache, use_cache=True, position_embeddings=(cos, sin))
+                last = float((h_out - h).norm() / h.norm())
+                updates.append(last)
+                h, previous_skipped = h_out, False
+            probs = torch.softmax(model.lm_head(model.model.norm(h))[0, -1].double(), -1)
+            token = int(probs.argmax())
+            out["tokens"].append(token)
+            out["skipped"].append(tuple(skipped))
+            out["updates"].append(updates)
+            out["probs"].append(float(probs[token]))
+            position += 1
+    return out
+
+
+@pytest.mark.parametrize("threshold", [0.22, 0.25])
+def test_layer_skip_over_several_tokens_equals_a_loop_written_here(deep_lm, threshold):
+    """A layer skipped for some tokens and run for later ones: those later tokens attend to the keys and values
+    filled for the skipped ones (zeros there, or no fill, change their hidden states, updates and tokens)."""
+    n = 12
+    events = run(deep_lm, strategy="layer-skip", skip_threshold=threshold, max_new_tokens=n, compare_full=False)
+    expected = reference_layer_skip(deep_lm.model, prompt_ids(deep_lm), n, threshold)
+    steps, tokens = of_type(events, LayerStep), of_type(events, TokenStep)
+    skipped_then_run = [(a, b, layer) for a in range(n) for b in range(a + 1, n) for layer in expected["skipped"][a]
+                        if layer not in expected["skipped"][b]]
+    assert skipped_then_run, "precondition: a later token runs a layer an earlier one skipped"
+    assert [s.skipped for s in steps] == expected["skipped"]
+    for step, updates in zip(steps, expected["updates"], strict=True):
+        assert [u is None for u in step.residual_update] == [u is None for u in updates]
+        assert [u for u in step.residual_update if u is not None] == pytest.approx(
+            [u for u in updates if u is not None], rel=1e-4)
+    assert list(events[-1].token_ids) == expected["tokens"]
+    assert [t.raw_prob for t in tokens] == pytest.approx(expected["probs"], rel=1e-4)
+
+
 # ------------------------------------------------------------------------------------------------ settings
 
 

@@ -349,3 +349,47 @@ def test_the_window_shows_the_layers_of_a_lens_run(qtbot, tmp_path, tiny_lm):
     assert view.image.image.shape == (2, len(run.steps))
     picture = view.grab()
     assert not picture.isNull() and picture.width() > 0
+
+
+def hidden_through_layers(model, ids: list[int]) -> list[tuple]:
+    """Each decoder layer's input and output hidden states [positions, hidden] over ``ids`` in one plain forward
+    pass without a cache, caught with hooks on the layers (hidden_states would hand back the last one normed)."""
+    import torch
+
+    caught: list[tuple] = []
+    hooks = []
+    for layer in model.model.layers:
+        def hook(module, args, kwargs, out):
+            h_in = args[0] if args else kwargs["hidden_states"]
+            h_out = out[0] if isinstance(out, tuple) else out
+            caught.append((h_in[0].double(), h_out[0].double()))
+        hooks.append(layer.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return caught
+
+
+def test_the_cell_panel_shows_each_layers_residual_update_computed_here(deep_lm, view):
+    """‖h_out − h_in‖ / ‖h_in‖ of the layer at the token's position, from hooks on a plain forward pass; dividing
+    by another norm (‖h_out‖) shows other numbers."""
+    import re
+
+    events = list(run_strategy(deep_lm, RunSettings.from_flat(strategy="greedy", lens=True, prompt=PROMPT,
+                                                              chat=False, max_new_tokens=6, lens_precision="model")))
+    view.show_run(as_run(events))
+    prompt = list(next(e for e in events if isinstance(e, RunStarted)).prompt_token_ids)
+    generated = list(events[-1].token_ids)
+    caught = hidden_through_layers(deep_lm.model, prompt + generated)
+    for token in range(len(generated)):
+        position = len(prompt) + token - 1  # the position whose output predicts the token
+        for layer in range(1, 7):
+            h_in, h_out = (h[position] for h in caught[layer - 1])
+            expected = float((h_out - h_in).norm() / h_in.norm())
+            view.select_cell(token, layer)
+            shown = re.search(r"residual update ‖Δh‖/‖h‖ = ([0-9.]+)", view.cell_panel.text())
+            assert shown is not None
+            assert float(shown.group(1)) == pytest.approx(expected, abs=6e-4), (token, layer)
