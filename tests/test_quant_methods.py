@@ -18,7 +18,7 @@ from playground.engine.quant.calibration import (
     load_text,
     text_ids,
 )
-from playground.engine.quant.linear import QuantLinear, model_weight_bytes
+from playground.engine.quant.linear import QuantLinear, model_weight_bytes, quantize_model
 from playground.engine.quant.metrics import first_divergence, kl_stats, perplexity
 from playground.engine.quant.rtn import dequantize, quantize
 from playground.engine.quant.smoothquant import (
@@ -217,6 +217,39 @@ def test_awq_folding_keeps_the_float_function(tiny_lm, ids, monkeypatch):
     torch.testing.assert_close(logits_of(scaled, ids), logits_of(tiny_lm.model, ids), rtol=0, atol=1e-4)
 
 
+def test_awq_searches_s_equal_mean_abs_x_to_the_alpha_over_the_grid(tiny_lm, ids):
+    """Each group's chosen alpha is the grid point whose scales s = mean|X|^alpha (normalised so that
+    sqrt(max s * min s) = 1), written out here, give the smallest calibration loss; its scales are those."""
+    model, grid = tiny_lm.model, 10
+    results = []
+    awq(model, tiny_lm.tokenizer, TEXT, group_size=16, grid=grid, max_tokens=MAX_TOKENS, results=results)
+    inputs = capture_inputs(model, ids)
+    chosen_alphas, checked = [], 0
+    for r in results:
+        layer_index = int(r.group.split(".")[2])
+        paths = GROUP_LINEARS[r.group.split(".", 3)[3]]
+        layer = model.model.layers[layer_index]
+        x = inputs[f"model.layers.{layer_index}.{paths[0]}"]
+        weights = [layer.get_submodule(p).weight.detach() for p in paths]
+        mean_abs = x.abs().mean(dim=0).clamp_min(1e-4)
+
+        def scales(alpha, mean_abs=mean_abs):
+            s = mean_abs ** alpha
+            return s / torch.sqrt(s.max() * s.min())
+
+        losses = [mse_of(x, weights, scales(i / grid), 16) for i in range(grid + 1)]
+        best = min(range(grid + 1), key=lambda i, losses=losses: (losses[i], i))  # ties keep the smaller alpha
+        # a near-tie between grid points could go either way in float32: only a clear winner is checked
+        runner_up = min(v for i, v in enumerate(losses) if i != best)
+        if runner_up > losses[best] * (1 + 1e-4):
+            assert r.alpha == best / grid, r.group
+            checked += 1
+        torch.testing.assert_close(r.scales, scales(r.alpha), rtol=1e-5, atol=1e-6)
+        chosen_alphas.append(r.alpha)
+    assert any(a > 0 for a in chosen_alphas), "precondition: some group chose scales other than RTN's"
+    assert checked >= len(results) // 2, "precondition: most groups have a clear best alpha"
+
+
 # -- metrics -----------------------------------------------------------------------------------------------------
 
 
@@ -394,3 +427,53 @@ def test_int8mm_kernel_and_row_scaling_of_a_quant_linear_with_bias():
     layer4.scale_rows(s)
     assert torch.equal(layer4.q, codes)
     torch.testing.assert_close(layer4(x), before / s, rtol=1e-5, atol=1e-6)
+
+
+def int8_groups(w: torch.Tensor, group: int | None, symmetric: bool) -> torch.Tensor:
+    """int8 round to nearest in groups of ``group`` input columns (None: per output channel), dequantized, written
+    out: symmetric codes ±127 with scale max|w| / 127; asymmetric codes -128..127 with scale (max - min) / 255 and
+    zero point -128 - min / scale."""
+    g = w.detach().double().reshape(w.shape[0], -1, group or w.shape[1])
+    if symmetric:
+        scale = g.abs().amax(-1, keepdim=True) / 127
+        return (torch.clamp(torch.round(g / scale), -127, 127) * scale).reshape(w.shape).float()
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = (hi - lo) / 255
+    zero = -128 - lo / scale
+    return ((torch.clamp(torch.round(g / scale + zero), -128, 127) - zero) * scale).reshape(w.shape).float()
+
+
+class HandLinear(torch.nn.Module):
+    """A linear with a given (dequantized) weight, its input optionally rounded to int8 per token first."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, per_token: bool):
+        super().__init__()
+        self.w, self.b, self.per_token = weight, bias, per_token
+
+    def forward(self, x):
+        return torch.nn.functional.linear(int8_rows(x) if self.per_token else x, self.w, self.b)
+
+
+@pytest.mark.parametrize(("method", "group", "symmetric", "per_token"), [
+    ("zeroquant", 32, True, True),  # W8A8: int8 group-wise weights, int8 per-token activations
+    ("rtn-int8-asym", None, False, False),  # weights only, per channel, with a zero point
+    ("rtn-int8", None, True, False),
+])
+def test_int8_methods_compute_what_their_recipe_written_here_computes(tiny_lm, ids, method, group, symmetric,
+                                                                      per_token):
+    model = tiny_lm.model
+    copied = quantize_model(model, method, group, kernel="dequant")
+    for name, linear in decoder_linears(model).items():
+        stored = decoder_linears(copied)[name]
+        torch.testing.assert_close(dequantize(stored.qt), int8_groups(linear.weight, group, symmetric),
+                                   rtol=0, atol=1e-6)
+    reference = with_linears(model, lambda name, m: HandLinear(int8_groups(m.weight, group, symmetric), m.bias,
+                                                               per_token))
+    other = with_linears(model, lambda name, m: HandLinear(int8_groups(m.weight, group, symmetric), m.bias,
+                                                           not per_token))
+    got, want, unlike = logits_of(copied, ids), logits_of(reference, ids), logits_of(other, ids)
+    error = float((got - want).abs().max())
+    # float rounding can move an activation sitting on a rounding boundary by one int8 step
+    assert error < 1e-4 * float(want.abs().max()), method
+    # the activations' rounding is visible in the logits: with it dropped (or added) they move far more
+    assert float((unlike - want).abs().max()) > 20 * error, method
