@@ -24,6 +24,8 @@ RUNS = (
     {"strategy": "speculative", "draft": "layers", "draft_layers": 2, "draft_k": 3},
     {"strategy": "cascade", "cheap": "layers", "cheap_layers": 2},
     {"strategy": "kv-cache"},
+    {"strategy": "greedy", "quant": "awq", "compare": True, "calibration_tokens": 64},
+    {"strategy": "compare", "panes": ("greedy", "early-exit --min-exit-layer 2")},
     {"strategy": "contrastive", "amateur": "layer", "amateur_layer": 2},
 )
 
