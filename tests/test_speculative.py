@@ -1062,3 +1062,35 @@ def test_adaptive_k_follows_the_heuristic_schedule_and_keeps_greedy(tiny_lm):
         r.accepted < len(r.drafted) for r in run.rounds), "precondition: both kinds of verdict"
     assert max(len(r.drafted) for r in run.rounds) > 3  # the schedule grew the draft
     assert list(run.done.token_ids) == cached_reference(tiny_lm, list(run.prompt_ids), max_new_tokens=40)
+
+
+def test_adaptive_k_round_by_round_equals_a_simulation_written_here(tiny_lm, drafts):
+    """The rounds of an adaptive model-drafted greedy run, simulated here from the target's greedy tokens and the
+    draft model's own argmax continuations: each round drafts min(k, room - 1) tokens, keeps the prefix that
+    matches the target's tokens, and k becomes min(16, k + 2) after a fully accepted draft, max(1, k - 1) after a
+    rejection."""
+    n, k = 60, 2
+    run = spec(tiny_lm, prompt="Hello", max_new_tokens=n, draft_k=k, adaptive_k=True,
+               **drafter_options("model", drafts, "perturbed"))
+    target = cached_reference(tiny_lm, run.prompt_ids, max_new_tokens=n)
+    draft_model = drafts["models"]["perturbed"]
+    lengths, accepts, done = [], [], 0
+    while done < n:
+        room = n - done
+        m = min(k, room - 1) if room > 1 else 0
+        context = run.prompt_ids + target[:done]
+        proposal = []
+        for _ in range(m):
+            proposal.append(int(all_logits(draft_model, context + proposal)[-1].argmax()))
+        accepted = next((i for i, (a, b) in enumerate(zip(proposal, target[done:], strict=False)) if a != b), m)
+        lengths.append(m)
+        accepts.append(accepted)
+        done += accepted + 1
+        if m:
+            k = min(16, k + 2) if accepted == m else max(1, k - 1)
+    assert any(a == m > 0 for a, m in zip(accepts, lengths, strict=True)) and any(
+        a < m for a, m in zip(accepts, lengths, strict=True)), "precondition: both kinds of verdict"
+    assert max(lengths) >= 5, "precondition: the schedule grew the draft over consecutive rounds"
+    assert [len(r.drafted) for r in run.rounds] == lengths
+    assert [r.accepted for r in run.rounds] == accepts
+    assert run.ids == target
