@@ -410,3 +410,13 @@ def model_support(model: nn.Module) -> ModelSupport:
     except ConfigError as error:
         return ModelSupport(family_name(model), {cap: str(error) for cap in CAPABILITIES})
     return ModelSupport(anatomy.family, {cap: None for cap in CAPABILITIES})
+
+
+def layer_count(model: nn.Module) -> int:
+    """How many decoder layers the model has: the anatomy's, else its config's (families outside the table)."""
+    try:
+        return anatomy_of(model).count
+    except ConfigError:
+        config = getattr(model, "config", None)
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        return int(getattr(text, "num_hidden_layers", 0) or 0)
