@@ -1094,3 +1094,75 @@ def test_adaptive_k_round_by_round_equals_a_simulation_written_here(tiny_lm, dra
     assert [len(r.drafted) for r in run.rounds] == lengths
     assert [r.accepted for r in run.rounds] == accepts
     assert run.ids == target
+
+
+# ------------------------------------------------------------------- a draft head narrower or wider than the target
+
+
+def first_token_counts(q_draft: torch.Tensor, p_rows: torch.Tensor, trials: int) -> tuple[dict, dict]:
+    """Per generator seed: x ~ q drawn here, one verification; counts of the first emitted token and of the
+    corrections."""
+    rng = torch.Generator().manual_seed(2024)
+    xs = torch.multinomial(q_draft, trials, replacement=True, generator=rng).tolist()
+    first, corrections = {}, {}
+    for seed, x in enumerate(xs):
+        verdict = verify_sampled([x], q_draft[None], p_rows, torch.Generator().manual_seed(seed))
+        token = x if verdict.accepted else verdict.token_id
+        first[token] = first.get(token, 0) + 1
+        if not verdict.accepted:
+            corrections[verdict.token_id] = corrections.get(verdict.token_id, 0) + 1
+    return first, corrections
+
+
+def test_verify_sampled_with_a_draft_head_narrower_than_the_targets():
+    """q over 5 tokens, p over 6: the token the draft lacks has q = 0, so it comes only as a correction, from
+    max(0, p - q) with q = 0 there; the emitted tokens follow p."""
+    p6 = torch.cat([P5 / 2, torch.tensor([0.5], dtype=torch.float64)])
+    p_rows = torch.stack([p6, p6])
+    trials = 3000
+    first, corrections = first_token_counts(Q5, p_rows, trials)
+    chi2, df = chi_square(first, dict(enumerate(p6.tolist())), trials)
+    assert chi2 < CHI2_999[df], f"first token: chi-square {chi2:.1f} over {df} degrees of freedom"
+    residual = (p6 - torch.cat([Q5, torch.zeros(1, dtype=torch.float64)])).clamp(min=0)
+    residual = {t: float(v) for t, v in enumerate(residual / residual.sum()) if v > 0}
+    assert set(corrections) <= set(residual)
+    chi2, df = chi_square(corrections, residual, sum(corrections.values()))
+    assert chi2 < CHI2_999[df], f"corrections: chi-square {chi2:.1f} over {df} degrees of freedom"
+
+
+def test_verify_sampled_with_a_draft_head_wider_than_the_targets():
+    """q over 6 tokens, p over 5: a draft of the token the target lacks is always rejected; emitted tokens ~ p."""
+    q6 = torch.tensor([0.3, 0.1, 0.1, 0.2, 0.1, 0.2], dtype=torch.float64)
+    p_rows = torch.stack([P5, P5])
+    trials = 3000
+    rng = torch.Generator().manual_seed(7)
+    for seed in range(200):
+        verdict = verify_sampled([5], q6[None], p_rows, torch.Generator(rng.device).manual_seed(seed))
+        assert verdict.accepted == 0 and verdict.token_id < 5
+    first, _ = first_token_counts(q6, p_rows, trials)
+    chi2, df = chi_square(first, dict(enumerate(P5.tolist())), trials)
+    assert chi2 < CHI2_999[df], f"first token: chi-square {chi2:.1f} over {df} degrees of freedom"
+
+
+@pytest.fixture(scope="module")
+def wide_target(tiny_lm):
+    """tiny_lm with 8 more LM-head rows (as a larger model of a family pads its head further): the draft models,
+    of the tokenizer's width, lack them."""
+    model = copy.deepcopy(tiny_lm.model)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    model.resize_token_embeddings(vocab + 8, mean_resizing=False)
+    return LoadedModel(model=model, tokenizer=tiny_lm.tokenizer, name="tiny-wide", path="<memory>",
+                       device=tiny_lm.device, dtype=tiny_lm.dtype)
+
+
+def test_a_narrower_draft_model_drafts_for_a_wider_target(wide_target, drafts):
+    """Greedy equals the wide target's generate(); sampled runs end (every rejection draws from max(0, p - q) on
+    the target's width) with drafts inside the draft's own vocabulary."""
+    width = len(wide_target.tokenizer)
+    options = {"prompt": "Hello", "max_new_tokens": 24, "draft_k": 3, **drafter_options("model", drafts, "other")}
+    greedy = spec(wide_target, **options)
+    assert greedy.ids == reference_generate(wide_target, greedy.prompt_ids, max_new_tokens=24)
+    for seed in range(3):
+        run = spec(wide_target, do_sample=True, seed=seed, **options)
+        assert len(run.ids) == 24 and any(r.accepted < len(r.drafted) for r in run.rounds)
+        assert all(d.token_id < width for r in run.rounds for d in r.drafted)

@@ -38,17 +38,30 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return residual / total if total > 0 else p
 
 
+def on_target_width(draft_probs: torch.Tensor, width: int) -> torch.Tensor:
+    """q rows [n, vocab_draft] on the target's vocabulary [n, width]: a draft model whose LM head is narrower
+    (fewer padding rows) gives the tokens it lacks probability 0; a wider one's extra rows are no tokens of the
+    target (what it put there, the target rejects: p = 0)."""
+    missing = width - draft_probs.shape[-1]
+    if missing > 0:
+        return torch.cat([draft_probs, draft_probs.new_zeros((*draft_probs.shape[:-1], missing))], dim=-1)
+    return draft_probs[..., :width]
+
+
 def verify_sampled(draft: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
                    generator: torch.Generator) -> Verdict:
-    """``draft_probs``: [len(draft), vocab] q rows (one-hot rows for a deterministic drafter);
+    """``draft_probs``: [len(draft), vocab_draft] q rows (one-hot rows for a deterministic drafter);
     ``target_probs``: [len(draft) + 1, vocab] processed p rows. Draws with ``generator`` (on the rows' device)."""
     draws = []
+    width = target_probs.shape[-1]
+    fitted = on_target_width(draft_probs, width)
     for i, token in enumerate(draft):
-        p, q = target_probs[i], draft_probs[i]
+        p, q = target_probs[i], fitted[i]
         draw = float(torch.rand((), generator=generator, device=p.device).item())
         draws.append(draw)
-        q_token = float(q[token])
-        if q_token <= 0 or draw >= min(1.0, float(p[token]) / q_token):
+        q_token = float(draft_probs[i, token])
+        p_token = float(p[token]) if token < width else 0.0
+        if q_token <= 0 or draw >= min(1.0, p_token / q_token):
             residual = residual_distribution(p, q)
             token_id = int(torch.multinomial(residual, 1, generator=generator).item())
             return Verdict(i, token_id, tuple(draws))
