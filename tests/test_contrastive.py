@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -26,6 +27,7 @@ from playground.engine.speculative.decode import quantized_copy
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
+from playground.models.loaded import LoadedModel
 from playground.tiny_models import build_tiny_lm
 
 PROMPT = "the cat sat on the mat"
@@ -153,6 +155,41 @@ def test_model_amateur_scores_equal_two_independent_models(tiny_lm, amateur_fold
     for step, token in zip(run.steps, run.tokens, strict=True):
         ids = run.prompt_ids + run.ids[: step.step]
         check_step(step, token, last_logits(tiny_lm.model, ids), last_logits(amateur, ids), 0.05, 0.7)
+
+
+def test_tokens_a_narrower_amateur_lacks_score_minus_infinity(tiny_lm, amateur_folder):
+    """An expert with 8 more LM-head rows than the amateur (a larger model of a family pads its head further),
+    those rows copies of the rows of its 8 likeliest first tokens, so they are plausible: the amateur has no
+    opinion on them, and they score −∞ (never chosen), the others log p_e − log p_a as written out here."""
+    expert = copy.deepcopy(tiny_lm.model)
+    vocab = expert.get_output_embeddings().weight.shape[0]
+    prompt_ids = contrastive(tiny_lm, max_new_tokens=1).prompt_ids
+    top = last_logits(tiny_lm.model, prompt_ids).topk(8).indices
+    expert.resize_token_embeddings(vocab + 8, mean_resizing=False)
+    with torch.no_grad():
+        head = expert.get_output_embeddings().weight
+        head[vocab:] = head[top]
+    wide = LoadedModel(model=expert, tokenizer=tiny_lm.tokenizer, name="tiny-wide", path="<memory>",
+                       device=tiny_lm.device, dtype=tiny_lm.dtype)
+    amateur = build_tiny_lm(seed=2).model  # the saved folder's weights, loaded independently
+    alpha, temperature = 0.1, 0.7
+    run = contrastive(wide, amateur="model", amateur_model=amateur_folder, alpha=alpha,
+                      amateur_temperature=temperature, max_new_tokens=8)
+    lacked = 0
+    for step in run.steps:
+        ids = run.prompt_ids + run.ids[: step.step]
+        lp_e = last_logits(expert, ids).double().log_softmax(dim=-1)  # [vocab + 8]
+        lp_a = (last_logits(amateur, ids).double() / temperature).log_softmax(dim=-1)  # [vocab]
+        plausible = (lp_e - lp_e.max()).exp() >= alpha
+        scores = torch.full_like(lp_e, -math.inf)
+        scores[:vocab] = torch.where(plausible[:vocab], lp_e[:vocab] - lp_a, torch.tensor(-math.inf).double())
+        lacked += int(plausible[vocab:].sum())
+        assert step.contrast_token_id == int(scores.argmax()) and step.contrast_token_id < vocab
+        for c in step.candidates:
+            if c.token_id >= vocab:
+                assert c.score == -math.inf and c.prob == 0.0
+    assert lacked > 0, "precondition: tokens the amateur lacks are plausible under the expert"
+    assert all(t < vocab for t in run.ids)
 
 
 def test_quantized_amateur_scores_equal_its_own_recomputation(tiny_lm):
