@@ -181,3 +181,44 @@ def test_a_quantized_cache_reports_where_it_leaves_full_precision(tiny_lm, dtype
     figures = events[-1].figures
     assert figures["first_divergence"] == (same.index(False) if False in same else -1)
     assert figures["identical_fraction"] == sum(same) / 30
+
+
+def fed_rows(model, run_it) -> list[list[int]]:
+    """The token ids every batched decode pass fed the model, one list per pass (a forward pre-hook: what each
+    parallel sequence really continued with; the events carry only the run's own row)."""
+    fed: list[list[int]] = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[0] > 1 and ids.shape[1] == 1:
+            fed.append(ids[:, 0].tolist())
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        run_it()
+    finally:
+        handle.remove()
+    return fed
+
+
+@pytest.mark.parametrize("options", [{}, {"paged": True, "block_size": 4}], ids=["contiguous", "paged"])
+def test_each_parallel_sample_draws_from_its_own_row(tiny_lm, options):
+    """top-k 1 makes every draw its row's own argmax. The run's row is forced to another first token than the
+    greedy one, so it parts from the other rows at once: those must go on as plain greedy from the prompt
+    (generate() here), the run's row as greedy after its forced token; a row drawn from another row's logits
+    would follow that row instead."""
+    prompt, greedy = reference(tiny_lm, NEW)
+    forced = next(t for t in range(5, 300) if t != greedy[0])
+    tensor = torch.tensor([[*prompt, forced]])
+    after_forced = tiny_lm.model.generate(tensor, attention_mask=torch.ones_like(tensor), do_sample=False,
+                                          max_new_tokens=NEW - 1, min_new_tokens=NEW - 1,
+                                          pad_token_id=tiny_lm.tokenizer.pad_token_id)[0, tensor.shape[1]:].tolist()
+    assert after_forced[: NEW - 2] != greedy[1 : NEW - 1], "precondition: the rows part"
+    events: list = []
+    fed = fed_rows(tiny_lm.model, lambda: events.extend(run(tiny_lm, samples=3, top_k=1, seed=3,
+                                                            forced_token_ids=(forced,), **options)))
+    assert list(events[-1].token_ids) == [forced, *after_forced]
+    assert len(fed) == NEW - 1  # steps 1 .. NEW - 1 read the tokens of steps 0 .. NEW - 2
+    for row in (1, 2):
+        assert [tokens[row] for tokens in fed] == greedy[: NEW - 1], f"row {row}"
+    assert [tokens[0] for tokens in fed] == [forced, *after_forced[: NEW - 2]]
