@@ -239,3 +239,42 @@ def test_a_long_pane_keeps_its_text_when_split_for_speed_and_resized(qtbot):
     qtbot.waitUntil(lambda: column._split_width == column.text.document().textWidth(), timeout=5000)
     assert column.text.toPlainText().replace("\n", "") == expected
     assert pane_pieces(state, 1)[300] == ("<301>", DIVERGES)
+
+
+def test_the_figures_table_shows_each_outputs_figures_computed_here(tiny_lm, compare_view):
+    """Every cell of the figures table against the figure computed here from the pane's token ids: distinct-n as
+    unique n-grams over all, 3-grams that repeat an earlier one, the log-likelihood from a plain forward pass of
+    the model, its mean per token, and the first token (1-based) where a pane leaves the reference pane."""
+    import torch
+
+    settings = RunSettings(strategy="compare", prompt="Once upon", max_new_tokens=40, groups=(CompareSettings(
+        panes=("greedy", "greedy --repetition-penalty 1.3", "sample --temperature 1.5 --seed 4")),))
+    events = list(run_strategy(tiny_lm, settings))
+    compare_view.show_run(Run.from_events(events))
+    table = shown(compare_view)["table"]
+    prompt = list(events[0].prompt_token_ids)
+    outputs = [list(e.token_ids) for e in events if isinstance(e, PaneFinished)]
+
+    def grams(ids, n):
+        return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+
+    expected: dict[str, list[str]] = {k: [] for k in ("tokens", "ll", "mean", "d1", "d2", "rep3", "div")}
+    for column, ids in enumerate(outputs):
+        with torch.no_grad():
+            logits = tiny_lm.model(torch.tensor([prompt + ids])).logits[0].double()
+        ll = float(sum(logits[len(prompt) - 1 + i].log_softmax(-1)[t] for i, t in enumerate(ids)))
+        trigrams = grams(ids, 3)
+        repeats = sum(g in trigrams[:i] for i, g in enumerate(trigrams))
+        reference = outputs[0]
+        differ = next((i for i, (a, b) in enumerate(zip(ids, reference, strict=False)) if a != b),
+                      None if len(ids) == len(reference) else min(len(ids), len(reference)))
+        expected["tokens"].append(f"{len(ids)}")
+        expected["ll"].append(f"{ll:.1f}")
+        expected["mean"].append(f"{ll / len(ids):.3f}")
+        expected["d1"].append(f"{len(set(ids)) / len(ids):.3f}")
+        expected["d2"].append(f"{len(set(grams(ids, 2))) / (len(ids) - 1):.3f}")
+        expected["rep3"].append(f"{repeats}")
+        expected["div"].append("reference" if column == 0 else "never" if differ is None else f"{differ + 1}")
+    assert expected["d1"] != expected["d2"] and expected["rep3"] != ["0"] * 3, "precondition: the figures differ"
+    assert "never" not in expected["div"][1:] and expected["div"][1] != "1", "precondition: a pane parts midway"
+    assert table[2:9] == [expected[k] for k in ("tokens", "ll", "mean", "d1", "d2", "rep3", "div")]
