@@ -1,21 +1,19 @@
-"""The error types whose message is meant for the user (shown as is, no traceback)."""
+"""The errors whose message is meant for the user (shown as is, no traceback).
+
+Each layer raises its own kind (a setting, a model that will not load or fetch, a saved run, a server, a
+screenshot); every one of them subclasses ``UserError``, so this module, at the bottom of the layers, names none
+of them and the command line and the window catch them all with ``USER_ERRORS``.
+"""
 
 from __future__ import annotations
 
-from playground.config import ConfigError
+
+class UserError(Exception):
+    """Base of the errors whose message is for the user: it says what went wrong and what to do."""
 
 
-class ScreenshotError(RuntimeError):
+class ScreenshotError(UserError, RuntimeError):
     """A headless screenshot could not be made (the run failed); the message says why."""
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from playground.models.default_model import FetchError
-    from playground.models.loading import ModelLoadError
-    from playground.remote.errors import RemoteError
-    from playground.traces import TraceError
-
-    return (ConfigError, ModelLoadError, FetchError, ScreenshotError, TraceError, RemoteError)
-
-
-USER_ERRORS = _user_errors()
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError,)

@@ -11,10 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from playground.errors import UserError
 from playground.events import EventDecodeError, RunFinished, RunStarted, dumps_event, event_from_dict
 
 
-class TraceError(ValueError):
+class TraceError(UserError, ValueError):
     """A file that holds no run at all; the message says why."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from playground.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A setting that cannot work; the message says which and what to do."""

@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from playground.errors import UserError
 from playground.models.paths import models_dir
 
 Progress = Callable[[str, float], None]
@@ -31,7 +32,7 @@ GGUF_SHA256 = base64.urlsafe_b64decode("sXnJUj0Oag-YozDHVitoJ1Cm-MjBXlvHDqNzcoEQ
 MARKER = "playground-source.json"
 
 
-class FetchError(RuntimeError):
+class FetchError(UserError, RuntimeError):
     """Fetching or converting the default model failed; the message says why and what to try."""
 
 

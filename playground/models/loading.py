@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from playground.config import ModelSettings
+from playground.errors import UserError
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
 from playground.models.loaded import LoadedModel
@@ -22,7 +23,7 @@ Progress = Callable[[str, float], None]
 log = logging.getLogger(__name__)
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     """A model could not be loaded; the message is meant for the user."""
 
 
