@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from playground.config import ConfigError, RunSettings
-from playground.engine.strategies import get_strategy
+from playground.config.catalog import get_strategy
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "resources" / "presets"
 

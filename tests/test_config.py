@@ -20,7 +20,8 @@ from playground.config import (
     rows,
     setting,
 )
-from playground.engine.strategies import STRATEGIES, Strategy, register_strategy
+from playground.config.catalog import STRATEGIES, Strategy, register_strategy
+from playground.engine.strategies import RUNNERS, register_runner
 from playground.events import TokenStep
 
 NAN, INF = float("nan"), float("inf")
@@ -308,11 +309,13 @@ def probe_group():
 def probe_strategy(probe_group):
     """A strategy that reads the probe group (so the form reports its values)."""
     assert "probe" not in STRATEGIES
-    register_strategy(Strategy("probe", "greedy, with a probe", "playground.engine.sampling:run_sampling",
-                               sections=("penalties",), groups=(ProbeSettings,), step_events=(TokenStep,)))
+    register_strategy(Strategy("probe", "greedy, with a probe", sections=("penalties",), groups=(ProbeSettings,),
+                               step_events=(TokenStep,)))
+    register_runner("probe", "playground.engine.sampling:run_sampling")
     try:
         yield "probe"
     finally:
+        RUNNERS.pop("probe", None)
         STRATEGIES.pop("probe", None)
 
 

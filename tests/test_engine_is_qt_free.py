@@ -39,7 +39,8 @@ def test_the_walk_covers_every_package():
 def test_engine_imports_no_qt_even_while_running_every_strategy():
     run_all = """
 from playground.config import RunSettings
-from playground.engine.strategies import STRATEGIES, run_strategy
+from playground.config.catalog import STRATEGIES
+from playground.engine.strategies import run_strategy
 from playground.tiny_models import build_tiny_lm
 lm = build_tiny_lm(seed=0)
 for name in STRATEGIES:
@@ -57,6 +58,6 @@ def test_package_import_is_light():
 
 
 def test_settings_registry_and_saved_runs_load_no_torch():
-    loaded = _loaded_after("import playground.engine.strategies, playground.traces, playground.presets, "
-                           "playground.state, playground.cli_options")
+    loaded = _loaded_after("import playground.config.catalog, playground.engine.strategies, "
+                           "playground.traces, playground.presets, playground.state, playground.cli_options")
     assert not {"torch", "transformers", *QT} & loaded

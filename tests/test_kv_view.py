@@ -460,7 +460,7 @@ def test_the_picture_is_not_blank(view):
 
 # --- real runs ----------------------------------------------------------------------------------------------
 def kv_strategy_ready() -> bool:
-    from playground.engine.strategies import get_strategy
+    from playground.config.catalog import get_strategy
 
     try:
         get_strategy("kv-cache")

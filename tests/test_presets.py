@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from playground.config import BeamSettings
-from playground.engine.strategies import STRATEGIES, run_strategy
+from playground.config.catalog import STRATEGIES
+from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, TokenStep
 from playground.events.layers import LayerStep
 from playground.presets import load_preset, preset_names

@@ -19,7 +19,8 @@ from PySide6.QtCore import QSettings, Qt
 
 from playground.cli_options import settings_from_pane
 from playground.config import RunSettings
-from playground.engine.strategies import run_strategy, strategy_names
+from playground.config.catalog import strategy_names
+from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, TokenStep
 from playground.events.panes import PaneToken
 from playground.events.speculative import SpeculativeRound

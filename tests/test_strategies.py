@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from playground.config import ConfigError, RunSettings
-from playground.engine.strategies import STRATEGIES, get_strategy, run_strategy
+from playground.config.catalog import STRATEGIES, get_strategy
+from playground.engine.strategies import RUNNERS, load_runner, run_strategy
 from playground.events import PrefillDone, RunFinished, RunStarted
 
 
@@ -26,6 +27,10 @@ def test_registry_holds_the_known_strategies():
         assert strategy.name == name and strategy.help and strategy.step_events
 
 
+def test_the_engine_runs_exactly_the_catalog():
+    assert list(RUNNERS) == list(STRATEGIES)
+
+
 @pytest.mark.parametrize("command", ["trace", "shot", "app"])
 def test_cli_offers_exactly_the_registry(command):
     assert _strategy_choices(command) == list(STRATEGIES)
@@ -42,7 +47,7 @@ def test_window_offers_exactly_the_registry(qapp):
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_strategy_runs_on_a_tiny_model(tiny_lm, name):
     strategy = STRATEGIES[name]
-    assert callable(strategy.load_runner())
+    assert callable(load_runner(name))
     settings = RunSettings.from_flat(strategy=name, max_new_tokens=3, prompt="Hello")
     events = list(run_strategy(tiny_lm, settings))
     assert isinstance(events[0], RunStarted) and events[0].strategy == name

@@ -1,37 +1,19 @@
-"""The strategy registry: name → runner, with what each strategy uses and yields.
+"""The engine's side of the strategy catalog: a runner for every strategy name, and ``run_strategy``.
 
-The CLI's ``--strategy`` choices, the window's strategy menu and ``run_strategy`` all read this table. Runners are
-named as ``"module:function"`` and imported on first use, so reading the table loads no torch.
+What a strategy is called, what it reads and what it yields is the catalog's (``playground.config.catalog``, in the
+contract); here each name gets the function that decodes it. Runners are named as ``"module:function"`` and
+imported on first use, so reading this table loads no torch.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from playground.config import (
-    BeamSettings,
-    CascadeSettings,
-    CompareSettings,
-    ConfigError,
-    ContrastiveSettings,
-    KVSettings,
-    LayerSettings,
-    LensSettings,
-    QuantSettings,
-    RunSettings,
-    SettingsGroup,
-    SpeculativeSettings,
-)
-from playground.events import BeamStep, Event, TokenStep
-from playground.events.cascade import CascadeResponse, CascadeStep
-from playground.events.contrastive import ContrastStep
-from playground.events.kv import KVStep
-from playground.events.layers import LayerStep
-from playground.events.panes import PaneToken
-from playground.events.speculative import SpeculativeRound
+from playground.config import ConfigError, LensSettings, QuantSettings, RunSettings
+from playground.config.catalog import STRATEGIES, get_strategy
+from playground.events import Event
 
 if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help, saved runs, the Qt-free state)
     from playground.models.loaded import LoadedModel
@@ -39,93 +21,36 @@ if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help,
 StopCheck = Callable[[], bool]
 Runner = Callable[["LoadedModel", RunSettings, "StopCheck | None"], Iterator[Event]]
 
-
-@dataclass(frozen=True)
-class Strategy:
-    name: str
-    help: str  # one line for --help and the menu's tooltip
-    runner: str  # "module:function" taking (lm, settings, should_stop) and returning an event iterator
-    sections: tuple[str, ...] = ()  # shared settings sections it reads besides "generation": "sampling", "penalties"
-    groups: tuple[type[SettingsGroup], ...] = ()  # capability settings it reads
-    # The per-step events it yields, the most telling first: views pick runs by these, and the view of the first
-    # comes to the front.
-    step_events: tuple[type, ...] = ()
-
-    def load_runner(self) -> Runner:
-        module, _, function = self.runner.partition(":")
-        return getattr(importlib.import_module(module), function)
+# Strategy name -> "module:function" taking (lm, settings, should_stop) and returning an event iterator.
+RUNNERS: dict[str, str] = {}
 
 
-STRATEGIES: dict[str, Strategy] = {}
+def register_runner(name: str, runner: str) -> None:
+    """The engine's runner for the catalog's strategy ``name``."""
+    get_strategy(name)  # a runner for a strategy the catalog does not know is a bug
+    if name in RUNNERS:
+        raise ValueError(f"strategy {name!r} has a runner already")
+    RUNNERS[name] = runner
 
 
-def register_strategy(strategy: Strategy) -> Strategy:
-    if strategy.name in STRATEGIES:
-        raise ValueError(f"strategy {strategy.name!r} is registered twice")
-    STRATEGIES[strategy.name] = strategy
-    return strategy
-
-
-register_strategy(Strategy(
-    "greedy", "always the most likely token (after the penalties)", "playground.engine.sampling:run_sampling",
-    sections=("penalties",), groups=(LensSettings, QuantSettings), step_events=(TokenStep,)))
-register_strategy(Strategy(
-    "sample", "draw from the processed distribution (temperature, top-k, top-p, min-p)",
-    "playground.engine.sampling:run_sampling", sections=("sampling", "penalties"),
-    groups=(LensSettings, QuantSettings), step_events=(TokenStep,)))
-register_strategy(Strategy(
-    "beam", "keep several hypotheses, expand all of them every step", "playground.engine.beam:run_beam_search",
-    sections=("penalties",), groups=(BeamSettings, LensSettings, KVSettings, QuantSettings), step_events=(BeamStep,)))
-
-register_strategy(Strategy(
-    "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
-    "playground.engine.speculative.decode:run_speculative", sections=("sampling", "penalties"),
-    groups=(SpeculativeSettings, LensSettings, QuantSettings), step_events=(SpeculativeRound, TokenStep)))
-
-
-register_strategy(Strategy(
-    "early-exit", "each token leaves the layer stack at the first layer whose logit lens is confident enough",
-    "playground.engine.layers.decode:run_early_exit", sections=("penalties",),
-    groups=(LayerSettings, LensSettings, QuantSettings), step_events=(LayerStep, TokenStep)))
-register_strategy(Strategy(
-    "layer-skip", "each token passes some layers by: a fixed set, or after a layer that barely changed it",
-    "playground.engine.layers.decode:run_layer_skip", sections=("penalties",),
-    groups=(LayerSettings, LensSettings, QuantSettings), step_events=(LayerStep, TokenStep)))
-
-
-register_strategy(Strategy(
-    "kv-cache", "greedy decoding that measures its KV cache every step: contiguous, paged, quantized or none",
-    "playground.engine.kv.decode:run_kv_cache", sections=("sampling", "penalties"),
-    groups=(KVSettings, QuantSettings), step_events=(KVStep, TokenStep)))
-
-
-register_strategy(Strategy(
-    "compare", "2-4 strategies (or quantized copies) on the same prompt, side by side, with figures for each output",
-    "playground.engine.compare.panes:run_compare", groups=(CompareSettings,), step_events=(PaneToken, TokenStep)))
-
-
-register_strategy(Strategy(
-    "contrastive", "the expert's plausible tokens, ranked by log p_expert − log p_amateur (an early layer, a "
-    "quantized copy or a smaller model)", "playground.engine.contrastive.decode:run_contrastive",
-    sections=("sampling", "penalties"), groups=(ContrastiveSettings,), step_events=(ContrastStep, TokenStep)))
-
-
-register_strategy(Strategy(
-    "cascade", "a cheap model (the quantized copy, the first layers, a small model) answers first; the full model "
-    "decides where the cheap one is unsure (per token or per response)", "playground.engine.cascade.decode:run_cascade",
-    sections=("sampling", "penalties"), groups=(CascadeSettings,),
-    step_events=(CascadeStep, CascadeResponse, TokenStep)))
-
-
-def strategy_names() -> tuple[str, ...]:
-    return tuple(STRATEGIES)
-
-
-def get_strategy(name: str) -> Strategy:
+def load_runner(name: str) -> Runner:
     try:
-        return STRATEGIES[name]
+        module, _, function = RUNNERS[name].partition(":")
     except KeyError:
-        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}") from None
+        raise RuntimeError(f"strategy {name!r} is in the catalog, but the engine registers no runner for it") from None
+    return getattr(importlib.import_module(module), function)
+
+
+register_runner("greedy", "playground.engine.sampling:run_sampling")
+register_runner("sample", "playground.engine.sampling:run_sampling")
+register_runner("beam", "playground.engine.beam:run_beam_search")
+register_runner("speculative", "playground.engine.speculative.decode:run_speculative")
+register_runner("early-exit", "playground.engine.layers.decode:run_early_exit")
+register_runner("layer-skip", "playground.engine.layers.decode:run_layer_skip")
+register_runner("kv-cache", "playground.engine.kv.decode:run_kv_cache")
+register_runner("compare", "playground.engine.compare.panes:run_compare")
+register_runner("contrastive", "playground.engine.contrastive.decode:run_contrastive")
+register_runner("cascade", "playground.engine.cascade.decode:run_cascade")
 
 
 def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
@@ -155,5 +80,6 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
             return run_quant_compare(lm, settings, should_stop, progress)
         from playground.engine.quant.apply import run_quantized
 
-        return run_quantized(strategy.load_runner(), lm, settings, should_stop, progress)
-    return strategy.load_runner()(lm, settings, should_stop)
+        return run_quantized(load_runner(strategy.name), lm, settings, should_stop, progress)
+    return load_runner(strategy.name)(lm, settings, should_stop)
+

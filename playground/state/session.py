@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from playground.config import RunSettings
-from playground.engine.strategies import STRATEGIES
+from playground.config.catalog import STRATEGIES
 from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
 from playground.state.text import visible_token_text
 

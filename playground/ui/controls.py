@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import GROUPS, Row, RunSettings, SettingsGroup, rows
-from playground.engine.strategies import STRATEGIES
+from playground.config.catalog import STRATEGIES
 
 STOP_SEPARATOR = "|"
 SECTIONS = {"generation": "Generation", "sampling": "Sampling (sample only)", "penalties": "Penalties"}

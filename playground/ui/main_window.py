@@ -427,7 +427,7 @@ class MainWindow(QMainWindow):
             if self.remote is not None:
                 check_remote_run(self.remote, settings, None)
             else:
-                from playground.engine.strategies import get_strategy
+                from playground.config.catalog import get_strategy
 
                 get_strategy(settings.strategy)
                 settings.validate()
@@ -537,7 +537,7 @@ class MainWindow(QMainWindow):
 
     def _front_view(self, run: Run) -> str | None:
         """The view for what the run's strategy yields first (its most telling events), else the first that applies."""
-        from playground.engine.strategies import STRATEGIES
+        from playground.config.catalog import STRATEGIES
 
         asked = [name for name in self.views if name in self._shown and self.views[name].wants_front(run)]
         if asked:

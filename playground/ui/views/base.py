@@ -14,7 +14,7 @@ from PySide6.QtCore import QPoint, QRectF, QSize, Signal
 from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QWidget
 
-from playground.engine.strategies import STRATEGIES
+from playground.config.catalog import STRATEGIES
 from playground.events import Event
 from playground.state import Run
 
