@@ -94,6 +94,24 @@ def test_bad_panes_are_refused_before_the_first_event(tiny_lm, panes, message):
         run_strategy(tiny_lm, compare_settings(*panes))
 
 
+def test_a_pane_refuses_every_model_option_of_the_command_line():
+    """The pane parser lives in config, below the command line, so it lists the model options itself: it must list
+    exactly the command line's (model, server, preset), and refuse an abbreviation of one as well."""
+    import argparse
+
+    from playground.cli_options import add_run_options
+    from playground.config.words import PANE_MODEL_FLAGS, settings_from_pane
+
+    parser = argparse.ArgumentParser()
+    add_run_options(parser)
+    (model,) = [g for g in parser._action_groups if g.title == "model"]
+    flags = {flag for action in model._group_actions for flag in action.option_strings}
+    assert set(PANE_MODEL_FLAGS) == flags | {"--preset"}
+    for words in ("greedy --dev cpu", "greedy --remote-m other", "greedy --base-url=http://x"):
+        with pytest.raises(ConfigError, match=f"pane {words!r}: panes share the loaded model, so --"):
+            settings_from_pane(RunSettings(), words)
+
+
 def test_stop_ends_every_pane(tiny_lm):
     polls = []
 

@@ -58,6 +58,6 @@ def test_package_import_is_light():
 
 
 def test_settings_registry_and_saved_runs_load_no_torch():
-    loaded = _loaded_after("import playground.config.catalog, playground.engine.strategies, "
+    loaded = _loaded_after("import playground.config.catalog, playground.config.words, playground.engine.strategies, "
                            "playground.traces, playground.presets, playground.state, playground.cli_options")
     assert not {"torch", "transformers", *QT} & loaded

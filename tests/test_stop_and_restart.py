@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings, Qt
 
-from playground.cli_options import settings_from_pane
 from playground.config import RunSettings
 from playground.config.catalog import strategy_names
+from playground.config.words import settings_from_pane
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, TokenStep
 from playground.events.panes import PaneToken

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from playground.config import CompareSettings, ConfigError, RunSettings
+from playground.config import CompareSettings, RunSettings
+from playground.config.words import pane_settings
 from playground.engine.compare.figures import log_likelihood, output_figures
 from playground.events import Event, RunFinished, RunStarted, TokenStep
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
@@ -62,18 +63,6 @@ def pane_finished(pane: int, done: RunFinished, reference_ids: Sequence[int], sc
         figures["mean_logprob"] = figures["log_likelihood"] / len(done.token_ids) if done.token_ids else 0.0
     return PaneFinished(pane=pane, token_ids=done.token_ids, text=done.text, stop_reason=done.stop_reason,
                         tokens_per_s=done.tokens_per_s, decode_ms=done.decode_ms, figures=figures)
-
-
-def pane_settings(settings: RunSettings) -> list[RunSettings]:
-    """Each pane's settings: the run's own, without the side-by-side group, changed by the pane's options."""
-    from playground.cli_options import settings_from_pane
-
-    base = settings.replace(groups=tuple(g for g in settings.groups if not isinstance(g, CompareSettings)))
-    panes = [settings_from_pane(base, spec) for spec in settings.group(CompareSettings).panes]
-    for spec, pane in zip(settings.group(CompareSettings).panes, panes, strict=True):
-        if pane.strategy == "compare":
-            raise ConfigError(f"pane {spec!r}: a pane cannot itself be a side-by-side run")
-    return panes
 
 
 def run_compare(lm: LoadedModel, settings: RunSettings, should_stop=None) -> Iterator[Event]:
