@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from playground.config import CompareSettings, ConfigError, RunSettings
-from playground.engine.compare.figures import distinct_n, first_divergence, log_likelihood, repeated_ngrams
+from playground.engine.compare.likelihood import log_likelihood
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
+from playground.events.figures import distinct_n, first_divergence, repeated_ngrams
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
 
 

@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import LayerSettings, LensSettings, RunSettings
+from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
-from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
 from playground.models.loaded import LoadedModel

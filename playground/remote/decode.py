@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
-from playground.engine.stop_strings import StopStringWatch
+from playground.config.stop_strings import StopStringWatch
 from playground.events import Event, PrefillDone, RunFinished, RunStarted
 from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.remote.branch import RemoteBranch

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from playground.engine.compare.figures import first_divergence
 from playground.events import Event, RunFinished
+from playground.events.figures import first_divergence
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
 
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import CascadeSettings, RunSettings
+from playground.config.stop_strings import StopStringWatch
 from playground.engine.cascade.models import CheapModel, ModelSide, make_cheap_model, weight_macs
-from playground.engine.compare.figures import agreement_figures
 from playground.engine.forward import sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
@@ -35,10 +35,10 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder, never_stop
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import StepAnalysis, analyse_step
-from playground.engine.stop_strings import StopStringWatch
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
+from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]

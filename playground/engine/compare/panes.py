@@ -16,8 +16,9 @@ import torch
 
 from playground.config import CompareSettings, RunSettings
 from playground.config.words import pane_settings
-from playground.engine.compare.figures import log_likelihood, output_figures
+from playground.engine.compare.likelihood import log_likelihood
 from playground.events import Event, RunFinished, RunStarted, TokenStep
+from playground.events.figures import output_figures
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
 from playground.models.loaded import LoadedModel
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import ConfigError, ContrastiveSettings, RunSettings
+from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.baseline import plain_greedy
-from playground.engine.compare.figures import agreement_figures
 from playground.engine.contrastive.amateurs import Amateur, LayerAmateur, ModelAmateur
 from playground.engine.contrastive.record import choose, step_events
 from playground.engine.kv_cache import kv_cache_bytes
@@ -26,10 +26,10 @@ from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
-from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
 from playground.events.contrastive import ContrastiveStarted
+from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]

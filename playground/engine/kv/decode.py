@@ -19,8 +19,8 @@ import torch
 from transformers import DynamicCache
 
 from playground.config import ConfigError, KVSettings, RunSettings
+from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.baseline import plain_greedy
-from playground.engine.compare.figures import agreement_figures
 from playground.engine.forward import sync_device
 from playground.engine.kv import measure
 from playground.engine.kv_cache import kv_formula_bytes
@@ -29,9 +29,9 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
-from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event, PrefillDone
+from playground.events.figures import agreement_figures
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
 from playground.models.anatomy import family_name, kv_layout
 from playground.models.loaded import LoadedModel

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import ConfigError, LayerSettings, LensSettings, RunSettings
+from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.baseline import plain_greedy
-from playground.engine.compare.figures import agreement_figures
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import layers_started, lens_step
 from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
@@ -22,9 +22,9 @@ from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import analyse_step
-from playground.engine.stop_strings import StopStringWatch, end_reason
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
+from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import torch
 
 from playground.config import QuantSettings, RunSettings
-from playground.engine.compare.figures import first_divergence
 from playground.engine.compare.panes import interleave, pane_finished, pane_token
 from playground.engine.quant.teacher_forced import TeacherForcedScorer
 from playground.events import Event, RunFinished, RunStarted, TokenStep
+from playground.events.figures import first_divergence
 from playground.events.panes import PaneStarted
 from playground.events.quant import MethodRow, QuantReady, QuantStep, QuantSummary, QuantTable
 from playground.models.loaded import LoadedModel

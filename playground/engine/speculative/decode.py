@@ -24,6 +24,7 @@ from playground.config import (
     RunSettings,
     SpeculativeSettings,
 )
+from playground.config.stop_strings import StopStringWatch
 from playground.engine.baseline import plain_greedy
 from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
@@ -46,7 +47,6 @@ from playground.engine.speculative.drafters import (
 )
 from playground.engine.speculative.verify import Verdict, verify_greedy, verify_sampled
 from playground.engine.step_analysis import analyse_step
-from playground.engine.stop_strings import StopStringWatch
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
 from playground.events import Event
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted

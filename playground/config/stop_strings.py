@@ -1,4 +1,7 @@
-"""Stop strings: end a run once the generated text contains one of them."""
+"""Stop strings (``RunSettings.stop_strings``): end a run once the generated text contains one of them.
+
+Every decode loop, local or on a server, watches its output with the same rule.
+"""
 
 from __future__ import annotations
 

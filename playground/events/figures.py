@@ -1,15 +1,13 @@
-"""Figures measured on one output, for comparing panes and runs: repetition, diversity, agreement, likelihood.
+"""Figures measured on one output's token ids, for comparing panes and runs: repetition, diversity, agreement.
 
-Torch-free but for ``log_likelihood`` (imported there), so the Qt-free state can use the same rules.
+The engine reports them in its final events (``PaneFinished.figures``, ``RunFinished.figures``) and the Qt-free
+state applies the same rules to what it recorded; the one figure that needs the model (the log-likelihood) is the
+engine's (``playground.engine.compare.likelihood``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from playground.models.loaded import LoadedModel
 
 
 def ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
@@ -43,19 +41,6 @@ def agreement_figures(output: Sequence[int], reference: Sequence[int]) -> dict[s
     same = sum(a == b for a, b in zip(output[:n], reference[:n], strict=True))
     return {"first_divergence": float(first_divergence(output[:n], reference[:n])),
             "identical_fraction": same / n if n else 0.0}
-
-
-def log_likelihood(lm: LoadedModel, prompt_ids: Sequence[int], ids: Sequence[int]) -> float:
-    """Sum of log p(token | everything before it) over ``ids`` after ``prompt_ids``, under ``lm``, in nats."""
-    import torch
-
-    if not ids:
-        return 0.0
-    with torch.inference_mode():
-        full = torch.tensor([[*prompt_ids, *ids]], device=lm.device)
-        logits = lm.model(full).logits[0, len(prompt_ids) - 1 : -1].float()  # [len(ids), vocab]: predicts ids
-        logprobs = torch.log_softmax(logits, dim=-1)
-        return float(logprobs.gather(1, torch.tensor(ids, device=lm.device)[:, None]).sum())
 
 
 def output_figures(ids: Sequence[int], reference_ids: Sequence[int], decode_ms: float) -> dict[str, float]:
