@@ -278,3 +278,25 @@ def test_the_figures_table_shows_each_outputs_figures_computed_here(tiny_lm, com
     assert expected["d1"] != expected["d2"] and expected["rep3"] != ["0"] * 3, "precondition: the figures differ"
     assert "never" not in expected["div"][1:] and expected["div"][1] != "1", "precondition: a pane parts midway"
     assert table[2:9] == [expected[k] for k in ("tokens", "ll", "mean", "d1", "d2", "rep3", "div")]
+
+
+def test_the_quant_views_kl_median_and_p99_are_those_of_its_steps(tiny_lm, quant_view):
+    """The lab's figures line: the median and 99th percentile (linear interpolation) of the teacher-forced KL of
+    every step, computed here from the steps' values."""
+    import math
+    import re
+
+    settings = RunSettings(prompt="Once upon", max_new_tokens=15,
+                           groups=(QuantSettings(quant="rtn-int4", group_size=32, compare=True),))
+    events = list(run_strategy(tiny_lm, settings))
+    quant_view.show_run(Run.from_events(events))
+    kl = sorted(e.kl for e in events if isinstance(e, QuantStep))
+    middle = len(kl) // 2
+    median = kl[middle] if len(kl) % 2 else kl[middle - 1]  # torch's median: the lower of the two middles
+    rank = 0.99 * (len(kl) - 1)
+    low = math.floor(rank)
+    p99 = kl[low] + (rank - low) * (kl[min(low + 1, len(kl) - 1)] - kl[low])
+    assert p99 > 1.5 * median, "precondition: the tail differs from the middle"
+    shown = re.search(r"median ([0-9.]+), p99 ([0-9.]+)", quant_view.figures.text())
+    assert shown is not None
+    assert shown.groups() == (f"{median:.4f}", f"{p99:.3f}")
