@@ -21,7 +21,7 @@ from playground.state import Run, flowing_token_text
 from playground.state.speculative import ACCEPTED, FORCED, REJECTED, TARGET, SpeculativeState, expected_tokens
 from playground.traces import read_trace, write_trace
 from playground.ui.speculative_text import ACCEPTED_COLOR, FORCED_COLOR, REJECTED_COLOR, TARGET_COLOR
-from playground.ui.style import configure_pyqtgraph
+from playground.ui.style import configure_pyqtgraph, format_percent
 from playground.ui.views.speculative import SpeculativeView
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat."
@@ -399,3 +399,37 @@ def test_the_default_model_run_pictured_from_its_trace(default_lm, tmp_path):
     assert not problems and image.width() > 800 and image.height() > 450
     for colour in (ACCEPTED_COLOR, REJECTED_COLOR, TARGET_COLOR):  # the three marks, in text and bars
         assert colour_share(image, colour) > 0.001, colour
+
+
+def test_the_figures_line_shows_counts_made_here_from_the_target_greedy_output(tiny_lm, greedy_events, view):
+    """Each round's verdict redone here: its drafts against generate()'s greedy output from where the round
+    starts (the kept prefix, then the target's own token); the view's figures line must show those counts."""
+    import re
+
+    import torch
+
+    prompt = list(greedy_events[0].prompt_token_ids)
+    ids = torch.tensor([prompt])
+    output = tiny_lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=32,
+                                    pad_token_id=tiny_lm.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    rounds = rounds_of(greedy_events)
+    position = drafted = accepted = judged = 0
+    for r in rounds:
+        draft = [d.token_id for d in r.drafted]
+        kept = next((i for i, (a, b) in enumerate(zip(draft, output[position:], strict=False)) if a != b),
+                    min(len(draft), len(output) - position))
+        drafted += len(draft)
+        accepted += kept
+        judged += min(len(draft), kept + 1)
+        position += kept + 1
+    emitted = len(output)
+    assert 0 < accepted < drafted and judged < drafted, "precondition: accepted, rejected and unjudged drafts"
+    view.show_run(as_run(greedy_events))
+    text = re.sub(r"</?b>", "", view.figures.text())
+    assert f"Acceptance: {format_percent(accepted / drafted)} of {drafted} drafts ({accepted} accepted, " \
+           f"{drafted - accepted} rejected) · α = {accepted / judged:.2f} of the drafts the target judged" in text
+    assert f"Mean accepted per round: {accepted / len(rounds):.2f} drafts · {emitted / len(rounds):.2f} tokens " \
+           "per target call" in text
+    # plain decoding: one pass per token (the prompt's gives the first); here one per round
+    assert f"Target calls saved: {emitted - len(rounds)} = {emitted} plain ({emitted} tokens) − {len(rounds)} " \
+           "speculative" in text
