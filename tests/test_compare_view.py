@@ -300,3 +300,38 @@ def test_the_quant_views_kl_median_and_p99_are_those_of_its_steps(tiny_lm, quant
     shown = re.search(r"median ([0-9.]+), p99 ([0-9.]+)", quant_view.figures.text())
     assert shown is not None
     assert shown.groups() == (f"{median:.4f}", f"{p99:.3f}")
+
+
+def test_the_quant_views_channel_curves_are_smoothquants_formula(tiny_lm, quant_view):
+    """The first plotted input (layer 1's q/k/v input): max |x| per channel on the calibration tokens, caught here
+    with a hook; SmoothQuant's s = max|X|^α / max|W|^(1-α) over q, k and v; the "after scaling" curve max|X| / s;
+    and the note's largest / median channel before and after."""
+    import torch
+
+    from playground.engine.quant.calibration import load_text, text_ids
+
+    alpha, tokens = 0.6, 200
+    settings = RunSettings(prompt="Once upon", max_new_tokens=2, groups=(
+        QuantSettings(quant="smoothquant", smooth_alpha=alpha, calibration_tokens=tokens),))
+    quant_view.show_run(Run.from_events(list(run_strategy(tiny_lm, settings))))
+    attention = tiny_lm.model.model.layers[0].self_attn
+    seen = []
+    handle = attention.q_proj.register_forward_pre_hook(lambda _m, args: seen.append(args[0][0].double()))
+    with torch.no_grad():
+        tiny_lm.model(input_ids=torch.tensor([text_ids(tiny_lm.tokenizer, load_text("calibration"), tokens)]))
+    handle.remove()
+    act_max = seen[0].abs().amax(0)
+    weights = [attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]
+    w_max = torch.cat(weights).detach().abs().amax(0)
+    s = act_max.clamp_min(1e-5) ** alpha / w_max.double().clamp_min(1e-5) ** (1 - alpha)
+    after = act_max / s
+    quant_view.layer_choice.setCurrentIndex(0)
+    assert quant_view.layer_choice.currentText() == "input of layers.0.self_attn.q_proj"
+    for curve, expected in ((quant_view.before_curve, act_max), (quant_view.after_curve, after),
+                            (quant_view.scale_curve, s)):
+        xs, ys = curve.getData()
+        assert list(xs) == list(range(len(expected)))
+        assert np.allclose(ys, expected.numpy(), rtol=1e-4)
+    assert not np.allclose(after.numpy(), act_max.numpy(), rtol=0.05), "precondition: scaling moved the channels"
+    ratio = lambda v: float(v.max() / np.median(v.numpy()))  # noqa: E731
+    assert f"{ratio(act_max):.0f}× before, {ratio(after):.0f}× after scaling" in quant_view.channel_note.text()
