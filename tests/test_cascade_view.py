@@ -21,7 +21,7 @@ from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, Casc
 from playground.state import Run, flowing_token_text
 from playground.state.cascade import DISCARDED, CascadeState
 from playground.traces import read_trace, write_trace
-from playground.ui.style import configure_pyqtgraph
+from playground.ui.style import configure_pyqtgraph, format_percent
 from playground.ui.views.cascade import COLORS, ESCALATION_MARK, CascadeView
 
 RUN_TIMEOUT_MS = 20000
@@ -279,3 +279,28 @@ def test_the_preset_on_the_default_model_mixes_both_models_and_is_pictured(defau
     assert not problems and image.width() > 800 and image.height() > 450
     for colour in (COLORS[CHEAP], COLORS[FULL]):  # the two models, in the text and the strip
         assert colour_share(image, colour) > 0.005, colour
+
+
+def test_the_figures_say_how_much_agrees_with_the_full_model_alone_computed_here(tiny_lm, token_events, view):
+    """The share of output tokens identical to the full model's own greedy output (generate() here, after the same
+    forced start) and where they first differ; the full model's share of the tokens."""
+    import torch
+
+    prompt = list(token_events[0].prompt_token_ids)
+    forced = [100]
+    ids = torch.tensor([prompt + forced])
+    alone = forced + tiny_lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                            max_new_tokens=29, min_new_tokens=29,
+                                            pad_token_id=tiny_lm.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+    output = list(token_events[-1].token_ids)
+    assert len(output) == len(alone) == 30
+    same = [a == b for a, b in zip(output, alone, strict=True)]
+    assert 0 < sum(same) < len(same) and sum(same) != len(same) / 2, "precondition: a share that is not its inverse"
+    first = same.index(False)
+    view.show_run(Run.from_events(token_events))
+    text = view.figures.text()
+    assert f"<b>{format_percent(sum(same) / len(same))}</b> of tokens identical · first divergence: " \
+           f"<b>token {first}</b>" in text
+    full = sum(s.producer == FULL for s in steps_of(token_events))
+    assert 0 < full < len(output)
+    assert f"Full model: <b>{full}</b> of {len(output)} tokens (<b>{format_percent(full / len(output))}</b>)" in text
