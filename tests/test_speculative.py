@@ -1166,3 +1166,26 @@ def test_a_narrower_draft_model_drafts_for_a_wider_target(wide_target, drafts):
         run = spec(wide_target, do_sample=True, seed=seed, **options)
         assert len(run.ids) == 24 and any(r.accepted < len(r.drafted) for r in run.rounds)
         assert all(d.token_id < width for r in run.rounds for d in r.drafted)
+
+
+def test_a_sampled_branchs_first_own_token_follows_the_target_after_the_forced_tokens(tiny_lm):
+    """Forcing (a, b) in a sampled run: the token after them is drawn from the target's distribution given
+    prompt + a + b (top-k 4 at T = 1, computed here), not from a row before them: chi-square over many seeds."""
+    prompt_ids = tiny_lm.tokenizer("Hello")["input_ids"]
+    a = int(torch.topk(all_logits(tiny_lm.model, prompt_ids)[-1], 3).indices[-1])
+    b = int(torch.topk(all_logits(tiny_lm.model, [*prompt_ids, a])[-1], 2).indices[-1])
+    logits = all_logits(tiny_lm.model, [*prompt_ids, a, b])
+    p = top_k_probs(logits[-1], 4, 1.0)
+    for row in (-2, -3):  # the rows before (predicting b, predicting a) would give other tokens
+        assert set(top_k_probs(logits[row], 4, 1.0)) != set(p)
+    settings = RunSettings.from_flat(strategy="speculative", baseline_tokens=0, do_sample=True, top_k=4,
+                                     prompt="Hello", chat=False, max_new_tokens=3, forced_token_ids=(a, b),
+                                     draft="layers", draft_layers=1)
+    counts: dict[int, int] = {}
+    seeds = 600
+    for seed in range(seeds):
+        tokens = [e.token_id for e in run_strategy(tiny_lm, settings.replace(seed=seed)) if isinstance(e, TokenStep)]
+        assert tokens[:2] == [a, b]
+        counts[tokens[2]] = counts.get(tokens[2], 0) + 1
+    chi2, df = chi_square(counts, p, seeds)
+    assert chi2 < CHI2_999[df], f"first own token: chi-square {chi2:.1f} over {df} degrees of freedom"
