@@ -12,7 +12,7 @@ import torch
 
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.config.catalog import STRATEGIES
-from playground.engine.quant import apply
+from playground.engine import variants
 from playground.engine.quant.apply import QuantCancelled, clear_cache, quantized_lm
 from playground.engine.quant.awq import AwqResult, awq
 from playground.engine.quant.calibration import load_text, text_ids
@@ -256,7 +256,7 @@ def test_impossible_combinations_are_refused_before_any_build(tiny_lm):
     # The strategy's own checks come first: a beam run with stop strings builds nothing.
     with pytest.raises(ConfigError, match="stop strings"):
         run_strategy(tiny_lm, settings(strategy="beam", stop_strings=("x",), quant="awq"))
-    assert not apply._CACHE
+    assert not variants.held(kind=variants.QuantizedCopy)
 
 
 def test_stop_during_the_build_keeps_nothing(tiny_lm):
@@ -266,7 +266,7 @@ def test_stop_during_the_build_keeps_nothing(tiny_lm):
         quantized_lm(tiny_lm, QuantSettings(quant="awq", group_size=32),
                      lambda message, fraction: reports.append((message, fraction)),
                      should_stop=lambda: len(reports) >= 2)
-    assert not apply._CACHE and reports[0][0].startswith("awq g32: ")
+    assert not variants.held(kind=variants.QuantizedCopy) and reports[0][0].startswith("awq g32: ")
 
 
 def test_cli_trace_with_quant(model_folder, tmp_path, capsys):

@@ -4,8 +4,9 @@ and the final event.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
@@ -102,3 +103,10 @@ class RunRecorder:
             model_name=lm.name, model_path=lm.path, device=str(lm.device), dtype=lm.dtype_name,
             sequences=sequences,
         )
+
+    def stopped_before_start(self, prompt_ids: list[int], prompt_text: str, cut_short: tuple[str, ...]
+                             ) -> Iterator[Event]:
+        """A run that Stop ended before its first step, while something it needed was being made (a quantized
+        copy, say): its start and its final event ("stopped", nothing decoded, ``cut_short`` naming what was cut)."""
+        yield self.started(prompt_ids, prompt_text)
+        yield dataclasses.replace(self.finished((), "", "stopped", steps=0), cut_short=tuple(cut_short))

@@ -3,7 +3,6 @@ the decode (its KV cache, read lazily: a model reads the positions it missed onl
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,12 +14,9 @@ from transformers.pytorch_utils import Conv1D
 from playground.config import CascadeSettings, ConfigError
 from playground.engine.forward import PREFILL_CHUNK, keep_last_logits
 from playground.engine.quant.linear import QuantLinear
+from playground.engine.variants import FirstLayers, Progress, QuantizedCopy, SmallModel, StopCheck, detail, variant
+from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
-
-_WARMED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # quantized copies whose kernels are prepared
-QUANT_DETAIL = {"rtn-int4-head": "int4 weights and LM head (group 32, torch's int4 kernel)",
-                "rtn-int4": "int4 weights (group 32, torch's int4 kernel), float LM head",
-                "rtn-int8": "int8 per-channel weights"}
 
 
 @dataclass
@@ -30,43 +26,25 @@ class CheapModel:
     detail: str
 
 
-def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings) -> CheapModel:
-    """The cheap model the settings name (``ConfigError`` when it cannot be made for this full model)."""
-    # Shared with speculative decoding: one quantized copy / draft model is kept, and reused by both.
-    from playground.engine.speculative.decode import load_draft_model, quantized_copy
-    from playground.engine.speculative.drafters import first_layers
-    from playground.models.anatomy import anatomy_of
+def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings, progress: Progress | None = None,
+                     should_stop: StopCheck | None = None) -> CheapModel:
+    """The cheap model the settings name (``ConfigError`` when it cannot be made for this full model), from the
+    variants' cache or built (``progress``; ``BuildStopped`` when ``should_stop`` says so during a build)."""
     from playground.models.loading import ModelLoadError
 
     if cascade.cheap == "quantized":
-        model = quantized_copy(lm, cascade.cheap_quant)
-        _warm(model, lm.device)
-        return CheapModel(model, "quantized", f"{lm.name} with {QUANT_DETAIL[cascade.cheap_quant]}")
-    if cascade.cheap == "layers":
+        made = variant(lm, QuantizedCopy.quick(cascade.cheap_quant), progress, should_stop)
+    elif cascade.cheap == "layers":
         total = anatomy_of(lm.model).count  # ConfigError naming the family when it cannot be opened up
-        n = cascade.layers_for(total)
-        if not 1 <= n < total:
-            raise ConfigError(f"cheap_layers must be between 1 and {total - 1} for this {total}-layer model "
-                              f"(got {n})")
-        return CheapModel(first_layers(lm.model, n), "layers",
-                          f"the first {n} of {total} layers of {lm.name} + its final norm and LM head")
-    try:
-        small = load_draft_model(lm, cascade.cheap_model)
-    except ModelLoadError as error:
-        raise ConfigError(f"the cheap model could not be loaded: {error}") from error
-    except ConfigError as error:
-        raise ConfigError(str(error).replace("draft model", "cheap model")) from error
-    return CheapModel(small.model, "model", f"{small.name} ({small.model.num_parameters() / 1e6:.0f}M parameters)")
-
-
-def _warm(model: nn.Module, device: torch.device) -> None:
-    """One token through a new quantized copy: its layers build their kernel layouts on first use (a few hundred
-    ms on SmolLM2), which is part of making the copy, not of the first run's prompt."""
-    if model in _WARMED:
-        return
-    with torch.inference_mode():
-        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
-    _WARMED.add(model)
+        made = variant(lm, FirstLayers(cascade.layers_for(total), setting="cheap_layers"))
+    else:
+        try:
+            made = variant(lm, SmallModel(cascade.cheap_model), progress, should_stop)
+        except ModelLoadError as error:
+            raise ConfigError(f"the cheap model could not be loaded: {error}") from error
+        except ConfigError as error:
+            raise ConfigError(str(error).replace("draft model", "cheap model")) from error
+    return CheapModel(made.model, made.kind, detail(made, lm.name))
 
 
 def weight_macs(model: nn.Module) -> int:

@@ -1,9 +1,11 @@
 """``--quant METHOD`` for any strategy: the loaded model's quantized copy, built once and kept, and what it is.
 
-``quantized_lm`` builds the copy for one method (and group size, SmoothQuant α, calibration tokens), measures it
-(per-linear weight error, per-channel activation scales of a few layers, perplexity of both models on the shipped
-evaluation text) and keeps it in memory: the next run with the same model and method reuses it (``cached=True``).
-One copy is kept at a time, so switching methods frees the previous one before building the next.
+``quantized_lm`` takes the copy for one method (and group size, SmoothQuant α, calibration tokens) from the
+variants' cache, where it is built once (``playground.engine.variants``: the same copy the drafter, the amateur and
+the cheap model use where theirs is the same recipe), measures it (per-linear weight error, per-channel activation
+scales of a few layers, perplexity of both models on the shipped evaluation text) and keeps that description with
+the copy: the next run with the same model and method reuses both (``cached=True``). The cache keeps one copy per
+model and method, so another group size of a method frees the previous copy before building the next.
 
 ``run_quantized`` runs a strategy's runner on that copy and inserts the ``QuantReady`` right after its
 ``RunStarted`` (a trace still starts with ``start``).
@@ -14,22 +16,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from playground.config import ConfigError, QuantSettings, RunSettings, SpeculativeSettings
+from playground.config.catalog import get_strategy
+from playground.engine import variants
+from playground.engine.prompt import encode_prompt
 from playground.engine.quant import diagnostics
-from playground.engine.quant.awq import AwqResult, InputScaledLinear, awq
+from playground.engine.quant.awq import InputScaledLinear
 from playground.engine.quant.calibration import activation_stats, load_text, text_ids
-from playground.engine.quant.linear import QuantLinear, model_weight_bytes, quantize_model, replaced_linears
+from playground.engine.quant.linear import QuantLinear, model_weight_bytes, replaced_linears
 from playground.engine.quant.metrics import perplexity
-from playground.engine.quant.smoothquant import naive_w8a8, smooth_model, to_w8a8
 from playground.engine.quant.targets import quant_targets
+from playground.engine.run_events import RunRecorder
+from playground.engine.variants import GROUPWISE, BuildStopped, QuantizedCopy
 from playground.events import RunStarted
 from playground.events.quant import QuantReady
 from playground.models.anatomy import LAYERNORM, RMS_OFFSET, Anatomy
@@ -38,52 +42,33 @@ from playground.models.loaded import LoadedModel
 Progress = Callable[[str, float], None]
 StopCheck = Callable[[], bool]
 
-RTN_METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")  # built by quantize_model, no calibration
-GROUPWISE = ("rtn-int4", "zeroquant", "awq")  # the others quantize per output channel
-CALIBRATED = ("smoothquant", "awq")
 EVAL_TOKENS = 256  # of the evaluation text, for the perplexities (a quick figure, not a benchmark)
 STORED = {  # how each method's decoder linears are held (all are QuantLinears: codes + float32 scales)
     "rtn-int8": "int8", "rtn-int8-asym": "int8 + zero points", "rtn-int4": "packed int4",
     "zeroquant": "int8 (group-wise)", "naive-w8a8": "int8 (per channel)",
     "smoothquant": "int8 (per channel, smoothed)", "awq": "packed int4 (AWQ-scaled)"}
+QuantCancelled = BuildStopped  # Stop was pressed while the quantized copy was being built: nothing was kept
 
 
-class QuantCancelled(ConfigError):
-    """Stop was pressed while the quantized copy was being built: nothing was kept."""
+def _request(quant: QuantSettings) -> QuantizedCopy:
+    return QuantizedCopy.of(quant)
 
 
-@dataclass
-class _Entry:
-    key: tuple
-    source: weakref.ref  # the reference model: an id can be reused once a model is freed, the object cannot
-    lm: LoadedModel
-    ready: QuantReady
-
-
-_CACHE: list[_Entry] = []  # at most one quantized copy in memory
-
-
-def cache_key(lm: LoadedModel, quant: QuantSettings) -> tuple:
-    """What decides the copy: parameters a method does not use are left out (rtn-int8 at any group size is one
-    copy). The calibration tokens count for every method: they decide the channel statistics shown with it."""
-    method = quant.quant
-    return (id(lm.model), method, quant.group_size if method in GROUPWISE else None,
-            quant.smooth_alpha if method == "smoothquant" else None, quant.calibration_tokens)
-
-
-def _cached(lm: LoadedModel, key: tuple) -> _Entry | None:
-    entry = _CACHE[0] if _CACHE else None
-    if entry is not None and entry.key == key and entry.source() is lm.model:
-        return entry
-    return None
+def _ready_key(quant: QuantSettings) -> tuple:
+    """What decides the description beyond the copy: the calibration tokens decide the channel statistics shown
+    with every method."""
+    return ("quant_ready", quant.calibration_tokens)
 
 
 def is_cached(lm: LoadedModel, quant: QuantSettings) -> bool:
-    return _cached(lm, cache_key(lm, quant)) is not None
+    """The copy and its description are both cached: a run takes them without any work."""
+    copy = variants.cached(lm, _request(quant))
+    return copy is not None and _ready_key(quant) in copy.notes
 
 
 def clear_cache() -> None:
-    _CACHE.clear()
+    """Drop every quantized copy (and the descriptions kept with them)."""
+    variants.clear(QuantizedCopy)
 
 
 def label(quant: QuantSettings) -> str:
@@ -110,46 +95,6 @@ def reference_note(lm: LoadedModel) -> str:
                 "so they understate the full cost of quantization (asymmetric int4 in groups of 32 would reproduce "
                 "it exactly).")
     return f"The float reference was converted from {gguf}." if gguf else ""
-
-
-@dataclass
-class _Built:
-    model: Any
-    stored: str
-    input_scales: diagnostics.Scales  # per linear: its quantized weights see x / s
-    row_scales: diagnostics.Scales  # per linear: output rows divided by s after quantization (AWQ's up_proj)
-
-
-def _build(lm: LoadedModel, quant: QuantSettings, stats: dict, tokens: int, say: Progress,
-           anatomy: Anatomy) -> _Built:
-    """The quantized copy of ``lm.model``; ``say(message, fraction of this stage)``."""
-    method, model = quant.quant, lm.model
-    if method in RTN_METHODS:
-        group = quant.group_size if method in GROUPWISE else None
-        per_layer = len(anatomy.layer(0).linears())
-
-        def layer_done(done: int, total: int) -> None:  # one report per decoder layer, not per linear
-            if done % per_layer == 0 or done == total:
-                say(f"quantizing layer {-(-done // per_layer)}/{-(-total // per_layer)}", done / total)
-
-        # kernel "auto": torch's low-bit kernels where they pay on the CPU, the dequantized path elsewhere
-        quantized = quantize_model(model, method, group, progress=layer_done)
-        return _Built(quantized, STORED[method], {}, {})
-    if method == "naive-w8a8":
-        say("quantizing weights to int8", 0.0)
-        return _Built(naive_w8a8(model), STORED[method], {}, {})
-    if method == "smoothquant":
-        say(f"smoothing (α={quant.smooth_alpha:g}) and quantizing to W8A8", 0.0)
-        smoothed, factors = smooth_model(model, stats, quant.smooth_alpha)
-        return _Built(to_w8a8(smoothed), STORED[method], diagnostics.smoothquant_input_scales(model, factors), {})
-    if method == "awq":
-        results: list[AwqResult] = []
-        quantized = awq(model, lm.tokenizer, load_text("calibration"), group_size=quant.group_size,
-                        max_tokens=tokens, progress=lambda message, fraction: say(message, fraction),
-                        results=results)
-        inputs, rows = diagnostics.awq_scales_by_linear(model, results)
-        return _Built(quantized, STORED[method], inputs, rows)
-    raise ConfigError(f"unknown quantization method {method!r}")
 
 
 def _norms(anatomy: Anatomy) -> str:
@@ -224,16 +169,17 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
     """The loaded model's quantized copy for ``quant`` (built once, then from the cache) and its description.
 
     ``progress(message, fraction)`` reports calibration, quantization and measurement; ``should_stop`` is polled
-    at each report and ends the build with ``QuantCancelled``. The reference model is not changed.
+    at each report and ends the build with ``QuantCancelled`` (nothing half-built is kept; a copy already built
+    stays, its description is measured again next time). The reference model is not changed.
     """
     if quant.quant == "none":
         raise ConfigError("no quantization method chosen: --quant none decodes with the model as loaded")
     quant.validate()
-    key = cache_key(lm, quant)
-    entry = _cached(lm, key)
-    if entry is not None:
-        return entry.lm, dataclasses.replace(entry.ready, seconds=0.0, cached=True)
-    _CACHE.clear()  # free the previous copy before building the next
+    request = _request(quant)
+    copy = variants.cached(lm, request)
+    if copy is not None and _ready_key(quant) in copy.notes:
+        ready = copy.notes[_ready_key(quant)]
+        return _named(lm, quant, copy.model), dataclasses.replace(ready, seconds=0.0, cached=True)
     stop = should_stop or (lambda: False)
 
     def say(message: str, fraction: float) -> None:
@@ -244,33 +190,36 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
 
     started = time.perf_counter()
     model = lm.model
-    anatomy, targets = quant_targets(model, quant.quant)  # ConfigError naming the family before any work
+    anatomy, _ = quant_targets(model, quant.quant)  # ConfigError naming the family before any work
     tokens = min(quant.calibration_tokens, lm.context_length)
     with torch.no_grad():
-        say(f"measuring activations on {tokens} calibration tokens", 0.0)
-        stats = activation_stats(model, lm.tokenizer, load_text("calibration"), tokens)
-        built = _build(lm, quant, stats, tokens, lambda message, f: say(message, 0.05 + 0.8 * f), anatomy)
-        quantized = built.model.eval()
-        replaced = len(replaced_linears(quantized))  # each builder refused a copy short of its targets
-        if replaced != len(targets):
-            raise ConfigError(f"{quant.quant} replaced {replaced} of the {len(targets)} decoder projections of this "
-                              f"{anatomy.family} model: the copy would not be what its label says")
+        copy = variants.variant(lm, request, lambda message, f: progress(message, 0.8 * f) if progress else None,
+                                should_stop)
+        quantized = copy.model
+        replaced = len(replaced_linears(quantized))  # the builder refused a copy short of its targets
+        stats = copy.stats  # SmoothQuant's build measured them on the same tokens
+        if stats is None:
+            say(f"measuring activations on {tokens} calibration tokens", 0.8)
+            stats = activation_stats(model, lm.tokenizer, load_text("calibration"), tokens)
         say("measuring weight errors", 0.86)
-        errors = diagnostics.layer_errors(model, quantized, built.input_scales, built.row_scales)
-        channels = diagnostics.channel_scales(stats, diagnostics.representative_linears(model), built.input_scales)
+        errors = diagnostics.layer_errors(model, quantized, copy.input_scales, copy.row_scales)
+        channels = diagnostics.channel_scales(stats, diagnostics.representative_linears(model), copy.input_scales)
         say("perplexity on the evaluation text", 0.9)
         eval_ids = text_ids(lm.tokenizer, load_text("evaluation"), min(EVAL_TOKENS, lm.context_length))
         scores = {"reference": perplexity(model, eval_ids), quant.quant: perplexity(quantized, eval_ids)}
     seconds = time.perf_counter() - started
     say(f"ready in {seconds:.1f} s", 1.0)
     ready = QuantReady(
-        method=quant.quant, group_size=quant.group_size if quant.quant in GROUPWISE else None, stored=built.stored,
-        reference_dtype=lm.dtype_name, reference_weight_bytes=model_weight_bytes(model),
+        method=quant.quant, group_size=quant.group_size if quant.quant in GROUPWISE else None,
+        stored=STORED[quant.quant], reference_dtype=lm.dtype_name, reference_weight_bytes=model_weight_bytes(model),
         weight_bytes=model_weight_bytes(quantized), seconds=seconds, cached=False,
         note=_notes(lm, quant, quantized, anatomy, replaced), layer_errors=errors, channels=channels, perplexity=scores)
-    qlm = dataclasses.replace(lm, model=quantized, name=f"{lm.name} · {label(quant)}")
-    _CACHE.append(_Entry(key, weakref.ref(model), qlm, ready))
-    return qlm, ready
+    copy.notes[_ready_key(quant)] = ready
+    return _named(lm, quant, quantized), ready
+
+
+def _named(lm: LoadedModel, quant: QuantSettings, model: Any) -> LoadedModel:
+    return dataclasses.replace(lm, model=model, name=f"{lm.name} · {label(quant)}")
 
 
 def check_combination(settings: RunSettings) -> None:
@@ -288,12 +237,18 @@ def run_quantized(runner: Callable[..., Iterator[Any]], lm: LoadedModel, setting
     """``runner`` on the quantized copy of ``lm`` (``settings``' QuantSettings), ``QuantReady`` after its start.
 
     The strategy's own checks run first on the reference (same tokenizer and shape), so a bad setting is refused
-    before a build that can take a minute; the build itself happens here, before the generator is returned."""
+    before a build that can take a minute; the build itself happens here, before the generator is returned. Stop
+    during the build returns a run that starts and ends "stopped" with ``cut_short=("quantized_copy",)``."""
     check_combination(settings)
     quant = settings.group(QuantSettings)
     if not is_cached(lm, quant):
         _close(runner(lm, settings, should_stop))
-    qlm, ready = quantized_lm(lm, quant, progress, should_stop=should_stop)
+    try:
+        qlm, ready = quantized_lm(lm, quant, progress, should_stop=should_stop)
+    except BuildStopped as stopped:  # the run ends "stopped", saying what Stop cut
+        prompt_ids, prompt_text = encode_prompt(lm, settings)
+        record = RunRecorder(lm, settings, should_stop, groups=get_strategy(settings.strategy).groups)
+        return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     return _with_ready(runner(qlm, settings, should_stop), ready)
 
 
