@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import LayerSettings, LensSettings, RunSettings
-from playground.config.stop_strings import StopStringWatch, end_reason
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
-from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.token_text import TokenTextCache
 from playground.events import Event
 from playground.models.loaded import LoadedModel
 
@@ -50,57 +50,34 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
     sampling = settings.strategy == "sample"
     pipeline = build_pipeline(settings, sampling=sampling)
     generator = make_generator(lm.device, settings.seed)
-    eos_ids = set(lm.eos_token_ids)
     token_text = TokenTextCache(lm.tokenizer)
-    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
-    stop_watch = StopStringWatch(settings.stop_strings)
-    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
+    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
 
-    yield record.started(prompt_ids, prompt_text)
+    def step(index: int, forced: int | None) -> Picked:
+        if lens is not None:
+            logits = lens.forward(loop.ids.last, loop.cache).float()
+        elif index > 0:
+            logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[:, -1, :].float()
+        else:
+            logits = loop.logits  # the prefill's
+        analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, generator, forced)
+        layer_step = lens.step_event(index) if lens is not None else None
+
+        def events(texts: list[str], step_ms: float) -> list[Event]:
+            token = analysis.to_event(step=index, text=texts[0], forced=forced is not None, step_ms=step_ms,
+                                      kv_bytes=kv_cache_bytes(loop.cache), token_text=token_text)
+            return [layer_step, token] if layer_step is not None else [token]
+
+        return Picked([analysis.token_id], events)
+
+    yield loop.started()
     if lens is not None:
         yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
-    generated: list[int] = []
-    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
     with torch.inference_mode():
-        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
         # With the lens the first step reads the prompt's last token itself, so every step's layers are recorded.
-        prefilled = yield from record.prefill(ids, defer=1 if lens is not None else 0)
-        if prefilled is None:
-            max_steps, stop_reason = 0, "stopped"
-        else:
-            logits, cache = prefilled
-            logits = logits.float()  # [1, vocab]
-
-        for step in range(max_steps):
-            if record.should_stop():
-                stop_reason = "stopped"
-                break
-            record.step_started()
-            if lens is not None:
-                logits = lens.forward(ids[:, -1:], cache).float()
-            elif step > 0:
-                logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
-            forced = step < len(settings.forced_token_ids)
-            analysis = _choose(pipeline, ids, logits, settings, sampling, generator,
-                               settings.forced_token_ids[step] if forced else None)
-            token_id = analysis.token_id
-            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
-            layer_step = lens.step_event(step) if lens is not None else None
-            step_ms = record.step_ended()
-
-            text = decoder.push(token_id)
-            generated.append(token_id)
-            if layer_step is not None:
-                yield layer_step
-            yield analysis.to_event(step=step, text=text, forced=forced, step_ms=step_ms,
-                                    kv_bytes=kv_cache_bytes(cache), token_text=token_text)
-            ended = end_reason(token_id, text, eos_ids, stop_watch)
-            if ended is not None:
-                stop_reason = ended
-                break
-
-    yield record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                          steps=len(generated))
+        if (yield from loop.prefill(defer=1 if lens is not None else 0)):
+            yield from loop.steps(step)
+    yield loop.finished()
 
 
 def _lens_recorder(lm: LoadedModel, settings: RunSettings) -> LensRecorder | None:

@@ -1,0 +1,149 @@
+"""The one decode loop (gpt-fast's ``decode_n_tokens``, nanochat's ``generate``): what every strategy does around
+its own step.
+
+``DecodeLoop`` owns the start event, the chunked prefill (progress and Stop between chunks), the step budget
+(``max_new_tokens`` or the context, whichever ends first), Stop before each step, forced tokens, step timing,
+incremental token text, EOS and stop strings, and the final event. A strategy supplies one step: given the step
+index and the forced token (if any), it runs its model(s), picks one or more tokens and says which events they
+make. The token ids live in one preallocated buffer (no ``torch.cat`` of the whole sequence per token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from playground.config import RunSettings
+from playground.config.stop_strings import StopStringWatch, end_reason
+from playground.engine.run_events import RunRecorder
+from playground.engine.token_text import IncrementalDecoder
+from playground.events import Event, RunFinished
+from playground.models.loaded import LoadedModel
+
+# (texts of the tokens the loop kept, the step's milliseconds) -> the step's events, in order
+EventsOf = Callable[[list[str], float], Sequence[Event]]
+
+
+@dataclass
+class Picked:
+    """What one step chose: its tokens (several for a speculative round) and how to turn them into events once
+    the loop has decoded their text and cut them at the first end (EOS, a stop string, the budget)."""
+
+    tokens: list[int]
+    events: EventsOf
+    stopped: bool = False  # Stop came inside the step (e.g. between a long catch-up's chunks): nothing to keep
+
+
+@dataclass
+class TokenBuffer:
+    """The prompt and the generated ids in one preallocated [1, capacity] tensor; ``view`` is the filled part."""
+
+    data: torch.Tensor
+    length: int
+
+    @classmethod
+    def of(cls, prompt_ids: list[int], room: int, device: torch.device) -> TokenBuffer:
+        data = torch.empty((1, len(prompt_ids) + max(room, 0)), dtype=torch.long, device=device)
+        data[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long)
+        return cls(data, len(prompt_ids))
+
+    @property
+    def view(self) -> torch.Tensor:
+        return self.data[:, : self.length]  # [1, n]
+
+    @property
+    def last(self) -> torch.Tensor:
+        return self.data[:, self.length - 1 : self.length]  # [1, 1]
+
+    def append(self, token_id: int) -> None:
+        if self.length == self.data.shape[1]:  # more than planned (a speculative round's bonus token)
+            self.data = torch.cat([self.data, self.data.new_empty((1, max(16, self.length // 2)))], dim=1)
+        self.data[0, self.length] = token_id
+        self.length += 1
+
+
+@dataclass
+class DecodeLoop:
+    """One run's frame. ``max_steps`` and the budget reason come from the settings and the context length."""
+
+    lm: LoadedModel
+    settings: RunSettings
+    record: RunRecorder
+    prompt_ids: list[int]
+    prompt_text: str
+    generated: list[int] = field(default_factory=list)
+    stop_reason: str = "max_new_tokens"
+    cut_short: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        room = self.lm.context_length - len(self.prompt_ids)
+        self.max_steps = min(self.settings.max_new_tokens, room)
+        self.budget_reason = "max_new_tokens" if self.max_steps == self.settings.max_new_tokens else "context_full"
+        self.stop_reason = self.budget_reason
+        self.ids = TokenBuffer.of(self.prompt_ids, self.max_steps, self.lm.device)
+        self.decoder = IncrementalDecoder(self.lm.tokenizer, self.prompt_ids)
+        self.stop_watch = StopStringWatch(self.settings.stop_strings)
+        self.eos_ids = set(self.lm.eos_token_ids)
+        self.forced = tuple(self.settings.forced_token_ids)
+        self.cache: Any = None
+        self.logits: torch.Tensor | None = None  # the prefill's last logits [1, vocab] float32, if it read any
+
+    def started(self) -> Event:
+        return self.record.started(self.prompt_ids, self.prompt_text)
+
+    def prefill(self, defer: int = 0, cache: Any = None) -> Generator[Event, None, bool]:
+        """Read the prompt but its last ``defer`` tokens (the first step reads those); False when Stop came
+        between chunks (the run then ends "stopped" with no step)."""
+        prefilled = yield from self.record.prefill(self.ids.view, defer=defer, cache=cache)
+        if prefilled is None:
+            self.stop_reason = "stopped"
+            return False
+        logits, self.cache = prefilled
+        self.logits = logits.float() if logits is not None else None
+        return True
+
+    def forced_at(self, step: int) -> int | None:
+        return self.forced[step] if step < len(self.forced) else None
+
+    def steps(self, step: Callable[[int, int | None], Picked], *, start: int = 0) -> Iterator[Event]:
+        """Run ``step(index, forced token or None)`` until the budget, Stop, EOS or a stop string ends the run."""
+        if self.stop_reason == "stopped":
+            return
+        index = start
+        while len(self.generated) < self.max_steps:
+            if self.record.should_stop():
+                self.stop_reason = "stopped"
+                return
+            self.record.step_started()
+            picked = step(index, self.forced_at(len(self.generated)))
+            step_ms = self.record.step_ended()
+            if picked.stopped:
+                self.stop_reason = "stopped"
+                return
+            texts: list[str] = []
+            ended = None
+            for token in picked.tokens[: self.max_steps - len(self.generated)]:
+                self.ids.append(token)
+                text = self.decoder.push(token)
+                texts.append(text)
+                self.generated.append(token)
+                ended = end_reason(token, text, self.eos_ids, self.stop_watch)
+                if ended is not None:
+                    break
+            yield from picked.events(texts, step_ms)
+            index += 1
+            if ended is not None:
+                self.stop_reason = ended
+                return
+
+    def finished(self, figures: dict[str, float] | None = None, **extra: Any) -> RunFinished:
+        text = self.lm.tokenizer.decode(self.generated, skip_special_tokens=True)
+        done = self.record.finished(self.generated, text, self.stop_reason, steps=len(self.generated), **extra)
+        changes: dict[str, Any] = {"cut_short": self.cut_short}
+        if figures is not None:
+            changes["figures"] = figures
+        return dataclasses.replace(done, **changes)
