@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import ConfigError, LayerSettings, LensSettings, RunSettings
-from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.baseline import plain_greedy
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import layers_started, lens_step
 from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
@@ -22,7 +22,7 @@ from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import analyse_step
-from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.token_text import TokenTextCache
 from playground.events import Event
 from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
@@ -43,8 +43,8 @@ def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: StopChec
 def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None, mode: str) -> Iterator[Event]:
     settings.validate()
     layers = settings.group(LayerSettings)
-    loop = LayerLoop(lm.model, settings.group(LensSettings).lens_precision)
-    count = loop.stack.count
+    layer_loop = LayerLoop(lm.model, settings.group(LensSettings).lens_precision)
+    count = layer_loop.stack.count
     if mode == "early-exit":
         if layers.min_exit_layer > count:
             raise ConfigError(f"min_exit_layer must be between 1 and {count} for this {count}-layer model "
@@ -62,73 +62,55 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
     record = RunRecorder(lm, settings, should_stop, groups=(LensSettings, LayerSettings))
-    return _decode(lm, settings, mode, loop, rules, prompt_ids, prompt_text, record)
+    return _decode(lm, settings, mode, layer_loop, rules, prompt_ids, prompt_text, record)
 
 
-def _decode(lm: LoadedModel, settings: RunSettings, mode: str, loop: LayerLoop, rules: dict, prompt_ids: list[int],
-            prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+def _decode(lm: LoadedModel, settings: RunSettings, mode: str, layer_loop: LayerLoop, rules: dict,
+            prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
     lens, layers = settings.group(LensSettings), settings.group(LayerSettings)
     pipeline = build_pipeline(settings, sampling=False)
     token_text = TokenTextCache(lm.tokenizer)
-    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
-    stop_watch = StopStringWatch(settings.stop_strings)
-    eos_ids = set(lm.eos_token_ids)
-    forced = settings.forced_token_ids
-    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
-    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
-    count = loop.stack.count
-
-    yield record.started(prompt_ids, prompt_text)
-    yield layers_started(mode, count, lens, layers, KV_FILL)
-    generated: list[int] = []
+    count = layer_loop.stack.count
+    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
     computed = 0
-    with torch.inference_mode():
-        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
-        prefilled = yield from record.prefill(ids, defer=1)  # the loop reads the prompt's last token
-        if prefilled is None:
-            max_steps, stop_reason = 0, "stopped"
-        else:
-            cache = prefilled[1]
-        for step in range(max_steps):
-            if record.should_stop():
-                stop_reason = "stopped"
-                break
-            record.step_started()
-            token_pass = loop.run(int(ids[0, -1]), cache, **rules)
-            analysis = analyse_step(pipeline, ids, token_pass.logits, settings.num_candidates)
-            token_id = forced[step] if step < len(forced) else int(analysis.processed_logits.argmax(dim=-1).item())
-            analysis.token_id = token_id
-            layer_step = lens_step(loop.stack, step, token_pass.outputs, token_pass.updates, lens.lens_top,
-                                   token_text, exit_layer=token_pass.exit_layer, skipped=token_pass.skipped,
-                                   forward_ms=token_pass.forward_ms, known=token_pass.lens_rows, full=lens.lens)
-            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
-            step_ms = record.step_ended()
-            computed += layer_step.layers_computed
-            text = decoder.push(token_id)
-            generated.append(token_id)
-            yield layer_step
-            yield analysis.to_event(step=step, text=text, forced=step < len(forced), step_ms=step_ms,
-                                    kv_bytes=kv_cache_bytes(cache), token_text=token_text)
-            ended = end_reason(token_id, text, eos_ids, stop_watch)
-            if ended is not None:
-                stop_reason = ended
-                break
 
+    def step(index: int, forced: int | None) -> Picked:
+        nonlocal computed
+        token_pass = layer_loop.run(int(loop.ids.last), loop.cache, **rules)
+        analysis = analyse_step(pipeline, loop.ids.view, token_pass.logits, settings.num_candidates)
+        analysis.token_id = forced if forced is not None else int(analysis.processed_logits.argmax(dim=-1).item())
+        layer_step = lens_step(layer_loop.stack, index, token_pass.outputs, token_pass.updates, lens.lens_top,
+                               token_text, exit_layer=token_pass.exit_layer, skipped=token_pass.skipped,
+                               forward_ms=token_pass.forward_ms, known=token_pass.lens_rows, full=lens.lens)
+        computed += layer_step.layers_computed
+
+        def events(texts: list[str], step_ms: float) -> list[Event]:
+            return [layer_step, analysis.to_event(step=index, text=texts[0], forced=forced is not None,
+                                                  step_ms=step_ms, kv_bytes=kv_cache_bytes(loop.cache),
+                                                  token_text=token_text)]
+
+        return Picked([analysis.token_id], events)
+
+    yield loop.started()
+    yield layers_started(mode, count, lens, layers, KV_FILL)
+    with torch.inference_mode():
+        if (yield from loop.prefill(defer=1)):  # the layer loop reads the prompt's last token
+            yield from loop.steps(step)
+
+    generated = loop.generated
     total = count * len(generated)
     figures = {"layers_total": float(total), "layers_computed": float(computed),
                "compute_saved": 1 - computed / total if total else 0.0}
-    cut_short: tuple[str, ...] = ()
     full = None
     if layers.compare_full and generated:
-        full = None if stop_reason == "stopped" else full_decode(lm, settings, prompt_ids, generated,
-                                                                 record.should_stop)
+        full = None if loop.stop_reason == "stopped" else full_decode(lm, settings, prompt_ids, generated,
+                                                                      record.should_stop)
         if full is None:  # Stop came before or during the full model's decode: no agreement to report
-            stop_reason, cut_short = "stopped", ("full_model",)
-    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                               steps=len(generated))
+            loop.stop_reason, loop.cut_short = "stopped", ("full_model",)
+    finished = loop.finished()
     if full is not None:
         figures.update(agreement(generated, *full, finished.tokens_per_s))
-    yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
+    yield dataclasses.replace(finished, figures=figures)
 
 
 def full_decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
