@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from playground.config import ConfigError, RunSettings
-from playground.engine.speculative.decode import quantized_copy
 from playground.engine.strategies import run_strategy
+from playground.engine.variants import quantized_copy
 from playground.events import RunFinished, RunStarted, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
 from playground.models.loaded import LoadedModel

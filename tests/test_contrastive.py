@@ -23,8 +23,8 @@ from transformers import DynamicCache
 
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.scores import plausible_set
-from playground.engine.speculative.decode import quantized_copy
 from playground.engine.strategies import run_strategy
+from playground.engine.variants import quantized_copy
 from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.models.loaded import LoadedModel

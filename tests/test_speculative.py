@@ -27,10 +27,10 @@ from transformers import (
 
 from playground.config import ConfigError, RunSettings
 from playground.engine.speculative import decode as decode_module
-from playground.engine.speculative.decode import quantized_copy
 from playground.engine.speculative.drafters import lookup_continuation
 from playground.engine.speculative.verify import residual_distribution, verify_greedy, verify_sampled
 from playground.engine.strategies import run_strategy
+from playground.engine.variants import quantized_copy
 from playground.events import PrefillDone, RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
 from playground.models.loaded import LoadedModel
@@ -890,7 +890,7 @@ def test_model_drafter_without_a_model_is_refused(tiny_lm):
 @pytest.mark.parametrize("method", ["rtn-int4", "rtn-int4-head", "rtn-int8"])
 def test_the_quantized_drafter_is_the_targets_own_quantized_copy(tiny_lm, method):
     from playground.engine.quant.linear import QuantLinear
-    from playground.engine.speculative.decode import quantized_copy
+    from playground.engine.variants import quantized_copy
 
     run = spec(tiny_lm, prompt="Hello", max_new_tokens=16, draft="quantized", draft_quant=method)
     assert run.events[1].drafter == "quantized"

@@ -18,16 +18,16 @@ from playground.engine.variants import BuildStopped, FirstLayers, QuantizedCopy,
 
 
 @pytest.fixture
-def built(monkeypatch) -> weakref.WeakSet:
-    """Every model the builder makes during the test, held weakly: what is still alive after a collection is what
-    the cache (or anyone) keeps."""
+def built(monkeypatch) -> weakref.WeakKeyDictionary:
+    """Every model the builder makes during the test (-> its request), held weakly: what is still alive after a
+    collection is what the cache (or anyone) keeps."""
     variants.clear()
-    made: weakref.WeakSet = weakref.WeakSet()
+    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     real = variants.build
 
     def recording(*args, **kwargs):
         result = real(*args, **kwargs)
-        made.add(result.model)
+        made[result.model] = result.request
         return result
 
     monkeypatch.setattr(variants, "build", recording)
@@ -35,9 +35,10 @@ def built(monkeypatch) -> weakref.WeakSet:
     variants.clear()
 
 
-def live(made: weakref.WeakSet) -> list:
+def live(made: weakref.WeakKeyDictionary) -> list:
+    """The quantized copies still alive."""
     gc.collect()
-    return [m for m in made if any(isinstance(x, QuantLinear) for x in m.modules())]
+    return [m for m, request in list(made.items()) if isinstance(request, QuantizedCopy)]
 
 
 def test_the_same_request_gives_the_same_object(tiny_lm, built):
@@ -154,3 +155,95 @@ def test_stop_during_a_build_keeps_nothing(tiny_lm, built, method):
     reports.clear()
     variant(tiny_lm, QuantizedCopy.quick(method), lambda message, f: reports.append((message, f)))
     assert any("quantizing layer 2/2" in m for m, _ in reports) and reports[-1][1] == 1.0
+
+
+# --- Stop during a strategy's build, in the engine -----------------------------------------------------------------
+
+BUILD_CASES = {  # a run whose variant is built before its first event
+    "drafter": "speculative --draft quantized --draft-quant rtn-int4",
+    "amateur": "contrastive --amateur quantized --amateur-quant rtn-int8",
+    "cheap model": "cascade --cheap quantized --cheap-quant rtn-int4-head",
+    "--quant": "greedy --quant rtn-int8",
+    "--quant on a drafter's run": "speculative --draft layers --draft-layers 1 --quant rtn-int4 --group-size 32",
+}
+
+
+def case(spec: str, prompt: str = "one two three", max_new_tokens: int = 4):
+    from playground.config import RunSettings
+    from playground.config.words import settings_from_pane
+
+    return settings_from_pane(RunSettings(prompt=prompt, chat=False, max_new_tokens=max_new_tokens), spec)
+
+
+@pytest.mark.parametrize("name", list(BUILD_CASES))
+def test_stop_during_a_strategys_build_ends_the_run_stopped(tiny_lm, built, name):
+    """Stop at the build's first progress report: the run is its start and a final event, "stopped", naming the
+    quantized copy as what was cut; the build reports nothing more and nothing is cached. Without Stop the same
+    settings build the copy (reporting progress) and decode."""
+    from playground.engine.strategies import run_strategy
+    from playground.events import RunFinished, RunStarted
+
+    reports: list[str] = []
+    events = list(run_strategy(tiny_lm, case(BUILD_CASES[name]), lambda: bool(reports),
+                               lambda message, fraction: reports.append(message)))
+    assert [type(e) for e in events] == [RunStarted, RunFinished]
+    assert events[1].stop_reason == "stopped" and events[1].cut_short == ("quantized_copy",)
+    assert events[1].token_ids == () and events[0].strategy == case(BUILD_CASES[name]).strategy
+    assert len(reports) == 1, reports
+    assert variants.held(kind=QuantizedCopy) == [] and live(built) == []
+
+    reports.clear()
+    events = list(run_strategy(tiny_lm, case(BUILD_CASES[name]), None,
+                               lambda message, fraction: reports.append(message)))
+    assert isinstance(events[-1], RunFinished) and events[-1].stop_reason != "stopped"
+    assert events[-1].cut_short == () and len(events[-1].token_ids) == 4
+    assert any("quantizing layer 2/2" in m for m in reports) and len(live(built)) == 1
+
+
+def test_the_drafter_amateur_cheap_model_and_quant_share_one_copy(tiny_lm, built):
+    """rtn-int4 in groups of 32 for all four: one build, one copy alive."""
+    from playground.engine.strategies import run_strategy
+
+    for spec in ("speculative --draft quantized --draft-quant rtn-int4",
+                 "contrastive --amateur quantized --amateur-quant rtn-int4",
+                 "cascade --cheap quantized --cheap-quant rtn-int4",
+                 "greedy --quant rtn-int4 --group-size 32"):
+        list(run_strategy(tiny_lm, case(spec)))
+    assert len(built) == 1 and len(live(built)) == 1
+
+
+@pytest.fixture(scope="module")
+def long_lm():
+    from playground.tiny_models import build_tiny_lm
+
+    return build_tiny_lm(seed=0, max_positions=4096)
+
+
+LONG_PROMPT = " ".join(["one two three four"] * 40)  # ~600 tokens of the tiny tokenizer: three chunks of 256
+
+
+def test_the_amateurs_prompt_pass_reports_progress_and_stops_between_chunks(long_lm, built):
+    from playground.engine.strategies import run_strategy
+    from playground.events import PrefillDone, PrefillProgress, RunFinished, TokenStep
+
+    settings = case("contrastive --amateur quantized --amateur-quant rtn-int8", prompt=LONG_PROMPT)
+    events = list(run_strategy(long_lm, settings))
+    done = next(i for i, e in enumerate(events) if isinstance(e, PrefillDone))
+    read = events[done].prompt_tokens - 1  # the amateur reads the prompt but its last token, as the expert does
+    assert 512 < read <= 768, "precondition: three chunks"
+    amateur = [e for e in events[done + 1 :] if isinstance(e, PrefillProgress)]
+    assert [(e.done_tokens, e.total_tokens) for e in amateur] == [(256, read), (512, read)]
+    assert "amateur_prefill_ms" in events[-1].figures
+
+    stopped: list[bool] = []
+    seen = []
+    for event in run_strategy(long_lm, settings, lambda: bool(stopped)):
+        seen.append(event)
+        if isinstance(event, PrefillProgress) and any(isinstance(e, PrefillDone) for e in seen):
+            stopped.append(True)  # Stop after the amateur's first chunk
+    after = seen[next(i for i, e in enumerate(seen) if isinstance(e, PrefillDone)) + 1 :]
+    assert sum(isinstance(e, PrefillProgress) for e in after) == 1  # the next chunk boundary ends it
+    final = seen[-1]
+    assert isinstance(final, RunFinished) and final.stop_reason == "stopped"
+    assert final.cut_short == ("amateur_prefill",) and "amateur_prefill_ms" not in final.figures
+    assert not any(isinstance(e, TokenStep) for e in seen)

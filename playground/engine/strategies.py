@@ -8,6 +8,7 @@ imported on first use, so reading this table loads no torch.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -81,5 +82,14 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
         from playground.engine.quant.apply import run_quantized
 
         return run_quantized(load_runner(strategy.name), lm, settings, should_stop, progress)
-    return load_runner(strategy.name)(lm, settings, should_stop)
+    return call_runner(load_runner(strategy.name), lm, settings, should_stop, progress)
+
+
+def call_runner(runner: Runner, lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None,
+                progress: Callable[[str, float], None] | None) -> Iterator[Event]:
+    """``runner(lm, settings, should_stop)``, and ``progress`` for a runner that builds something before its
+    generator is returned (a drafter's, amateur's or cheap model's quantized copy) and takes it."""
+    if progress is not None and "progress" in inspect.signature(runner).parameters:
+        return runner(lm, settings, should_stop, progress=progress)
+    return runner(lm, settings, should_stop)
 

@@ -36,6 +36,7 @@ from playground.engine.run_events import RunRecorder, never_stop
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.variants import BuildStopped, Progress
 from playground.events import Event, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.figures import agreement_figures
@@ -44,14 +45,20 @@ from playground.models.loaded import LoadedModel
 StopCheck = Callable[[], bool]
 
 
-def run_cascade(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_cascade(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+                progress: Progress | None = None) -> Iterator[Event]:
     """Cascade inference as a generator of events. Settings, prompt and the cheap model are checked (and the cheap
-    model built or loaded) before the generator is returned (``ConfigError``)."""
+    model built, reporting ``progress``, or loaded) before the generator is returned (``ConfigError``); Stop during
+    that build returns a run that ends "stopped" at once."""
     settings.validate()
     cascade = settings.group(CascadeSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    cheap = make_cheap_model(lm, cascade)
+    try:
+        cheap = make_cheap_model(lm, cascade, progress, should_stop)
+    except BuildStopped as stopped:
+        record = RunRecorder(lm, settings, should_stop, groups=(CascadeSettings,))
+        return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     # The recorder's prefill reads the prompt with the cheap model: the full model reads it when first asked.
     record = RunRecorder(dataclasses.replace(lm, model=cheap.model), settings, should_stop, groups=(CascadeSettings,))
     return _Cascade(lm, settings, cascade, cheap, record, prompt_ids).run(prompt_text)

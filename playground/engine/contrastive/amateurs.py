@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -18,6 +19,7 @@ from transformers import DynamicCache
 
 from playground.engine.forward import keep_last_logits, prefill_in_chunks
 from playground.engine.layers.lens import LayerStack
+from playground.events import PrefillProgress
 
 
 class Amateur:
@@ -28,9 +30,12 @@ class Amateur:
     def __init__(self) -> None:
         self.ms = 0.0  # time of the last ``next_logits``
 
-    def prefill(self, ids: torch.Tensor) -> float:
-        """Read ``ids`` [1, n] (the prompt but its last token) before the first step; milliseconds it took."""
+    def prefill(self, ids: torch.Tensor, should_stop: Callable[[], bool]
+                ) -> Generator[PrefillProgress, None, float | None]:
+        """Read ``ids`` [1, n] (the prompt but its last token) before the first step, yielding progress between
+        chunks of a long prompt; milliseconds it took, or None when Stop came between two chunks."""
         return 0.0
+        yield  # a generator that reads nothing
 
     def expert_pass(self) -> AbstractContextManager:
         """Wraps the expert's forward pass of a step (the layer amateur listens to it)."""
@@ -96,10 +101,14 @@ class ModelAmateur(Amateur):
         self.cache = DynamicCache(config=model.config)
         self._extra = keep_last_logits(model, 1)
 
-    def prefill(self, ids: torch.Tensor) -> float:
+    def prefill(self, ids: torch.Tensor, should_stop: Callable[[], bool]
+                ) -> Generator[PrefillProgress, None, float | None]:
         start = time.perf_counter()
         if ids.shape[1]:
-            prefill_in_chunks_to_end(self.model, ids, self.cache)
+            for done in prefill_in_chunks(self.model, ids, cache=self.cache):
+                if should_stop():
+                    return None
+                yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])
         return (time.perf_counter() - start) * 1000
 
     def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
@@ -107,9 +116,3 @@ class ModelAmateur(Amateur):
         out = self.model(input_ids=feed, cache=self.cache, use_cache=True, **self._extra)
         return out.logits[0, -1]
 
-
-def prefill_in_chunks_to_end(model: nn.Module, ids: torch.Tensor, cache: DynamicCache) -> None:
-    """The prompt through ``model`` into ``cache``, chunk by chunk, without stop checks (the expert's prefill has
-    them: the amateur reads the same prompt right after it)."""
-    for _ in prefill_in_chunks(model, ids, cache=cache):
-        pass

@@ -27,31 +27,37 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.variants import BuildStopped, Progress, QuantizedCopy, SmallModel, detail, variant
 from playground.events import Event
 from playground.events.contrastive import ContrastiveStarted
 from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
-QUANT_DETAIL = {"rtn-int4": "the expert with int4 weights (group 32)",
-                "rtn-int4-head": "the expert with int4 weights and LM head (group 32)",
-                "rtn-int8": "the expert with int8 per-channel weights"}
 
 
-def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+                    progress: Progress | None = None) -> Iterator[Event]:
     """Contrastive decoding as a generator of events. Settings and prompt are checked and the amateur is made (a
-    quantized copy built, a model loaded) before the generator is returned (``ConfigError``)."""
+    quantized copy built, reporting ``progress``, a model loaded) before the generator is returned
+    (``ConfigError``); Stop during that build returns a run that ends "stopped" at once."""
     settings.validate()
     contrastive = settings.group(ContrastiveSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens)
     record = RunRecorder(lm, settings, should_stop, groups=(ContrastiveSettings,))
+    try:
+        amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens, progress, should_stop)
+    except BuildStopped as stopped:
+        return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     return _decode(lm, settings, contrastive, amateur, prompt_ids, prompt_text, record)
 
 
-def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int) -> Amateur:
-    """The amateur the settings name; ``positions``: the longest text it will read (checked for a model amateur)."""
+def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int, progress: Progress | None = None,
+                 should_stop: StopCheck | None = None) -> Amateur:
+    """The amateur the settings name; ``positions``: the longest text it will read (checked for a model amateur).
+    A model amateur's model comes from the variants' cache (built there, with ``progress``; ``BuildStopped`` when
+    ``should_stop`` says so during the build)."""
     if settings.amateur == "layer":
         stack = LayerStack.of(lm.model)  # "model" precision: the amateur's logits exactly as the model computes
         layer = settings.layer_for(stack.count)
@@ -59,20 +65,19 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int)
             raise ConfigError(f"amateur_layer must be between 1 and {stack.count - 1} for this {stack.count}-layer "
                               f"model (got {layer}; the last layer is the expert itself)")
         return LayerAmateur(stack, layer)
-    from playground.engine.speculative.decode import load_draft_model, quantized_copy
-
     if settings.amateur == "quantized":
-        return ModelAmateur("quantized", quantized_copy(lm, settings.amateur_quant),
-                            QUANT_DETAIL[settings.amateur_quant])
+        made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), progress, should_stop)
+        return ModelAmateur("quantized", made.model, detail(made, "the expert"))
     try:
-        small = load_draft_model(lm, settings.amateur_model)
+        made = variant(lm, SmallModel(settings.amateur_model), progress, should_stop)
     except ConfigError as error:  # its message speaks of a draft model
         raise ConfigError(f"amateur model: {error}") from None
+    small = made.loaded
+    assert small is not None
     if positions > small.context_length:
         raise ConfigError(f"the amateur {small.name} reads at most {small.context_length} tokens; this run needs "
                           f"{positions}: shorten the prompt or max_new_tokens")
-    parameters = small.model.num_parameters() / 1e6
-    return ModelAmateur("model", small.model, f"{small.name} ({parameters:.0f}M parameters)")
+    return ModelAmateur("model", made.model, detail(made, "the expert"))
 
 
 def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSettings, amateur: Amateur,
@@ -96,7 +101,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
                              do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates)
     generated: list[int] = []
     changed = plausible_total = 0
-    amateur_ms = amateur_prefill_ms = 0.0
+    amateur_ms = 0.0
+    amateur_prefill_ms: float | None = 0.0
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
         # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
@@ -105,7 +111,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
             max_steps, stop_reason = 0, "stopped"
         else:
             cache = prefilled[1]
-            amateur_prefill_ms = amateur.prefill(ids[:, :-1])
+            amateur_prefill_ms = yield from amateur.prefill(ids[:, :-1], record.should_stop)
+            if amateur_prefill_ms is None:  # Stop between two chunks of the amateur's reading of the prompt
+                max_steps, stop_reason = 0, "stopped"
         for step in range(max_steps):
             if record.should_stop():
                 stop_reason = "stopped"
@@ -138,9 +146,12 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
 
     n = len(generated)
     figures = {"changed_steps": float(changed), "changed_fraction": changed / n if n else 0.0,
-               "mean_plausible": plausible_total / n if n else 0.0, "amateur_ms": amateur_ms / n if n else 0.0,
-               "amateur_prefill_ms": amateur_prefill_ms}
+               "mean_plausible": plausible_total / n if n else 0.0, "amateur_ms": amateur_ms / n if n else 0.0}
     cut_short: tuple[str, ...] = ()
+    if amateur_prefill_ms is None:
+        cut_short = ("amateur_prefill",)
+    else:
+        figures["amateur_prefill_ms"] = amateur_prefill_ms
     greedy: list[int] | None = None
     if contrastive.contrast_baseline and generated:
         wanted = min(contrastive.contrast_baseline, n)

@@ -16,14 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from playground.config import (
-    ConfigError,
-    LayerSettings,
-    LensSettings,
-    ModelSettings,
-    RunSettings,
-    SpeculativeSettings,
-)
+from playground.config import LayerSettings, LensSettings, RunSettings, SpeculativeSettings
 from playground.config.stop_strings import StopStringWatch
 from playground.engine.baseline import plain_greedy
 from playground.engine.forward import deferred_tail, keep_last_logits
@@ -41,88 +34,58 @@ from playground.engine.speculative.drafters import (
     PromptLookupDrafter,
     QuantizedDrafter,
     SmallModelDrafter,
-    first_layers,
     keep_past,
     roll_back,
 )
 from playground.engine.speculative.verify import Verdict, verify_greedy, verify_sampled
 from playground.engine.step_analysis import analyse_step
 from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.variants import BuildStopped, FirstLayers, Progress, QuantizedCopy, SmallModel, detail, variant
 from playground.events import Event
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
-from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
-_DRAFT_MODELS: dict[tuple[str, str, str], LoadedModel] = {}  # loaded once per (path, device, dtype)
-_QUANTIZED: dict[tuple[int, str], torch.nn.Module] = {}
 
 
-def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+                    progress: Progress | None = None) -> Iterator[Event]:
     """Speculative decoding as a generator of events. Settings, prompt and drafter are checked (and a draft model
-    loaded) before the generator is returned (``ConfigError``)."""
+    loaded, a quantized drafter built, reporting ``progress``) before the generator is returned (``ConfigError``);
+    Stop during that build returns a run that ends "stopped" at once."""
     settings.validate()
     spec = settings.group(SpeculativeSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
     generator = make_generator(lm.device, settings.seed)
     pipeline = build_pipeline(settings, sampling=spec.do_sample)
-    drafter = make_drafter(lm, spec, pipeline, generator)
     record = RunRecorder(lm, settings, should_stop, groups=(SpeculativeSettings,))
+    try:
+        drafter = make_drafter(lm, spec, pipeline, generator, progress, should_stop)
+    except BuildStopped as stopped:
+        return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     lens_settings = settings.group(LensSettings)
     lens = LensRecorder(lm.model, lens_settings, TokenTextCache(lm.tokenizer)) if lens_settings.lens else None
     return _decode(lm, settings, spec, drafter, pipeline, generator, prompt_ids, prompt_text, record, lens)
 
 
 def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[NamedTransform, ...],
-                 generator: torch.Generator) -> Drafter:
+                 generator: torch.Generator, progress: Progress | None = None,
+                 should_stop: StopCheck | None = None) -> Drafter:
+    """The drafter the settings name; a model drafter's model comes from the variants' cache (built there, with
+    ``progress``; ``BuildStopped`` when ``should_stop`` says so during the build)."""
     if spec.draft == "prompt-lookup":
         return PromptLookupDrafter(spec.prompt_lookup_ngram)
     if spec.draft == "jacobi":
         return JacobiDrafter()
-    if spec.draft == "layers":
-        model = first_layers(lm.model, spec.draft_layers)
-        drafter = LayersDrafter(model, pipeline, spec.do_sample, generator, lm.device)
-        drafter.detail = f"first {spec.draft_layers} of {anatomy_of(lm.model).count} layers + final norm + LM head"
-        return drafter
-    if spec.draft == "model":
-        draft_lm = load_draft_model(lm, spec.draft_model)
-        drafter = SmallModelDrafter(draft_lm.model, pipeline, spec.do_sample, generator, lm.device)
-        drafter.detail = f"{draft_lm.name} ({draft_lm.model.num_parameters() / 1e6:.0f}M parameters)"
-        return drafter
-    model = quantized_copy(lm, spec.draft_quant)
-    drafter = QuantizedDrafter(model, pipeline, spec.do_sample, generator, lm.device)
-    drafter.detail = {"rtn-int4": "the target with int4 weights (group 32)",
-                      "rtn-int4-head": "the target with int4 weights and LM head (group 32)",
-                      "rtn-int8": "the target with int8 per-channel weights"}[spec.draft_quant]
+    kinds = {"layers": (LayersDrafter, FirstLayers(spec.draft_layers)),
+             "model": (SmallModelDrafter, SmallModel(spec.draft_model)),
+             "quantized": (QuantizedDrafter, QuantizedCopy.quick(spec.draft_quant))}
+    kind, request = kinds[spec.draft]
+    made = variant(lm, request, progress, should_stop)
+    drafter = kind(made.model, pipeline, spec.do_sample, generator, lm.device)
+    drafter.detail = detail(made, "the target")
     return drafter
-
-
-def quantized_copy(lm: LoadedModel, method: str) -> torch.nn.Module:
-    """The target's quantized copy, made once per model and method (one kept at a time)."""
-    from playground.engine.quant.linear import quantize_model
-
-    key = (id(lm.model), method)
-    if key not in _QUANTIZED:
-        _QUANTIZED.clear()
-        head = method == "rtn-int4-head"  # the LM head is a quarter of a step's multiply-adds on SmolLM2
-        _QUANTIZED[key] = quantize_model(lm.model, "rtn-int4" if head else method,
-                                         None if method == "rtn-int8" else 32, quantize_lm_head=head)
-    return _QUANTIZED[key]
-
-
-def load_draft_model(lm: LoadedModel, path: str) -> LoadedModel:
-    from playground.models.loading import load_model
-
-    key = (path, str(lm.device), lm.dtype_name)
-    if key not in _DRAFT_MODELS:
-        _DRAFT_MODELS.clear()  # keep one draft model in memory at a time
-        draft = load_model(ModelSettings(path=path, device=lm.device.type, dtype=lm.dtype_name))
-        if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
-            raise ConfigError(f"the draft model {draft.name} does not share {lm.name}'s tokenizer: token ids would "
-                              "mean different things; pick a draft model of the same family")
-        _DRAFT_MODELS[key] = draft
-    return _DRAFT_MODELS[key]
 
 
 def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, drafter: Drafter,

@@ -3,7 +3,7 @@
 - ``PromptLookupDrafter``: copies what followed an earlier occurrence of the text's last n-gram (no model): the
   latest one with k tokens after it.
 - ``LayersDrafter``: the target's own first N layers, its final norm and LM head (LayerSkip's self-drafting);
-  shares the target's weights, keeps its own KV cache.
+  shares the target's weights, keeps its own KV cache (``playground.engine.variants`` makes every drafter model).
 - ``ModelDrafter``: a separate small model with the target's tokenizer, its own KV cache; or the target's own
   quantized copy (``QuantizedDrafter``).
 - ``JacobiDrafter``: the target refining a guess in parallel: each verification pass re-predicts every guessed
@@ -12,16 +12,13 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from playground.config import ConfigError
 from playground.engine.processors import NamedTransform, run_pipeline
-from playground.models.anatomy import anatomy_of
 
 
 @dataclass
@@ -161,40 +158,3 @@ class JacobiDrafter(Drafter):
         # choices[accepted] is the target's own next token; the positions after it were predicted from the
         # guess: they are the next guess (one Jacobi update).
         self.guess = target_choices[accepted + 1 :]
-
-
-def first_layers(model: nn.Module, n_layers: int, setting: str = "draft_layers") -> nn.Module:
-    """The target's first ``n_layers`` decoder layers with its final norm, LM head and logit transform, sharing
-    every weight: the causal LM and the modules down to its decoder stack are shallow copies whose layer list and
-    config are cut to ``n_layers`` (the model's own forward then runs them, as it runs the whole model)."""
-    anatomy = anatomy_of(model)  # ConfigError naming the family when it cannot be opened up
-    total = anatomy.count
-    if not 1 <= n_layers < total:
-        raise ConfigError(f"{setting} must be between 1 and {total - 1} for this {total}-layer model "
-                          f"(got {n_layers})")
-    config = copy.copy(model.config)
-    text = config.get_text_config(decoder=True)
-    if text is not config:  # a multimodal wrapper: cut a copy of its text config, held by the wrapper's copy
-        for name, value in list(vars(config).items()):
-            if value is text:
-                text = copy.copy(text)
-                setattr(config, name, text)
-    text.num_hidden_layers = n_layers
-    if isinstance(getattr(text, "layer_types", None), list):
-        text.layer_types = text.layer_types[:n_layers]
-    draft = _shallow(model, config)
-    parent = draft
-    for name in anatomy.base_path.split("."):  # copy each module down to the decoder stack
-        child = _shallow(getattr(parent, name), text if name == anatomy.base_path.split(".")[-1] else None)
-        setattr(parent, name, child)
-        parent = child
-    setattr(parent, anatomy.row.layers, nn.ModuleList(list(anatomy.layers)[:n_layers]))
-    return draft
-
-
-def _shallow(module: nn.Module, config: object | None) -> nn.Module:
-    twin = copy.copy(module)
-    twin._modules = dict(module._modules)
-    if config is not None and hasattr(twin, "config"):
-        twin.config = config
-    return twin
