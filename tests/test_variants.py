@@ -165,6 +165,7 @@ BUILD_CASES = {  # a run whose variant is built before its first event
     "cheap model": "cascade --cheap quantized --cheap-quant rtn-int4-head",
     "--quant": "greedy --quant rtn-int8",
     "--quant on a drafter's run": "speculative --draft layers --draft-layers 1 --quant rtn-int4 --group-size 32",
+    "quantization lab": "greedy --quant rtn-int8 --compare",
 }
 
 

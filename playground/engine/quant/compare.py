@@ -16,7 +16,9 @@ import torch
 
 from playground.config import QuantSettings, RunSettings
 from playground.engine.compare.panes import interleave, pane_finished, pane_token
+from playground.engine.prompt import encode_prompt
 from playground.engine.quant.teacher_forced import TeacherForcedScorer
+from playground.engine.run_events import RunRecorder
 from playground.events import Event, RunFinished, RunStarted, TokenStep
 from playground.events.figures import first_divergence
 from playground.events.panes import PaneStarted
@@ -25,8 +27,9 @@ from playground.models.loaded import LoadedModel
 
 
 def run_quant_compare(lm: LoadedModel, settings: RunSettings, should_stop=None, progress=None) -> Iterator[Event]:
-    """Validate, build the quantized copy (or take it from the cache, reporting ``progress``), return the run."""
-    from playground.engine.quant.apply import check_combination, quantized_lm
+    """Validate, build the quantized copy (or take it from the cache, reporting ``progress``), return the run; Stop
+    during the build returns a run that starts and ends "stopped" with ``cut_short=("quantized_copy",)``."""
+    from playground.engine.quant.apply import QuantCancelled, check_combination, quantized_lm
     from playground.engine.strategies import run_strategy
 
     quant = settings.group(QuantSettings)
@@ -35,6 +38,11 @@ def run_quant_compare(lm: LoadedModel, settings: RunSettings, should_stop=None, 
     reference = run_strategy(lm, base, should_stop)  # validates the strategy's own settings before any work
     try:
         qlm, ready = quantized_lm(lm, quant, progress, should_stop=should_stop)
+    except QuantCancelled as stopped:  # the lab ends "stopped" before its first token, saying what Stop cut
+        getattr(reference, "close", lambda: None)()
+        prompt_ids, prompt_text = encode_prompt(lm, base)
+        record = RunRecorder(lm, settings, should_stop, groups=(QuantSettings,))
+        return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     except BaseException:
         getattr(reference, "close", lambda: None)()
         raise
