@@ -4,8 +4,9 @@ Data flows one way: a background job yields engine events → ``Session`` folds 
 (model load, model fetch, a server check or a run) is active at a time. The window knows views only through the
 view interface (``playground.ui.views.base.View``) and the registry; it never names a strategy or a view.
 
-The model is either a local ``LoadedModel`` (``lm``) or a model on a server (``remote``, a ``RemoteSource``): a run
-then streams from the server through ``run_remote`` in the same job, with the same events, Stop and close.
+The model is a ``ModelSource`` (``playground.ui.model_sources``): one loaded here or one on a server, behind one
+interface (labels, check, run, branch); a run streams from either in the same job, with the same events, Stop and
+close, and the window never asks which kind it holds.
 """
 
 from __future__ import annotations
@@ -38,20 +39,19 @@ from PySide6.QtWidgets import (
 
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.events import PrefillProgress, RunFinished, RunStarted
-from playground.models.anatomy import model_support
 from playground.models.loaded import LoadedModel
-from playground.remote.branch import RemoteBranch
 from playground.remote.source import RemoteSource
 from playground.state import Branch, Run, Session
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
 from playground.ui.model_picker import ModelPicker
+from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
 from playground.ui.runs_list import RunsList
-from playground.ui.server_model import branch_remote_run, check_remote_run, model_label, server_check, server_details
+from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views import view_classes
-from playground.ui.views.base import View, is_remote_run, needs_local_model_text
+from playground.ui.views.base import View, needs_local_model_text
 from playground.ui.worker import GeneratorJob, JobBody
 
 # Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
@@ -102,14 +102,11 @@ class MainWindow(QMainWindow):
         run_settings = run_settings or self._last_settings() or RunSettings()
         self.model_spec = model_settings or ModelSettings()
         self.session = Session()
-        self.lm: LoadedModel | None = None
-        self.remote: RemoteSource | None = None  # a model on a server, used instead of ``lm`` (one or the other)
-        self.remote_info: Any = None  # the server's EngineInfo from the last connection check
-        self.remote_model = ""  # the server's model a run uses (resolved from ``remote.model``)
+        self.source: ModelSource | None = None  # a model loaded here, or one on a server
         self.job: GeneratorJob | None = None
         self.job_kind = ""
-        # A branch asked for while a run was live: settings, the branch, and for a server's run its RemoteBranch.
-        self._pending: list[tuple[RunSettings, Branch | None, RemoteBranch | None]] = []
+        # A branch asked for while a run was live: settings, the branch, and what the source needs to continue it.
+        self._pending: list[tuple[RunSettings, Branch | None, Any]] = []
         self._running_run: Run | None = None  # the run the current job decodes
         self._shown: set[str] = set()  # names of the views that show the selected run
         self.view_failures: dict[tuple[str, str], int] = {}  # (view, method) -> times it raised (logged once)
@@ -312,18 +309,30 @@ class MainWindow(QMainWindow):
     @property
     def has_model(self) -> bool:
         """A loaded model or a connected server: Generate can run."""
-        return self.lm is not None or self.remote is not None
+        return self.source is not None
+
+    @property
+    def lm(self) -> LoadedModel | None:
+        """The model loaded here, if that is the source."""
+        return self.source.lm if isinstance(self.source, LocalModel) else None
+
+    @property
+    def remote(self) -> RemoteSource | None:
+        """The server in use, if that is the source."""
+        return self.source.source if isinstance(self.source, ServerModel) else None
 
     def set_model(self, lm: LoadedModel) -> None:
         """Use an already loaded model (the load job ends here too); a connected server is let go."""
-        self.lm = lm
-        self.remote, self.remote_info, self.remote_model = None, None, ""
         self.picker.show_loaded(lm.name, str(lm.device), lm.dtype_name)
-        self.status.show_model(lm.name, str(lm.device), lm.dtype_name)
-        support = model_support(lm.model)
-        self.status.show_family(support.summary(), support.details())
-        self.controls.limit_to_model(support.blocked_strategies, support.blocked_groups)
+        self._use_source(LocalModel(lm))
         self.status.showMessage(f"{lm.name} loaded", 5000)
+
+    def _use_source(self, source: ModelSource) -> None:
+        self.source = source
+        labels = source.labels()
+        self.status.show_model(labels.name, labels.device, labels.dtype)
+        self.status.show_family(labels.family, labels.family_details)
+        self.controls.limit_to_model(labels.blocked_strategies, labels.blocked_groups)
         self._update_buttons()
 
     def load_model(self, spec: ModelSettings | None = None) -> None:
@@ -399,16 +408,11 @@ class MainWindow(QMainWindow):
 
     def set_remote(self, source: RemoteSource, info: Any, model: str) -> None:
         """Use ``model`` on the server ``source`` (checked: ``info`` is its EngineInfo); a loaded model is let go."""
-        self.lm = None
-        self.remote, self.remote_info, self.remote_model = source, info, model
-        name = model_label(model)
-        self.picker.show_server(info.engine, name, source.api_url, server_details(source, info, model))
+        server = ServerModel(source, info, model)
+        self.picker.show_server(info.engine, server.name, source.api_url, server.details())
         self.picker.remember_server(source)
-        self.status.show_model(name, f"remote: {info.engine}", info.ftype)
-        self.status.show_family("", "")
-        self.controls.limit_to_model({}, {})
+        self._use_source(server)
         self.status.showMessage(f"Connected to {info.engine} at {source.api_url}", 5000)
-        self._update_buttons()
 
     # --- runs ---------------------------------------------------------------------------------------------
     @property
@@ -424,22 +428,16 @@ class MainWindow(QMainWindow):
             return
         settings = self.current_settings()
         try:
-            if self.remote is not None:
-                check_remote_run(self.remote, settings, None)
-            else:
-                from playground.config.catalog import get_strategy
-
-                get_strategy(settings.strategy)
-                settings.validate()
+            self.source.check(settings)
         except ConfigError as error:
             self.banner.show_error(str(error))
             return
         self.start_run(settings)
 
-    def start_run(self, settings: RunSettings, branch: Branch | None = None,
-                  remote_branch: RemoteBranch | None = None) -> Run:
-        lm, source = self.lm, self.remote
-        assert lm is not None or source is not None
+    def start_run(self, settings: RunSettings, branch: Branch | None = None, plan: Any = None) -> Run:
+        """Start a run of the current source; ``plan``: what the source's ``branch`` returned for a branch."""
+        source = self.source
+        assert source is not None
         self.banner.hide()
         run = self.session.start_run(settings, branch)
         self._running_run = run
@@ -448,14 +446,7 @@ class MainWindow(QMainWindow):
         self._show_selected(run)
 
         def body(should_stop, progress) -> Iterator[Any]:
-            if source is not None:
-                from playground.remote.decode import run_remote
-
-                # The runner polls should_stop every 50 ms, even while the server is silent.
-                return run_remote(source, settings, should_stop, remote_branch)
-            from playground.engine.strategies import run_strategy
-
-            return run_strategy(lm, settings, should_stop, progress)  # progress: building a quantized copy
+            return source.run(settings, should_stop, progress, plan)
 
         self.status.showMessage("Generating…")
         self._start_job(body, "run")
@@ -469,48 +460,31 @@ class MainWindow(QMainWindow):
     def branch(self, step: int, token_id: int) -> None:
         """Continue the selected run from ``step`` with ``token_id`` instead of what it chose."""
         run = self.session.selected
-        if run is not None and is_remote_run(run):
-            self._branch_remote(run, step, token_id)
+        if run is None:
             return
-        if run is None or self.lm is None:
-            if run is not None:
-                self.banner.show_error("Load a model to branch: a saved run replays without one, but continuing "
-                                       "it needs the model")
-            return
-        # A quantized run's model is named "<model> · <method>": the same weights, quantized again on branching.
-        made_with = run.started.model_name.split(" · ")[0] if run.started is not None else ""
-        if run.started is not None and (run.started.model_path, made_with) != (self.lm.path, self.lm.name):
-            # Token ids only mean something to the tokenizer that produced them.
-            self.banner.show_error(f"run #{run.index + 1} was made with {run.started.model_name}; load that model "
-                                   "again to branch from it")
+        if self.source is None:
+            self.banner.show_error("Load a model to branch: a saved run replays without one, but continuing it "
+                                   "needs the model")
             return
         if self.busy and self.job_kind != "run":
-            self.banner.show_info("Wait for the model to finish loading, then branch.")
-            return
-        settings, branch = self.session.branch_settings(run.index, step, token_id)
-        self._start_branch(settings, branch, None)
-
-    def _start_branch(self, settings: RunSettings, branch: Branch, remote_branch: RemoteBranch | None) -> None:
-        if self.busy:
-            # Stop what is running; the branch starts as soon as the job has ended.
-            self._pending = [(settings, branch, remote_branch)]
-            self.stop()
-            return
-        self.start_run(settings, branch, remote_branch)
-
-    def _branch_remote(self, run: Run, step: int, token_id: int) -> None:
-        """Continue a server's run: the server takes text, so the parent's text up to ``step`` and the picked
-        alternative's text are sent (``RemoteBranch``), to the server that decoded it."""
-        if self.busy and self.job_kind != "run":
-            self.banner.show_info("Wait for the current job to finish, then branch.")
+            self.banner.show_info("Wait for the current job to finish (a model load or a server check), then "
+                                  "branch.")
             return
         try:
-            made = branch_remote_run(run, step, token_id, self.remote, self.remote_model)
+            made = self.source.branch(self.session, run, step, token_id)
         except ConfigError as error:
             self.banner.show_error(str(error))
             return
         if made is not None:
             self._start_branch(*made)
+
+    def _start_branch(self, settings: RunSettings, branch: Branch, plan: Any) -> None:
+        if self.busy:
+            # Stop what is running; the branch starts as soon as the job has ended.
+            self._pending = [(settings, branch, plan)]
+            self.stop()
+            return
+        self.start_run(settings, branch, plan)
 
     def select_run(self, index: int) -> None:
         run = self.session.select(index)
@@ -755,8 +729,8 @@ class MainWindow(QMainWindow):
             self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
                                           dtype=self.picker.dtype.currentText()))
         elif self._pending and self.has_model:
-            settings, branch, remote_branch = self._pending.pop()
-            self.start_run(settings, branch, remote_branch)
+            settings, branch, plan = self._pending.pop()
+            self.start_run(settings, branch, plan)
 
     def _update_buttons(self) -> None:
         busy = self.busy

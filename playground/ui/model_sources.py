@@ -1,0 +1,136 @@
+"""Where a run's tokens come from: a model loaded here or a model on a server, behind one interface.
+
+The window holds one ``ModelSource`` and asks it to describe itself, check settings, run, and turn a click on an
+alternative into a branch; it never asks which kind it holds. Both yield the same events: views tell a server's
+run from a local one by the events' own fields (the start event's device, whether a step has probabilities).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from playground.config import ConfigError, RunSettings
+from playground.models.anatomy import model_support
+from playground.models.loaded import LoadedModel
+from playground.remote.source import RemoteSource
+from playground.state import Branch, Run, Session
+from playground.ui.server_model import (
+    branch_remote_run,
+    check_remote_run,
+    model_label,
+    server_details,
+)
+from playground.ui.views.base import is_remote_run
+
+StopCheck = Callable[[], bool]
+Progress = Callable[[str, float], None]
+# (the run's settings, the runs list's branch, what the source needs to continue it: a server's RemoteBranch)
+BranchPlan = tuple[RunSettings, Branch, Any]
+
+
+@dataclass(frozen=True)
+class SourceLabels:
+    """What the window shows of a source: the picker's and status bar's labels, and what it supports."""
+
+    name: str
+    device: str  # "cpu", "cuda:0", or "remote: llama.cpp"
+    dtype: str
+    family: str = ""  # the status bar's family summary ("" hides it)
+    family_details: str = ""
+    blocked_strategies: dict[str, str] = field(default_factory=dict)  # strategy -> why this model cannot run it
+    blocked_groups: dict[str, str] = field(default_factory=dict)  # settings group -> why
+
+
+class ModelSource(ABC):
+    @property
+    @abstractmethod
+    def name(self) -> str: ...
+
+    @abstractmethod
+    def labels(self) -> SourceLabels: ...
+
+    @abstractmethod
+    def check(self, settings: RunSettings) -> None:
+        """The run's up-front checks (``ConfigError``), before a run exists."""
+
+    @abstractmethod
+    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None
+            ) -> Iterator[Any]:
+        """The run's events (called on the worker thread); ``plan`` is what ``branch`` returned for it."""
+
+    @abstractmethod
+    def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
+        """Continue ``run`` from ``step`` with ``token_id``: the plan, None when there is nothing to continue, or
+        ``ConfigError`` saying why this source cannot continue it."""
+
+
+class LocalModel(ModelSource):
+    def __init__(self, lm: LoadedModel) -> None:
+        self.lm = lm
+
+    @property
+    def name(self) -> str:
+        return self.lm.name
+
+    def labels(self) -> SourceLabels:
+        support = model_support(self.lm.model)
+        return SourceLabels(self.lm.name, str(self.lm.device), self.lm.dtype_name, support.summary(),
+                            support.details(), support.blocked_strategies, support.blocked_groups)
+
+    def check(self, settings: RunSettings) -> None:
+        from playground.config.catalog import get_strategy
+
+        get_strategy(settings.strategy)
+        settings.validate()
+
+    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None
+            ) -> Iterator[Any]:
+        from playground.engine.strategies import run_strategy
+
+        return run_strategy(self.lm, settings, should_stop, progress)  # progress: building a quantized copy
+
+    def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
+        if is_remote_run(run):  # a server's run: only that server can continue it (its message says so)
+            branch_remote_run(run, step, token_id, None, "")
+        # A quantized run's model is named "<model> · <method>": the same weights, quantized again on branching.
+        made_with = run.started.model_name.split(" · ")[0] if run.started is not None else ""
+        if run.started is not None and (run.started.model_path, made_with) != (self.lm.path, self.lm.name):
+            # Token ids only mean something to the tokenizer that produced them.
+            raise ConfigError(f"run #{run.index + 1} was made with {run.started.model_name}; load that model "
+                              "again to branch from it")
+        settings, made = session.branch_settings(run.index, step, token_id)
+        return settings, made, None
+
+
+class ServerModel(ModelSource):
+    def __init__(self, source: RemoteSource, info: Any, model: str) -> None:
+        self.source, self.info, self.model = source, info, model
+
+    @property
+    def name(self) -> str:
+        return model_label(self.model)
+
+    def labels(self) -> SourceLabels:
+        return SourceLabels(self.name, f"remote: {self.info.engine}", self.info.ftype)
+
+    def details(self) -> str:
+        return server_details(self.source, self.info, self.model)
+
+    def check(self, settings: RunSettings) -> None:
+        check_remote_run(self.source, settings, None)
+
+    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None
+            ) -> Iterator[Any]:
+        from playground.remote.decode import run_remote
+
+        # The runner polls should_stop every 50 ms, even while the server is silent.
+        return run_remote(self.source, settings, should_stop, plan)
+
+    def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
+        if not is_remote_run(run):
+            raise ConfigError("Load a model to branch: a saved run replays without one, but continuing it needs "
+                              "the model")
+        return branch_remote_run(run, step, token_id, self.source, self.model)
