@@ -61,3 +61,7 @@ class RemoteTokenStep(TokenStep):
     # Bytes of this entry's text that belong to earlier tokens the server folded into it (llama-server sends the
     # byte pieces of one character as one entry, with the last piece's id and numbers): 0 = one token.
     merged_bytes: int = 0
+
+    @property
+    def two_distributions(self) -> bool:  # one number per token: the distribution the server named
+        return False

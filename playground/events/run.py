@@ -97,6 +97,17 @@ class TokenStep:
     step_ms: float  # model forward + processing for this step
     kv_cache_bytes: int  # measured size of the KV cache after this step
 
+    # What the numbers are, for views that must not guess from the event's class (a server's steps override
+    # these as fields): whether the step has probabilities at all, and whether ``prob`` is a second distribution
+    # (after the sampler pipeline) beside ``raw_prob`` or the one number a server sent for the token.
+    @property
+    def has_probs(self) -> bool:
+        return True
+
+    @property
+    def two_distributions(self) -> bool:
+        return True
+
 
 @dataclass(frozen=True)
 class BeamSequence:

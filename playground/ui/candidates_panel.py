@@ -19,7 +19,6 @@ from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPen
 from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from playground.events import TokenStep
-from playground.events.remote import RemoteTokenStep
 from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
 from playground.ui.style import (
     CHOSEN_COLOR,
@@ -305,7 +304,7 @@ class CandidatesPanel(QWidget):
         self.step = step
         if total_steps is not None:
             self.total_steps = total_steps
-        remote = isinstance(step, RemoteTokenStep)
+        remote = not step.two_distributions  # a server's one number per token
         if remote and not step.has_probs:
             self._show_no_probs(step)
             return

@@ -43,7 +43,6 @@ from PySide6.QtWidgets import (
 )
 
 from playground.events import TokenStep
-from playground.events.remote import RemoteTokenStep
 from playground.state import (
     Run,
     character_piece,
@@ -102,11 +101,12 @@ NO_PROBS_TEXT = "no probabilities from the server"
 
 def has_probs(step: TokenStep) -> bool:
     """False for a server's token that came without probabilities (its numbers are placeholders)."""
-    return getattr(step, "has_probs", True)
+    return step.has_probs
 
 
 def is_remote_step(step: TokenStep) -> bool:
-    return isinstance(step, RemoteTokenStep)
+    """One number per token (a server's): no raw/processed pair to show."""
+    return not step.two_distributions
 
 
 def rank_text(step: TokenStep) -> str:
