@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject, QPointF, QTimer
 from PySide6.QtWidgets import QWidget
 
 
@@ -68,3 +68,47 @@ class ThrottledDraw(QObject):
             self._pending = False
             self._draw()
             self._timer.start()
+
+
+class TextsInside(QObject):
+    """Keeps text items of a view box whole: each is drawn where it was placed, moved just enough to lie inside
+    the box (which clips what runs past it), again whenever the box is resized or its range changes."""
+
+    def __init__(self, box: pg.ViewBox, margin: float = 2.0) -> None:
+        super().__init__(box)
+        self._box = box
+        self._margin = margin
+        self._placed: dict[int, tuple[pg.TextItem, float, float]] = {}
+        box.sigTransformChanged.connect(self.refit)
+
+    def place(self, item: pg.TextItem, x: float, y: float) -> None:
+        """``item.setPos(x, y)`` (view coordinates), kept inside the box."""
+        self._placed[id(item)] = (item, x, y)
+        self._fit(item, x, y)
+
+    def refit(self, *_args) -> None:
+        for item, x, y in self._placed.values():
+            self._fit(item, x, y)
+
+    def _fit(self, item: pg.TextItem, x: float, y: float) -> None:
+        item.setPos(x, y)
+        box = self._box
+        if not item.isVisible() or not item.textItem.toPlainText() or box.width() <= 0 or box.height() <= 0:
+            return
+        item.updateTransform(force=True)
+        m = self._margin
+        area = box.sceneBoundingRect().adjusted(m, m, -m, -m)
+        ink = item.mapRectToScene(item.boundingRect())
+        dx = _shift(ink.left(), ink.right(), area.left(), area.right())
+        dy = _shift(ink.top(), ink.bottom(), area.top(), area.bottom())
+        if dx or dy:
+            item.setPos(box.mapSceneToView(box.mapViewToScene(QPointF(x, y)) + QPointF(dx, dy)))
+
+
+def _shift(low: float, high: float, area_low: float, area_high: float) -> float:
+    """How far to move [low, high] to lie within [area_low, area_high] (its start first when it cannot fit)."""
+    if low < area_low or high - low > area_high - area_low:
+        return area_low - low
+    if high > area_high:
+        return area_high - high
+    return 0.0

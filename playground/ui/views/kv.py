@@ -25,13 +25,13 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QFrame, QGridLayout, QScrollArea, QStackedWidget, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted
-from playground.events.kv import KVPhase, KVStep
+from playground.events.kv import KVStep
 from playground.state import Run
 from playground.state.kv import KVState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw, static_plot
+from playground.ui.views.drawing import TextsInside, ThrottledDraw, static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
 MB = 1e6  # axes and figures in decimal megabytes (538 MB of fp32 weights for SmolLM2's 134.5 M parameters)
@@ -52,6 +52,7 @@ ROOF_COLOR = "#333333"
 THROUGHPUT_COLOR = "#4477AA"
 STEP_MS_COLOR = "#EE7733"
 MIN_LABEL_CELL_PX = 22  # block ids are written in cells at least this wide
+THREE_COLUMNS_PX = 1060  # the panels sit in three columns from this width of the view, else in two
 EXPLANATION = ("Each token's keys and values are kept for every layer, so later tokens attend to them instead of "
                "recomputing them: the cache grows by the same bytes per token (2 × layers × KV heads × head dim × "
                "bytes per element) while the weights stay fixed.")
@@ -236,8 +237,8 @@ class KVView(View):
         self.block_panel = _Panel(plot, self)
 
     def _build_roofline(self) -> None:
-        plot = static_plot(self, "Roofline: prefill and decode vs this machine",
-                           "arithmetic intensity (FLOP per byte moved, log)", "achieved GFLOP/s (log)", min_height=200)
+        plot = static_plot(self, "Roofline: prefill and decode here", "FLOP per byte moved (log)",
+                           "GFLOP/s (log)", min_height=200)
         item = plot.getPlotItem()
         item.setLogMode(x=True, y=True)
         item.showGrid(x=True, y=True, alpha=0.15)
@@ -247,17 +248,19 @@ class KVView(View):
         self._bandwidth_label = pg.TextItem("", color=ROOF_COLOR, anchor=(0.0, 1.0), rotateAxis=(1, 1))
         self._prefill_point = _points(PREFILL_COLOR, "o")
         self._decode_point = _points(DECODE_COLOR, "s")
-        # Prefill sits under the flat roof: its label centred below it (clear of the slope and the right edge).
-        self._prefill_label = pg.TextItem("", color=PREFILL_COLOR, anchor=(0.5, -0.35))
-        self._decode_label = pg.TextItem("", color=DECODE_COLOR, anchor=(0.0, 0.0))
+        # Prefill runs faster than decode: its label above its point, decode's below its own, so they never meet
+        # (their figures are in the caption).
+        self._prefill_label = pg.TextItem("", color=PREFILL_COLOR, anchor=(0.5, 1.15))
+        self._decode_label = pg.TextItem("", color=DECODE_COLOR, anchor=(0.5, -0.15))
         for graphic in (self._roof_curve, self._compute_label, self._bandwidth_label, self._prefill_point,
                         self._decode_point, self._prefill_label, self._decode_label):
             item.addItem(graphic)
+        self._roof_texts = TextsInside(item.getViewBox())  # the labels stay whole whatever the plot's size
         self.roofline_panel = _Panel(plot, self)
 
     def _build_sweep_plot(self) -> None:
-        plot = static_plot(self, "Batching: throughput and step time", "sequences in the batch (log)",
-                           "tokens/s (all sequences)", min_height=200)
+        plot = static_plot(self, "Batching: throughput, step time", "sequences in the batch (log)",
+                           "tokens/s", min_height=200)
         item = plot.getPlotItem()
         item.setLogMode(x=True, y=False)
         item.showGrid(y=True, alpha=0.2)
@@ -272,7 +275,7 @@ class KVView(View):
         item.scene().addItem(self._step_box)
         right = item.getAxis("right")
         right.linkToView(self._step_box)
-        right.setLabel("ms per step (= per-token latency)", color=STEP_MS_COLOR)
+        right.setLabel("ms per step", color=STEP_MS_COLOR)
         right.setPen(STEP_MS_COLOR)
         right.setTextPen(STEP_MS_COLOR)
         self._step_box.setXLink(item)
@@ -291,14 +294,11 @@ class KVView(View):
     def _build_layout(self) -> None:
         self.size_panel = _Panel(self.size_plot, self)
         self.layer_panel = _Panel(self.layer_plot, self)
-        grid = QGridLayout()
+        self._grid = grid = QGridLayout()
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setHorizontalSpacing(8)
-        for index, panel in enumerate((self.size_panel, self.layer_panel, self.block_panel, self.compare_panel,
-                                       self.roofline_panel, self.sweep_panel)):
-            grid.addWidget(panel, index // 3, index % 3)
-        for column, stretch in enumerate((4, 3, 3)):
-            grid.setColumnStretch(column, stretch)
+        self._columns = 0
+        self._arrange(3)
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
@@ -310,10 +310,30 @@ class KVView(View):
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
-        content.setMinimumSize(1000, 640)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # two columns when narrow
+        content.setMinimumWidth(620)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
+
+    def _arrange(self, columns: int) -> None:
+        """The six panels in three columns (two rows), or in two columns (three rows) in a narrow dock, where three
+        would cut their plots' titles and labels."""
+        if columns == self._columns:
+            return
+        self._columns = columns
+        panels = (self.size_panel, self.layer_panel, self.block_panel, self.compare_panel, self.roofline_panel,
+                  self.sweep_panel)
+        for panel in panels:
+            self._grid.removeWidget(panel)
+        for index, panel in enumerate(panels):
+            self._grid.addWidget(panel, index // columns, index % columns)
+        for column, stretch in enumerate((4, 3, 3) if columns == 3 else (1, 1, 0)):
+            self._grid.setColumnStretch(column, stretch)
+
+    def resizeEvent(self, event) -> None:
+        self._arrange(3 if event.size().width() >= THREE_COLUMNS_PX else 2)
+        super().resizeEvent(event)
 
     def remote_note(self, run: Run) -> str:
         """A server tells only how full its cache is: llama-server's slot (tokens of its context), vLLM's usage."""
@@ -522,10 +542,10 @@ class KVView(View):
         stride = max(1, math.ceil(columns / 16))
         item.getAxis("bottom").setTicks([[(c + 0.5, str(c)) for c in range(0, columns, stride)]])
         free = blocks.slots_allocated - blocks.slots_used
-        caption = ("Token positions map to fixed-size blocks of a shared pool: a sequence wastes at most its "
-                   "last block's free slots.<br>"
-                   f"<span style='color:{TOTAL_COLOR}'>■</span> a sequence's own block &nbsp; "
-                   f"<span style='color:{SHARED_COLOR}'>■</span> shared by several sequences &nbsp; "
+        caption = ("Positions map to fixed-size blocks of a shared pool: a sequence wastes at most its last "
+                   "block's free slots.<br>"
+                   f"<span style='color:{TOTAL_COLOR}'>■</span> own block &nbsp; "
+                   f"<span style='color:{SHARED_COLOR}'>■</span> shared &nbsp; "
                    f"<span style='color:{FREE_COLOR}'>■</span> free slots<br>"
                    f"{len(blocks.tables)} sequence{'s' if len(blocks.tables) != 1 else ''} · "
                    f"<b>{blocks.blocks_allocated}</b> blocks of {started.block_size} tokens allocated "
@@ -599,7 +619,7 @@ class KVView(View):
             panel.show_note("<b>Roofline</b><br>Prefill and decode are placed against this machine's measured "
                             "compute and memory limits once each phase has ended.")
             return
-        xs = []
+        xs, figures = [], []
         for phase, point, label in (("prefill", self._prefill_point, self._prefill_label),
                                     ("decode", self._decode_point, self._decode_label)):
             event = phases.get(phase)
@@ -610,8 +630,10 @@ class KVView(View):
             x, y = event.flops / event.bytes_moved, event.achieved_flops / GIGA
             xs.append(x)
             point.setData([x], [y])
-            label.setText(self._phase_label(event))
-            label.setPos(_log10(x), _log10(y))
+            label.setText(f"{event.phase} ({event.tokens} tokens)")
+            self._roof_texts.place(label, _log10(x), _log10(y))
+            speed = f"{y:,.1f}" if y >= 1 else f"{y:.2g}"
+            figures.append(f"{event.phase} <b>{speed} GFLOP/s</b> at {x:.2g} FLOP/B")
         peak_flops = started.peak_flops if started is not None else 0.0
         peak_bw = started.peak_bytes_per_s if started is not None else 0.0
         measured = peak_flops > 0 and peak_bw > 0
@@ -626,29 +648,27 @@ class KVView(View):
             roof_x = np.logspace(math.log10(low), math.log10(high), 121)
             roof_x = np.union1d(roof_x, [ridge])
             self._roof_curve.setData(roof_x, np.minimum(peak_flops, peak_bw * roof_x) / GIGA)
-            self._compute_label.setText(f"compute ceiling {peak_flops / GIGA:,.0f} GFLOP/s")
-            self._compute_label.setPos(math.log10(high), math.log10(peak_flops / GIGA))
-            self._bandwidth_label.setText(f"memory bandwidth {peak_bw / GIGA:,.1f} GB/s")
+            # Short labels on the lines (the caption says which is which): they fit a narrow plot.
+            self._compute_label.setText(f"{peak_flops / GIGA:,.0f} GFLOP/s")
+            self._bandwidth_label.setText(f"{peak_bw / GIGA:,.1f} GB/s")
             start = low * 1.5
-            self._bandwidth_label.setPos(math.log10(start), math.log10(peak_bw * start / GIGA))
+            self._roof_texts.place(self._compute_label, math.log10(high), math.log10(peak_flops / GIGA))
+            self._roof_texts.place(self._bandwidth_label, math.log10(start), math.log10(peak_bw * start / GIGA))
             point_ys += [peak_bw * low / GIGA, peak_flops / GIGA]
         else:
             self._roof_curve.setData([], [])
             self._compute_label.setText("")
             self._bandwidth_label.setText("")
         _set_log_range(item, "bottom", low, high)
-        _set_log_range(item, "left", min(point_ys) / 2, max(point_ys) * 3)
-        caption = ("Below the slope: limited by memory traffic; under the flat roof: by arithmetic. Decode reads "
-                   "every weight for one token per sequence; prefill reuses them for the whole prompt. "
-                   "<i>FLOPs and bytes are estimates, times measured.</i>")
+        # A decade above the roof and below the lowest point: room for the labels there.
+        _set_log_range(item, "left", min(point_ys) / 10, max(point_ys) * 10)
+        self._roof_texts.refit()
+        caption = (" · ".join(figures) + ". The slope is the memory bandwidth, the flat roof the compute ceiling. "
+                   "Decode reads every weight for one token per sequence; prefill reuses them for the whole prompt. "
+                   "<i>FLOPs and bytes estimated, times measured.</i>")
         if not measured:
             caption += " <b>The machine's ceilings were not measured.</b>"
         panel.show_plot(caption)
-
-    @staticmethod
-    def _phase_label(event: KVPhase) -> str:
-        return (f"{event.phase} ({event.tokens} tokens)\n{event.achieved_flops / GIGA:,.1f} GFLOP/s at "
-                f"{event.flops / event.bytes_moved:.2g} FLOP/B")
 
     def _draw_sweep(self) -> None:
         s, panel = self.state, self.sweep_panel

@@ -39,11 +39,14 @@ from playground.ui.speculative_text import (
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import TextsInside, static_plot
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
 MAX_SLOTS = 17  # drafted tokens (k ≤ 16) + the target's own
-ABOVE_LEFT = [(1, 1), (1, 1)]  # a line's label: its bottom-right corner on the line (the text above, to the left)
+# A line's label to the left, under the line in the upper half of the plot and above it in the lower half (pyqtgraph
+# picks the first anchor in the upper half): inside the plot wherever the line lies.
+INSIDE_LEFT = [(1, 0), (1, 1)]
+LABEL_FILL = (255, 255, 255, 200)  # behind a line's label that lies over bars or the curve
 CSV_COLUMNS = ("round", "position", "token_id", "token", "kind", "draft_q", "target_p", "draw", "accepted")
 
 
@@ -135,28 +138,30 @@ class SpeculativeView(View):
             label.setVisible(False)
             self.round_plot.addItem(label)
             self._verdicts.append(label)
+        self._verdict_texts = TextsInside(self.round_plot.getPlotItem().getViewBox())
 
     def _build_figure_plots(self) -> None:
         """Acceptance by draft position, and the what-if curve of the expected speed-up against k."""
-        self.positions_plot = static_plot(self, "Acceptance by draft position (of the drafts the target judged)",
-                                    "draft position in the round", "accepted ÷ judged", min_height=120)
+        self.positions_plot = static_plot(self, "Acceptance by draft position", "draft position in the round",
+                                          "accepted ÷ judged", min_height=150)
         self._position_bars = _bars(ACCEPTED_COLOR)
         self._alpha_line = pg.InfiniteLine(angle=0, movable=False, pen=_dashed("#333333"), label="α",
-                                           labelOpts={"position": 0.99, "color": "#333333", "anchors": ABOVE_LEFT})
+                                           labelOpts={"position": 0.99, "color": "#333333", "anchors": INSIDE_LEFT,
+                                                      "fill": LABEL_FILL})
         self.positions_plot.addItem(self._position_bars)
         self.positions_plot.addItem(self._alpha_line)
         self.positions_plot.setYRange(0, 1.05, padding=0)
-        self.what_if_plot = static_plot(self, "What-if (estimate): expected speed-up against k",
-                                  "k (tokens drafted per round)", "speed-up ×", min_height=120)
+        self.what_if_plot = static_plot(self, "What-if (estimate): speed-up against k",
+                                        "k (tokens drafted per round)", "speed-up ×", min_height=150)
         self._what_if_curve = pg.PlotDataItem([], [], pen=pg.mkPen(TARGET_COLOR, width=2), symbol="o",
                                               symbolSize=5, symbolBrush=TARGET_COLOR, symbolPen=None)
         self._plain_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
                                            pen=pg.mkPen("#777777", style=Qt.PenStyle.DotLine),
                                            label="plain decoding = 1×",
-                                           labelOpts={"position": 0.99, "color": "#555555", "anchors": ABOVE_LEFT})
+                                           labelOpts={"position": 0.99, "color": "#555555", "anchors": INSIDE_LEFT})
         self._run_k_line = pg.InfiniteLine(angle=90, movable=False, pen=_dashed("#333333"), label="this run",
                                            labelOpts={"position": 0.97, "color": "#333333",
-                                                      "anchors": [(0, 0), (0, 0)]})
+                                                      "anchors": [(0, 0), (0, 0)], "fill": LABEL_FILL})
         self._measured = pg.ScatterPlotItem(symbol="star", size=16, brush=MARK_COLOR, pen=pg.mkPen("#333333"))
         for item in (self._plain_line, self._what_if_curve, self._run_k_line, self._measured):
             self.what_if_plot.addItem(item)
@@ -371,30 +376,31 @@ class SpeculativeView(View):
         slots = n + (r.target_kind != "none")
         item.setXRange(-0.6, max(slots, 3) - 0.4, padding=0)
         item.setYRange(0, 1.2, padding=0)
-        how = "sampled: rejection rule" if state.do_sample else "greedy: accepted iff the target's top token"
-        if n:
-            item.setTitle(f"Round {index}: {r.accepted} of {n} drafts accepted ({how})", size="10pt")
+        if n:  # short: the note under the plot says how the drafts were judged
+            item.setTitle(f"Round {index}: {r.accepted} of {n} drafts accepted", size="10pt")
         else:
-            item.setTitle(f"Round {index}: nothing drafted (the drafter had no proposal): the target's own token",
-                          size="10pt")
+            item.setTitle(f"Round {index}: nothing drafted, the target's own token", size="10pt")
         self.round_note.setText(self._round_note(r))
 
     def _show_verdict(self, slot: int, x: float, top: float, text: str, color: str) -> None:
         label = self._verdicts[slot]
         label.setText(text, color=color)
-        label.setPos(x, top + 0.02)
         label.setVisible(True)
+        self._verdict_texts.place(label, x, top + 0.02)
 
     def _round_note(self, r: SpeculativeRound) -> str:
         state = self.state
         step = f"output steps {r.first_step}–{r.first_step + r.accepted}" if r.target_kind != "none" else \
             f"from output step {r.first_step}"
         parts = [f"{step} · draft {r.draft_ms:.2f} ms · verify {r.verify_ms:.1f} ms (one target pass)"]
+        if not r.drafted:
+            parts.append("The drafter had no proposal: the target's pass gave its own token")
         if state.do_sample:
-            parts.append("▲ = the uniform draw u, placed at u × q: accepted when ▲ is below p (u &lt; p/q); a "
-                         "rejected draft is replaced by a draw from max(0, p − q)")
+            parts.append("Sampled: the rejection rule. ▲ = the uniform draw u, placed at u × q: accepted when ▲ is "
+                         "below p (u &lt; p/q); a rejected draft is replaced by a draw from max(0, p − q)")
         else:
-            parts.append("Greedy: no draw; drafts after the first rejection are discarded unjudged")
+            parts.append("Greedy: a draft is accepted iff it is the target's top token; no draw; drafts after the "
+                         "first rejection are discarded unjudged")
         return "<br>".join(parts)
 
     def _draw_positions(self) -> None:
