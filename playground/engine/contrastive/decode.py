@@ -16,21 +16,22 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import ConfigError, ContrastiveSettings, RunSettings
-from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.baseline import plain_greedy
 from playground.engine.contrastive.amateurs import Amateur, LayerAmateur, ModelAmateur
 from playground.engine.contrastive.record import choose, step_events
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LayerStack
 from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
-from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.token_text import TokenTextCache
 from playground.engine.variants import BuildStopped, Progress, QuantizedCopy, SmallModel, detail, variant
 from playground.events import Event
 from playground.events.contrastive import ContrastiveStarted
 from playground.events.figures import agreement_figures
+from playground.models.anatomy import layer_count
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -87,63 +88,50 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
     sampler = build_pipeline(settings, sampling=True)[len(penalties) :] if contrastive.contrast_sample else ()
     generator = make_generator(lm.device, settings.seed)
     token_text = TokenTextCache(lm.tokenizer)
-    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
-    stop_watch = StopStringWatch(settings.stop_strings)
-    eos_ids = set(lm.eos_token_ids)
     forced = settings.forced_token_ids
-    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
-    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
-    layers = len(getattr(getattr(lm.model, "model", None), "layers", ()))
-
-    yield record.started(prompt_ids, prompt_text)
-    yield ContrastiveStarted(amateur=amateur.kind, detail=amateur.detail, amateur_layer=amateur.layer, layers=layers,
-                             alpha=contrastive.alpha, amateur_temperature=contrastive.amateur_temperature,
-                             do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates)
-    generated: list[int] = []
+    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
     changed = plausible_total = 0
     amateur_ms = 0.0
     amateur_prefill_ms: float | None = 0.0
-    with torch.inference_mode():
-        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
-        # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
-        prefilled = yield from record.prefill(ids, defer=1)
-        if prefilled is None:
-            max_steps, stop_reason = 0, "stopped"
-        else:
-            cache = prefilled[1]
-            amateur_prefill_ms = yield from amateur.prefill(ids[:, :-1], record.should_stop)
-            if amateur_prefill_ms is None:  # Stop between two chunks of the amateur's reading of the prompt
-                max_steps, stop_reason = 0, "stopped"
-        for step in range(max_steps):
-            if record.should_stop():
-                stop_reason = "stopped"
-                break
-            record.step_started()
-            with amateur.expert_pass():
-                logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[0, -1].float()
-            amateur_logits = amateur.next_logits(ids)
-            start = time.perf_counter()
-            choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator)
-            contrast_ms = (time.perf_counter() - start) * 1000
-            is_forced = step < len(forced)
-            token_id = forced[step] if is_forced else choice.token_id
-            contrast_event, analysis = step_events(choice, token_id, step, is_forced, settings.num_candidates,
-                                                   token_text, amateur.ms, contrast_ms)
-            ids = torch.cat([ids, ids.new_tensor([[token_id]])], dim=1)
-            step_ms = record.step_ended()
-            text = decoder.push(token_id)
-            generated.append(token_id)
-            changed += contrast_event.changed
-            plausible_total += contrast_event.plausible_count
-            amateur_ms += amateur.ms
-            yield contrast_event
-            yield analysis.to_event(step=step, text=text, forced=is_forced, step_ms=step_ms,
-                                    kv_bytes=kv_cache_bytes(cache), token_text=token_text)
-            ended = end_reason(token_id, text, eos_ids, stop_watch)
-            if ended is not None:
-                stop_reason = ended
-                break
 
+    def step(index: int, forced_id: int | None) -> Picked:
+        nonlocal changed, plausible_total, amateur_ms
+        ids = loop.ids.view
+        with amateur.expert_pass():
+            logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[0, -1].float()
+        amateur_logits = amateur.next_logits(ids)
+        start = time.perf_counter()
+        choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator)
+        contrast_ms = (time.perf_counter() - start) * 1000
+        token_id = forced_id if forced_id is not None else choice.token_id
+        contrast_event, analysis = step_events(choice, token_id, index, forced_id is not None,
+                                               settings.num_candidates, token_text, amateur.ms, contrast_ms)
+        changed += contrast_event.changed
+        plausible_total += contrast_event.plausible_count
+        amateur_ms += amateur.ms
+
+        def events(texts: list[str], step_ms: float) -> list[Event]:
+            return [contrast_event, analysis.to_event(step=index, text=texts[0], forced=forced_id is not None,
+                                                      step_ms=step_ms, kv_bytes=kv_cache_bytes(loop.cache),
+                                                      token_text=token_text)]
+
+        return Picked([token_id], events)
+
+    yield loop.started()
+    yield ContrastiveStarted(amateur=amateur.kind, detail=amateur.detail, amateur_layer=amateur.layer,
+                             layers=layer_count(lm.model), alpha=contrastive.alpha,
+                             amateur_temperature=contrastive.amateur_temperature,
+                             do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates)
+    with torch.inference_mode():
+        # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
+        if (yield from loop.prefill(defer=1)):
+            amateur_prefill_ms = yield from amateur.prefill(loop.ids.view[:, :-1], record.should_stop)
+            if amateur_prefill_ms is None:  # Stop between two chunks of the amateur's reading of the prompt
+                loop.stop_reason = "stopped"
+            yield from loop.steps(step)
+
+    generated = loop.generated
+    stop_reason = loop.stop_reason
     n = len(generated)
     figures = {"changed_steps": float(changed), "changed_fraction": changed / n if n else 0.0,
                "mean_plausible": plausible_total / n if n else 0.0, "amateur_ms": amateur_ms / n if n else 0.0}
@@ -159,11 +147,11 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
             plain_greedy(lm, settings, prompt_ids, wanted, record.should_stop)
         if len(greedy) < wanted:  # Stop came before or during the greedy baseline: its figures are left out
             stop_reason, cut_short, greedy = "stopped", ("baseline",), None
-    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                               steps=len(generated))
+    loop.stop_reason, loop.cut_short = stop_reason, cut_short
+    finished = loop.finished()
     if greedy is not None:
         figures["greedy_tokens_per_s"] = speed
         figures["step_cost"] = speed / finished.tokens_per_s if finished.tokens_per_s > 0 else 0.0
         if not forced:  # a branch's forced tokens are not greedy's: where they part says nothing
             figures["first_divergence"] = agreement_figures(generated, greedy)["first_divergence"]
-    yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
+    yield dataclasses.replace(finished, figures=figures)
