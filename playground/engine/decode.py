@@ -24,8 +24,9 @@ from playground.engine.token_text import IncrementalDecoder
 from playground.events import Event, RunFinished
 from playground.models.loaded import LoadedModel
 
-# (texts of the tokens the loop kept, the step's milliseconds) -> the step's events, in order
-EventsOf = Callable[[list[str], float], Sequence[Event]]
+# (texts of the tokens the loop kept, the step's milliseconds) -> what the loop yields for the step, in order: its
+# events (a strategy that holds tokens back, as the cascade's per-response mode, yields its own records instead)
+EventsOf = Callable[[list[str], float], Sequence[Any]]
 
 
 @dataclass
@@ -109,7 +110,7 @@ class DecodeLoop:
     def forced_at(self, step: int) -> int | None:
         return self.forced[step] if step < len(self.forced) else None
 
-    def steps(self, step: Callable[[int, int | None], Picked], *, start: int = 0) -> Iterator[Event]:
+    def steps(self, step: Callable[[int, int | None], Picked], *, start: int = 0) -> Iterator[Any]:
         """Run ``step(index, forced token or None)`` until the budget, Stop, EOS or a stop string ends the run."""
         if self.stop_reason == "stopped":
             return

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from playground.config import CascadeSettings, RunSettings
-from playground.config.stop_strings import StopStringWatch
 from playground.engine.cascade.models import CheapModel, ModelSide, make_cheap_model, weight_macs
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
@@ -35,11 +35,12 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder, never_stop
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import StepAnalysis, analyse_step
-from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.token_text import TokenTextCache
 from playground.engine.variants import BuildStopped, Progress
 from playground.events import Event, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.figures import agreement_figures
+from playground.models.anatomy import layer_count
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -98,7 +99,7 @@ class _Cascade:
     def run(self, prompt_text: str) -> Iterator[Event]:
         lm, cascade = self.lm, self.cascade
         yield self.record.started(self.prompt_ids, prompt_text)
-        layers = len(getattr(getattr(lm.model, "model", None), "layers", ()))
+        layers = layer_count(lm.model)
         yield CascadeStarted(
             unit=cascade.cascade_unit, threshold=cascade.cascade_threshold, cheap=self.cheap.kind,
             cheap_detail=self.cheap.detail, full_detail=f"{lm.name}, {layers} layers, {lm.dtype_name}",
@@ -168,20 +169,16 @@ class _Cascade:
 
     def _steps(self, cheap: ModelSide | None, full: ModelSide | None, threshold: float,
                draft: bool = False) -> Iterator[tuple[CascadeStep, TokenStep]]:
-        """Decode from the prompt: per step, the cheap model proposes (when there is one) and the full model
-        decides when the cheap one is unsure (or always, when there is no cheap model). Sets ``stop_reason``."""
+        """Decode from the prompt on the one decode loop: per step, the cheap model proposes (when there is one)
+        and the full model decides when the cheap one is unsure (or always, when there is no cheap model). Sets
+        ``stop_reason``."""
         lm, settings, record = self.lm, self.settings, self.record
-        forced_ids = settings.forced_token_ids
-        ids = list(self.prompt_ids)
-        decoder = IncrementalDecoder(lm.tokenizer, self.prompt_ids)
-        stop_watch = StopStringWatch(settings.stop_strings)
-        for step in range(self.max_steps):
-            if record.should_stop():
-                self.stop_reason = "stopped"
-                return
-            record.step_started()
-            forced = step < len(forced_ids)
-            context = torch.tensor([ids], device=lm.device)  # [1, prompt + step]
+        loop = DecodeLoop(lm, settings, record, self.prompt_ids, "")
+
+        def step(index: int, forced_id: int | None) -> Picked:
+            forced = forced_id is not None
+            ids = self.prompt_ids + loop.generated
+            context = loop.ids.view  # [1, prompt + step]
             analysis = None
             cheap_token = cheap_prob = full_prob = None
             cheap_ms = full_ms = 0.0
@@ -199,37 +196,34 @@ class _Cascade:
                 start, before = time.perf_counter(), full.read
                 logits = full.next_logits(ids, record.should_stop)
                 if logits is None:  # Stop between the chunks of a long prompt
-                    record.step_ended()
-                    self.stop_reason = "stopped"
-                    return
+                    return Picked([], lambda texts, ms: [], stopped=True)
                 full_read = len(ids) - before
                 analysis = analyse_step(self.pipeline, context, logits, settings.num_candidates)
-                token = forced_ids[step] if forced else choose(analysis, self.sample, self.generator)
+                token = forced_id if forced else choose(analysis, self.sample, self.generator)
                 full_prob = float(analysis.processed_probs[0, token])
                 full_ms = _ms_since(start, lm.device)
             else:
-                token = forced_ids[step] if forced else cheap_token
+                token = forced_id if forced else cheap_token
             analysis.token_id = token
-            ids.append(token)
-            step_ms = record.step_ended()
-            text = decoder.push(token)
             self.ms[CHEAP] += cheap_ms
             self.ms[FULL] += full_ms
-            kv_bytes = sum(kv_cache_bytes(side.cache) for side in (cheap, full) if side is not None)
             producer = FORCED if forced else FULL if escalated else CHEAP
-            yield (CascadeStep(
-                step=step, token_id=token, text=text, producer=producer, escalated=escalated,
-                cheap_token_id=cheap_token, cheap_text=self.token_text(cheap_token) if cheap_token is not None else "",
-                cheap_prob=cheap_prob, full_prob=full_prob if escalated else None, full_read=full_read,
-                cheap_ms=cheap_ms, full_ms=full_ms, draft=draft),
-                analysis.to_event(step=step, text=text, forced=forced, step_ms=step_ms, kv_bytes=kv_bytes,
-                                  token_text=self.token_text))
-            if token in self.eos_ids:
-                self.stop_reason = "eos"
-                return
-            if stop_watch.hit(text):
-                self.stop_reason = "stop_string"
-                return
+
+            def events(texts: list[str], step_ms: float) -> list[Event]:
+                kv_bytes = sum(kv_cache_bytes(side.cache) for side in (cheap, full) if side is not None)
+                pair = (CascadeStep(
+                    step=index, token_id=token, text=texts[0], producer=producer, escalated=escalated,
+                    cheap_token_id=cheap_token, cheap_text=self.token_text(cheap_token) if cheap_token is not None
+                    else "", cheap_prob=cheap_prob, full_prob=full_prob if escalated else None, full_read=full_read,
+                    cheap_ms=cheap_ms, full_ms=full_ms, draft=draft),
+                    analysis.to_event(step=index, text=texts[0], forced=forced, step_ms=step_ms, kv_bytes=kv_bytes,
+                                      token_text=self.token_text))
+                return [pair]  # the cascade step and its token: the per-response mode holds tokens back
+
+            return Picked([token], events)
+
+        yield from loop.steps(step)
+        self.stop_reason = loop.stop_reason
 
     def _figures(self, output: list[CascadeStep], cheap: ModelSide | None, full: ModelSide | None,
                  run_ms: float, alone_run: tuple[list[int], float] | None) -> dict[str, float]:
