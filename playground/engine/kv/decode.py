@@ -5,14 +5,15 @@ table (``--paged``), quantized (``--kv-dtype int8|int4``), or not at all (``--no
 recomputed every step). Every step yields a ``KVStep`` (per-layer bytes measured from the tensors, the formula,
 process memory, the block tables) before its ``token`` event; the prefill and the decode phase each get a
 ``KVPhase`` on the roofline of this machine's measured ceilings; with and without cache latency and a batch sweep
-are measured at the end when asked.
+are measured at the end when asked. The prompt is read as every strategy reads it, in chunks with progress and Stop
+between them, into whichever holder the run uses (without a cache, in one pass).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -159,15 +160,10 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     with attention(model, kv.attn), torch.inference_mode():
         ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
         cache = new_cache(lm, kv)
-        begin = time.perf_counter()
-        out = model(input_ids=ids, cache=cache, use_cache=cache is not None, **_last_only(model))
-        logits = out.logits[:, -1, :].float()  # [1, vocab]
-        sync_device(lm.device)
-        record.prefill_ms = (time.perf_counter() - begin) * 1000
-        held = cache_layer_bytes(cache, start.layers)
-        yield _phase(lm, start, "prefill", len(prompt_ids), len(prompt_ids), record.prefill_ms)
-        yield PrefillDone(prompt_tokens=len(prompt_ids), prefill_ms=record.prefill_ms, kv_cache_bytes=sum(held))
-        if samples > 1:  # the prompt read once, its cache shared by every sequence (paged: the same blocks)
+        logits = yield from _prefill(lm, record, start, ids, cache)  # [1, vocab]
+        if logits is None:  # Stop between two chunks of the prompt
+            max_steps, stop_reason = 0, "stopped"
+        elif samples > 1:  # the prompt read once, its cache shared by every sequence (paged: the same blocks)
             if cache is not None:
                 cache.batch_repeat_interleave(samples)
             ids, logits = ids.repeat(samples, 1), logits.repeat(samples, 1)  # [samples, ·]
@@ -237,6 +233,33 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
                                steps=len(generated))
     yield dataclasses.replace(finished, figures=figures or {}, cut_short=tuple(cut_short))
+
+
+def _prefill(lm: LoadedModel, record: RunRecorder, start: KVStarted, ids: torch.Tensor, cache: object | None
+             ) -> Generator[Event, None, torch.Tensor | None]:
+    """The prompt ``ids`` [1, n] into ``cache`` in chunks, as every strategy reads it (``RunRecorder.prefill``:
+    progress and Stop between chunks, the same for contiguous, paged and quantized holders), or in one pass without
+    a cache (nothing to read it into in parts). The prefill's phase on the roofline comes just before PrefillDone.
+    Returns the last logits [1, vocab] float32, or None when Stop came between two chunks."""
+    tokens = ids.shape[1]
+    if cache is None:
+        begin = time.perf_counter()
+        logits = lm.model(input_ids=ids, use_cache=False, **_last_only(lm.model)).logits[:, -1, :].float()
+        sync_device(lm.device)
+        record.prefill_ms = (time.perf_counter() - begin) * 1000
+        yield _phase(lm, start, "prefill", tokens, tokens, record.prefill_ms)
+        yield PrefillDone(prompt_tokens=tokens, prefill_ms=record.prefill_ms, kv_cache_bytes=0)
+        return logits
+    reading = record.prefill(ids, cache=cache)
+    while True:
+        try:
+            event = next(reading)
+        except StopIteration as end:
+            return None if end.value is None else end.value[0].float()
+        if isinstance(event, PrefillDone):  # the bytes as the KV steps measure them, per layer
+            yield _phase(lm, start, "prefill", tokens, tokens, record.prefill_ms)
+            event = dataclasses.replace(event, kv_cache_bytes=sum(cache_layer_bytes(cache, start.layers)))
+        yield event
 
 
 def _divergence(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
