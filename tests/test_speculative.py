@@ -1189,3 +1189,19 @@ def test_a_sampled_branchs_first_own_token_follows_the_target_after_the_forced_t
         counts[tokens[2]] = counts.get(tokens[2], 0) + 1
     chi2, df = chi_square(counts, p, seeds)
     assert chi2 < CHI2_999[df], f"first own token: chi-square {chi2:.1f} over {df} degrees of freedom"
+
+
+def test_verify_sampled_draws_only_from_its_generator():
+    """The same seed gives the same verdict whatever torch's global generator did in between: the uniform draws,
+    the corrections from max(0, p - q) and the bonus token all come from the run's own generator."""
+    p_rows = torch.stack([P5, P5, torch.tensor([0.3, 0.2, 0.2, 0.2, 0.1], dtype=torch.float64)])
+    q_rows = torch.stack([Q5, Q5])
+    kinds = set()
+    for seed in range(40):
+        verdicts = []
+        for noise in (1, 2):
+            torch.manual_seed(noise)  # the global generator, which a run must not read
+            verdicts.append(verify_sampled([0, 3], q_rows, p_rows, torch.Generator().manual_seed(seed)))
+        assert verdicts[0] == verdicts[1], seed
+        kinds.add(verdicts[0].accepted)
+    assert kinds >= {0, 2}, "precondition: corrections and bonus tokens both drawn"
