@@ -17,8 +17,8 @@ from contextlib import nullcontext
 import torch
 
 from playground.config import LayerSettings, LensSettings, RunSettings, SpeculativeSettings
-from playground.config.stop_strings import StopStringWatch
 from playground.engine.baseline import plain_greedy
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LayerOutputs, LensRecorder, layers_started
@@ -39,7 +39,7 @@ from playground.engine.speculative.drafters import (
 )
 from playground.engine.speculative.verify import Verdict, verify_greedy, verify_sampled
 from playground.engine.step_analysis import analyse_step
-from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.token_text import TokenTextCache
 from playground.engine.variants import BuildStopped, FirstLayers, Progress, QuantizedCopy, SmallModel, detail, variant
 from playground.events import Event
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
@@ -92,111 +92,96 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             pipeline: tuple[NamedTransform, ...], generator: torch.Generator, prompt_ids: list[int],
             prompt_text: str, record: RunRecorder, lens: LensRecorder | None) -> Iterator[Event]:
     token_text = TokenTextCache(lm.tokenizer)
-    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
-    stop_watch = StopStringWatch(settings.stop_strings)
-    eos_ids = set(lm.eos_token_ids)
+    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
     forced = list(settings.forced_token_ids)
-    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
-    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
+    k = spec.draft_k  # tokens to draft next round
+    rounds = drafted_total = accepted_total = target_calls = 0
+    draft_ms_total = verify_ms_total = 0.0
 
-    yield record.started(prompt_ids, prompt_text)
+    def step(_index: int, _forced: int | None) -> Picked:
+        """One round: draft (or take the forced tokens), verify in one target pass, roll the caches back."""
+        nonlocal k, rounds, drafted_total, accepted_total, target_calls, draft_ms_total, verify_ms_total
+        generated, cache = loop.generated, loop.cache
+        ids = prompt_ids + generated  # prompt + emitted tokens
+        room = loop.max_steps - len(generated)
+        forcing = len(generated) < len(forced)
+        start = time.perf_counter()
+        if forcing:  # branching: the forced tokens are a draft that is accepted whatever the target says
+            draft = Draft(forced[len(generated) : len(generated) + room], None)
+        else:
+            draft = drafter.propose(ids, min(k, room - 1)) if room > 1 else Draft([], None)
+            draft.tokens = draft.tokens[: max(0, room - 1)]
+        draft_ms = (time.perf_counter() - start) * 1000
+        start = time.perf_counter()
+        context = torch.tensor([ids + draft.tokens], device=lm.device)  # [1, len(ids) + n]
+        prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
+        captured = LayerOutputs(lens.stack, len(draft.tokens) + 1) if lens is not None else nullcontext()
+        with captured:  # the lens: every layer's output at the verified positions
+            raw, processed = _score(lm, cache, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
+        target_calls += 1
+        verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
+        # The target's token after the kept prefix comes in the round only when there is room for it.
+        emitted = draft.tokens[: verdict.accepted]
+        with_target = len(emitted) < room
+        if with_target:
+            emitted = [*emitted, verdict.token_id]
+        kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
+        roll_back(cache, kept)
+        drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
+        verify_ms = (time.perf_counter() - start) * 1000
+        first_step, read = len(generated), len(ids)
+        kv_bytes = kv_cache_bytes(cache)
+        # Recording the round's tokens is part of its time, as a plain step's is: each token j follows
+        # ids + draft[:j] (every emitted token but the last is an accepted draft).
+        analyses = []
+        for j, token in enumerate(emitted):
+            analysis = analyse_step(pipeline, context[:, : read + j], raw[j : j + 1], settings.num_candidates)
+            analysis.token_id = token
+            analyses.append(analysis)
+        lens_steps = [captured.step_event(j, first_step + j, lens.top, token_text, raw[j])
+                      for j in range(len(emitted))] if lens is not None else []
+        if not forcing:
+            if spec.adaptive_k and draft.tokens:
+                k = next_draft_length(k, verdict.accepted, len(draft.tokens))
+            rounds += 1
+            drafted_total += len(draft.tokens)
+            accepted_total += verdict.accepted
+            draft_ms_total += draft_ms
+            verify_ms_total += verify_ms
+        round_index = rounds - 1
+
+        def events(texts: list[str], round_ms: float) -> list[Event]:
+            n = len(texts)  # the loop cut the round at an end (EOS, a stop string)
+            steps = [analyses[j].to_event(step=first_step + j, text=texts[j], forced=forcing and j < len(draft.tokens),
+                                          step_ms=round_ms / n, kv_bytes=kv_bytes, token_text=token_text)
+                     for j in range(n)]
+            out: list[Event] = []
+            if not forcing:
+                cut = n < len(emitted)  # the run ended inside the round
+                out.append(_round_event(round_index, first_step, n, draft, verdict, target_probs, lm, token_text,
+                                        "none" if cut or not with_target else
+                                        ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
+                                        draft_ms, verify_ms, kv_bytes, prompt_read))
+            for j, token_step in enumerate(steps):
+                if lens_steps:
+                    out.append(lens_steps[j])
+                out.append(token_step)
+            return out
+
+        return Picked(emitted, events)
+
+    yield loop.started()
     yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
                              do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens)
     if lens is not None:
         yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
-    ids = list(prompt_ids)  # prompt + emitted tokens
-    k = spec.draft_k  # tokens to draft next round
-    generated: list[int] = []
-    rounds = drafted_total = accepted_total = target_calls = 0
-    draft_ms_total = verify_ms_total = 0.0
     with torch.inference_mode():
         # The prompt's tail (all of a short prompt) is read by the first verification pass together with the first
         # draft: one target pass fewer than a separate prefill, as in transformers' assisted generation.
-        tail = deferred_tail(len(prompt_ids))
-        prefilled = yield from record.prefill(torch.tensor([prompt_ids], device=lm.device), defer=tail)
-        if prefilled is None:
-            max_steps, stop_reason = 0, "stopped"
-        else:
-            cache = prefilled[1]
+        if (yield from loop.prefill(defer=deferred_tail(len(prompt_ids)))):
             target_calls += record.prefill_passes
-        while len(generated) < max_steps:
-            if record.should_stop():
-                stop_reason = "stopped"
-                break
-            record.step_started()
-            room = max_steps - len(generated)
-            forcing = len(generated) < len(forced)
-            start = time.perf_counter()
-            if forcing:  # branching: the forced tokens are a draft that is accepted whatever the target says
-                draft = Draft(forced[len(generated) : len(generated) + room], None)
-            else:
-                draft = drafter.propose(ids, min(k, room - 1)) if room > 1 else Draft([], None)
-                draft.tokens = draft.tokens[: max(0, room - 1)]
-            draft_ms = (time.perf_counter() - start) * 1000
-            start = time.perf_counter()
-            context = torch.tensor([ids + draft.tokens], device=lm.device)  # [1, len(ids) + n]
-            prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
-            captured = LayerOutputs(lens.stack, len(draft.tokens) + 1) if lens is not None else nullcontext()
-            with captured:  # the lens: every layer's output at the verified positions
-                raw, processed = _score(lm, cache, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
-            target_calls += 1
-            verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
-            # The target's token after the kept prefix comes in the round only when there is room for it.
-            emitted = draft.tokens[: verdict.accepted]
-            with_target = len(emitted) < room
-            if with_target:
-                emitted = [*emitted, verdict.token_id]
-            kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
-            roll_back(cache, kept)
-            drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
-            verify_ms = (time.perf_counter() - start) * 1000
-
-            first_step, read = len(generated), len(ids)
-            kv_bytes = kv_cache_bytes(cache)
-            steps, lens_steps, ended = [], [], None
-            for j, token in enumerate(emitted):
-                # Token j follows ids + draft[:j] (every emitted token but the last is an accepted draft).
-                analysis = analyse_step(pipeline, context[:, : read + j], raw[j : j + 1], settings.num_candidates)
-                analysis.token_id = token
-                text = decoder.push(token)
-                ids.append(token)
-                generated.append(token)
-                if lens is not None:
-                    lens_steps.append(captured.step_event(j, len(generated) - 1, lens.top, token_text, raw[j]))
-                steps.append(analysis.to_event(
-                    step=len(generated) - 1, text=text, forced=forcing and j < len(draft.tokens),
-                    step_ms=0.0, kv_bytes=kv_bytes, token_text=token_text))
-                if token in eos_ids:
-                    ended = "eos"
-                elif stop_watch.hit(text):
-                    ended = "stop_string"
-                if ended:
-                    break
-            # The round's time covers drafting, verifying and recording its tokens, as a plain step's does.
-            round_ms = record.step_ended()
-            steps = [dataclasses.replace(step, step_ms=round_ms / len(steps)) for step in steps]
-            cut = len(steps) < len(emitted)  # the run ended inside the round
-            if not forcing:
-                if spec.adaptive_k and draft.tokens:
-                    k = next_draft_length(k, verdict.accepted, len(draft.tokens))
-                rounds += 1
-                drafted_total += len(draft.tokens)
-                accepted_total += verdict.accepted
-                draft_ms_total += draft_ms
-                verify_ms_total += verify_ms
-                yield _round_event(rounds - 1, first_step, len(steps), draft, verdict, target_probs, lm, token_text,
-                                   "none" if cut or not with_target else
-                                   ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
-                                   draft_ms, verify_ms, kv_bytes, prompt_read)
-            for j, step in enumerate(steps):
-                if lens_steps:
-                    yield lens_steps[j]
-                yield step
-            if ended:
-                stop_reason = ended
-                break
-            if cut:
-                break
+            yield from loop.steps(step)
+    generated, stop_reason = loop.generated, loop.stop_reason
 
     figures = {
         "rounds": float(rounds), "drafted": float(drafted_total), "accepted": float(accepted_total),
@@ -213,12 +198,12 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             stop_reason, cut_short = "stopped", ("baseline",)
         else:
             figures["baseline_tokens_per_s"] = baseline
-    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                               steps=len(generated))
+    loop.stop_reason, loop.cut_short = stop_reason, cut_short
+    finished = loop.finished()
     if "baseline_tokens_per_s" in figures:
         baseline = figures["baseline_tokens_per_s"]
         figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
-    yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
+    yield dataclasses.replace(finished, figures=figures)
 
 
 def next_draft_length(k: int, accepted: int, drafted: int) -> int:
