@@ -118,6 +118,15 @@ def test_details_and_refusals(tiny_lm, built):
         variant(tiny_lm, FirstLayers(2, setting="cheap_layers"))
     with pytest.raises(ConfigError, match="quantized copy must be one of rtn-int4, rtn-int4-head, rtn-int8"):
         QuantizedCopy.quick("awq")
+    # One choice list for the drafter, the amateur and the cheap model, and a detail for each of its entries.
+    from playground.config import CascadeSettings, ContrastiveSettings, SpeculativeSettings
+    from playground.config.quant import QUICK_COPIES
+    from playground.config.table import rows
+
+    choices = {row.name: row.spec.choices for cls in (SpeculativeSettings, ContrastiveSettings, CascadeSettings)
+               for row in rows(cls) if row.name in ("draft_quant", "amateur_quant", "cheap_quant")}
+    assert choices == dict.fromkeys(("draft_quant", "amateur_quant", "cheap_quant"), QUICK_COPIES)
+    assert set(variants.QUICK_WORDS) == set(QUICK_COPIES)
     assert variants.label(QuantizedCopy.of(QuantSettings(quant="smoothquant", smooth_alpha=0.6))) == \
         "smoothquant α=0.6"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playground.config.groups import SettingsGroup, register_group
+from playground.config.quant import QUICK_COPIES
 from playground.config.table import setting
 
 CHEAP_MODELS = ("quantized", "layers", "model")
-CHEAP_QUANTS = ("rtn-int4-head", "rtn-int4", "rtn-int8")
 CASCADE_UNITS = ("token", "response")
 
 
@@ -35,7 +35,7 @@ class CascadeSettings(SettingsGroup):
     cheap_quant: str = setting(
         "rtn-int4-head", "cheap quantization", "quantized cheap model: int4 weights (group 32) with an int4 LM "
         "head (about half a float32 step on this CPU), int4 weights with the float LM head (about 0.7×), or int8 "
-        "per-channel weights (no faster here)", choices=CHEAP_QUANTS)
+        "per-channel weights (no faster here)", choices=QUICK_COPIES)
     cheap_layers: int = setting(0, "cheap layers", "layers cheap model: how many of the full model's first layers "
                                 "run (below the last); 0 = two thirds of them", minimum=0, maximum=512,
                                 off_text="⅔ of the layers")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playground.config.groups import SettingsGroup, register_group
+from playground.config.quant import QUICK_COPIES
 from playground.config.table import setting
 
 AMATEURS = ("layer", "quantized", "model")
-AMATEUR_QUANTS = ("rtn-int4", "rtn-int4-head", "rtn-int8")
 
 
 @register_group
@@ -35,7 +35,7 @@ class ContrastiveSettings(SettingsGroup):
                                  minimum=0, maximum=512, off_text="½ of the layers")
     amateur_quant: str = setting("rtn-int4", "amateur quantization", "quantized amateur: the expert's copy with "
                                  "int4 weights (group 32), also an int4 LM head, or int8 per-channel weights",
-                                 choices=AMATEUR_QUANTS)
+                                 choices=QUICK_COPIES)
     amateur_model: str = setting("", "amateur model", "model amateur: a Hugging Face folder, .gguf file or cached "
                                  "model id that shares the expert's tokenizer (a smaller model of the same family)")
     contrast_sample: bool = setting(False, "sample", "draw the token from the normalised contrast scores (softmax over "

@@ -13,6 +13,9 @@ from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
 
 QUANT_METHODS = ("none", "rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant", "naive-w8a8", "smoothquant", "awq")
+# The quick copies a quantized drafter, amateur or cheap model chooses from (engine/variants.py builds them): int4 in
+# groups of 32 (the LM head float, or int4 too) or int8 per channel.
+QUICK_COPIES = ("rtn-int4", "rtn-int4-head", "rtn-int8")
 GROUP_SIZES = (32, 64, 128)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from playground.config.groups import SettingsGroup, register_group
+from playground.config.quant import QUICK_COPIES
 from playground.config.table import setting
 
 DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
-DRAFT_QUANTS = ("rtn-int4", "rtn-int4-head", "rtn-int8")
 
 
 @register_group
@@ -34,7 +34,7 @@ class SpeculativeSettings(SettingsGroup):
                                 minimum=1, maximum=512)
     draft_quant: str = setting("rtn-int4", "draft quantization", "quantized drafter: the target's own copy with "
                                "int4 weights (group 32, torch's int4 kernel) or int8 per-channel weights",
-                               choices=DRAFT_QUANTS)
+                               choices=QUICK_COPIES)
     draft_model: str = setting("", "draft model", "model drafter: a Hugging Face folder, .gguf file or cached model "
                                "id that shares the target's tokenizer")
     prompt_lookup_ngram: int = setting(3, "lookup n-gram", "prompt-lookup drafter: longest n-gram to match "

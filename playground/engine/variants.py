@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from playground.config import ConfigError, ModelSettings, QuantSettings
+from playground.config.quant import QUICK_COPIES
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
@@ -46,7 +47,7 @@ RTN_METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")  # built by
 GROUPWISE = ("rtn-int4", "zeroquant", "awq")  # the others quantize per output channel
 CALIBRATED = ("smoothquant", "awq")
 QUICK_GROUP = 32  # the quick copies' group size (torch's int4 kernel pays at it)
-QUICK_WORDS = {  # what a quick copy holds, for its detail
+QUICK_WORDS = {  # what each of the settings' QUICK_COPIES holds, for its detail
     "rtn-int4": "int4 weights (group 32, torch's int4 kernel), float LM head",
     HEAD: "int4 weights and LM head (group 32, torch's int4 kernel)",
     "rtn-int8": "int8 per-channel weights",
@@ -72,8 +73,8 @@ class QuantizedCopy:
     def quick(cls, method: str) -> QuantizedCopy:
         """The drafter's, amateur's or cheap model's copy: ``rtn-int4`` / ``rtn-int4-head`` in groups of 32, or
         ``rtn-int8`` per channel (``--quant rtn-int4 --group-size 32`` and ``--quant rtn-int8`` are the same)."""
-        if method not in QUICK_WORDS:
-            raise ConfigError(f"quantized copy must be one of {', '.join(QUICK_WORDS)}, not {method!r}")
+        if method not in QUICK_COPIES:
+            raise ConfigError(f"quantized copy must be one of {', '.join(QUICK_COPIES)}, not {method!r}")
         return cls(method, QUICK_GROUP if method != "rtn-int8" else None)
 
     @classmethod
