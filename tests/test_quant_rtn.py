@@ -239,3 +239,55 @@ def test_quantized_lm_head(tiny_lm):
 def test_unknown_method_is_rejected(tiny_lm):
     with pytest.raises(ValueError, match="unknown quantization method"):
         quantize_model(tiny_lm.model, "gptq", 32)
+
+
+# --- edges that mutation testing found unguarded -------------------------------------------------------------
+
+
+def test_pack_rejects_codes_just_outside_int4():
+    for bad in (-9, 8):
+        with pytest.raises(ValueError, match=r"\[-8, 7\]"):
+            pack_int4(torch.tensor([bad], dtype=torch.int8))
+    assert unpack_int4(pack_int4(torch.tensor([-8, 7], dtype=torch.int8)), 2).tolist() == [-8, 7]
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_zero_and_constant_groups_come_back_exactly(bits, symmetric):
+    """A pruned (all-zero) row and a constant row: their scale would be 0; they get 1 and are reproduced."""
+    w = weight(4, 64)
+    w[1] = 0.0
+    w[2] = 0.25
+    qt = quantize(w, bits, 32, symmetric)
+    assert torch.equal(qt.scale[1], torch.ones(2)) and torch.equal(qt.codes()[1], torch.zeros(64, dtype=torch.int8)) \
+        if symmetric else torch.equal(qt.scale[1:3], torch.ones(2, 2))  # the documented scale 1
+    back = dequantize(qt)
+    assert torch.isfinite(back).all()
+    assert torch.equal(back[1], w[1])
+    if not symmetric:  # the zero point holds a constant exactly; symmetric codes hold it within half a step
+        assert torch.equal(back[2], w[2])
+
+
+@pytest.mark.parametrize("group", [32, 48])
+def test_a_width_that_is_no_multiple_of_the_group_is_padded_up(group):
+    """100 columns: groups of 32 need 28 padding columns (not 100 % 32 = 4), groups of 48 need 44."""
+    w = weight(8, 100)
+    qt = quantize(w, 4, group, symmetric=False)
+    groups = -(-100 // group)
+    assert qt.scale.shape == (8, groups) and qt.padded_in == groups * group
+    back = dequantize(qt)
+    assert back.shape == w.shape
+    step = per_element(qt.scale, group, 100)
+    assert torch.all((back - w).abs() <= step * (0.5 + 1e-5))
+
+
+def test_group_size_one_is_allowed_and_zero_is_refused():
+    w = weight(4, 16)
+    assert torch.allclose(dequantize(quantize(w, 8, 1, symmetric=False)), w, atol=1e-4)  # each its own group
+    with pytest.raises(ValueError, match="group_size must be positive"):
+        quantize(w, 8, 0)
+
+
+def test_bytes_of_an_odd_int4_row_round_up_to_whole_bytes():
+    qt = quantize(weight(3, 5), 4, None, symmetric=False)
+    assert qt.nbytes == expected_nbytes(3, 5, 4, None, False) == 3 * 3 + 3 * 8
