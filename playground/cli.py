@@ -199,6 +199,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _prepare_environment()
+    from playground.config.plugins import CapabilityError, load_capabilities
+
+    try:
+        load_capabilities()  # before the parser: a capability's strategy and flags are the parser's too
+    except CapabilityError as error:
+        print(f"playground: error: {error}", file=sys.stderr)
+        return 2
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in {*COMMANDS, "-h", "--help"}:

@@ -37,6 +37,9 @@ class Strategy:
     # The per-step events it yields, the most telling first: views pick runs by these, and the view of the first
     # comes to the front.
     step_events: tuple[type, ...] = ()
+    # "module:function" of its runner, for a capability from outside the package (built-ins register theirs with
+    # the engine, playground.engine.strategies.RUNNERS): (lm, settings, should_stop) -> events.
+    runner: str = ""
 
 
 STRATEGIES: dict[str, Strategy] = {}

@@ -35,10 +35,10 @@ def register_runner(name: str, runner: str) -> None:
 
 
 def load_runner(name: str) -> Runner:
-    try:
-        module, _, function = RUNNERS[name].partition(":")
-    except KeyError:
-        raise RuntimeError(f"strategy {name!r} is in the catalog, but the engine registers no runner for it") from None
+    path = RUNNERS.get(name) or get_strategy(name).runner  # a capability from outside names its own
+    if not path:
+        raise RuntimeError(f"strategy {name!r} is in the catalog, but the engine registers no runner for it")
+    module, _, function = path.partition(":")
     return getattr(importlib.import_module(module), function)
 
 

@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import ConfigError, ModelSettings, RunSettings
+from playground.config.plugins import load_capabilities
 from playground.events import PrefillProgress, RunFinished, RunStarted
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
@@ -114,6 +115,7 @@ class MainWindow(QMainWindow):
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
+        load_capabilities()  # capabilities from outside the package: their strategies, settings and views
         self.controls = RunControls(run_settings)
         self.prompt = QPlainTextEdit(run_settings.prompt)
         self.prompt.setPlaceholderText("Write a prompt, then Generate (Ctrl+Enter)")

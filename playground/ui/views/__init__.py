@@ -1,16 +1,21 @@
 """The view registry: every view the window hosts, in the order their docks are made.
 
-A view module registers its class with ``@register_view`` on import; list the module here. The window builds
+A view module registers its class with ``@register_view`` on import; every module of this package is imported
+(a new view adds its module and edits nothing), in ``VIEW_ORDER`` first (the docks' order), then the others by
+name, then the views of capabilities from outside the package (``playground.config.plugins``). The window builds
 itself from ``view_classes()`` and never names a view.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
+from playground.config.plugins import UI_MODULES, load_capabilities
 from playground.ui.views.base import View
 
-VIEW_MODULES = (
+# The docks' order; a view module not named here comes after these, by name.
+VIEW_ORDER = (
     "playground.ui.views.tokens",
     "playground.ui.views.beam_tree",
     "playground.ui.views.speculative",
@@ -38,8 +43,14 @@ def unregister_view(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def view_modules() -> list[str]:
+    found = sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__))
+    load_capabilities()
+    return [*VIEW_ORDER, *(m for m in found if m not in VIEW_ORDER), *UI_MODULES]
+
+
 def view_classes() -> list[type[View]]:
-    for module in VIEW_MODULES:
+    for module in view_modules():
         importlib.import_module(module)
     return list(_REGISTRY.values())
 
