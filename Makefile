@@ -9,7 +9,7 @@ MODEL_STAMP := $(VENV)/.default-model
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup model llama-server gui-deps fonts run test lint shot bench clean
+.PHONY: setup model llama-server gui-deps fonts run test lint mutate shot bench clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,19 @@ test: model fonts llama-server
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check playground tests benchmarks
+
+# Mutation testing ([tool.mutmut] in pyproject.toml names the modules and their fast tests), on a copy in mutants/.
+# MUTANTS narrows it (a glob on mutant names: 'playground.engine.processors*'); MUTATE_JOBS workers. Then the kill
+# rate per module; `$(VENV)/bin/mutmut results` lists the survivors and `mutmut show NAME` shows one.
+MUTATE_JOBS ?= 2
+mutate: $(STAMP)
+	@# One OpenMP thread: each mutant runs in a process forked from mutmut's, and GNU OpenMP hangs in a child forked
+	@# after its thread pool started (every mutant then times out).
+	OMP_NUM_THREADS=1 QT_QPA_PLATFORM=offscreen $(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS) $(MUTANTS)
+	@$(VENV)/bin/mutmut results --all true | awk -F': ' '$$2 != "not checked" { m = $$1; sub(/^ +/, "", m); \
+	  sub(/\.x[^.]*$$/, "", m); n[m]++; s[m, $$2]++ } END { for (m in n) { k = s[m, "killed"] + s[m, "timeout"]; \
+	  printf "%-40s %4d mutants: %4d killed (%.0f%%, timeouts included), %d survived, %d without tests\n", \
+	  m, n[m], k, 100 * k / n[m], s[m, "survived"], s[m, "no tests"] } }' | sort
 
 shot: model
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/playground shot --out resources/screenshots/greedy.png
