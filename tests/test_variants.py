@@ -5,6 +5,7 @@ nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -257,3 +258,14 @@ def test_the_amateurs_prompt_pass_reports_progress_and_stops_between_chunks(long
     assert isinstance(final, RunFinished) and final.stop_reason == "stopped"
     assert final.cut_short == ("amateur_prefill",) and "amateur_prefill_ms" not in final.figures
     assert not any(isinstance(e, TokenStep) for e in seen)
+
+
+def test_a_copy_the_model_cannot_have_frees_nothing(tiny_lm, built):
+    """A quantized copy of an already quantized model is refused before the cache makes room for it: the copies
+    held (as many as the limit) stay."""
+    held = [variant(tiny_lm, QuantizedCopy.quick(m)) for m in ("rtn-int4", "rtn-int8")]
+    assert len(held) == variants.QUANTIZED_COPIES
+    already = dataclasses.replace(tiny_lm, model=held[0].model)
+    with pytest.raises(ConfigError, match="already quantized"):
+        variant(already, QuantizedCopy.quick("rtn-int4-head"))
+    assert [variants.cached(tiny_lm, v.request) for v in held] == held

@@ -218,6 +218,8 @@ def variant(lm: LoadedModel, request: VariantRequest, progress: Progress | None 
     found = cached(lm, request)
     if found is not None:
         return found
+    if isinstance(request, QuantizedCopy):  # a copy this model cannot have frees nothing
+        _targets(lm.model, request.method)
     _make_room(lm, request)
     built = build(lm, request, progress, should_stop)
     with _LOCK:
@@ -306,11 +308,10 @@ def _quantized(lm: LoadedModel, request: QuantizedCopy, say: Progress) -> Varian
     build (Stop is honoured there)."""
     from playground.engine.quant import diagnostics
     from playground.engine.quant.linear import quantize_model, replaced_linears
-    from playground.engine.quant.targets import quant_targets
 
     method, model = request.method, lm.model
     base = "rtn-int4" if method == HEAD else method
-    anatomy, targets = quant_targets(model, base)  # ConfigError naming the family before any work
+    anatomy, targets = _targets(model, method)  # ConfigError naming the family before any work
     per_layer = len(anatomy.layer(0).linears())
     layers = -(-len(targets) // per_layer)
     head = method == HEAD
@@ -365,6 +366,13 @@ def _quantized(lm: LoadedModel, request: QuantizedCopy, say: Progress) -> Varian
     _warm(quantized, lm.device)
     say(f"built in {time.perf_counter() - started:.1f} s", 1.0)
     return Variant(request, quantized, anatomy.count, input_scales=input_scales, row_scales=row_scales, stats=stats)
+
+
+def _targets(model: nn.Module, method: str) -> tuple[Any, list]:
+    """The model's anatomy and the projections a quantized copy replaces (``ConfigError`` naming the family)."""
+    from playground.engine.quant.targets import quant_targets
+
+    return quant_targets(model, "rtn-int4" if method == HEAD else method)
 
 
 def _warm(model: Any, device: torch.device) -> None:
