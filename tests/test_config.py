@@ -558,3 +558,16 @@ def test_cli_refuses_bad_settings_before_loading_any_model(argv, message, capsys
     # A missing model folder: if it were looked at first, the error would be about the model instead.
     assert main(["trace", "--model", str(tmp_path / "missing"), *argv]) == 2
     assert capsys.readouterr().err == f"playground: error: {message}\n"
+
+
+def test_a_switch_whose_flag_says_no_turns_on_when_named():
+    """--no-cache is a setting's own flag (KV lab: no cache); argparse's on/off pair used to read every "--no-..."
+    as off, so naming it ran with a cache."""
+    from playground.config import KVSettings
+    from playground.config.words import settings_from_pane
+
+    named = settings_from_pane(RunSettings(), "kv-cache --no-cache")
+    assert named.group(KVSettings).no_cache is True
+    assert settings_from_pane(RunSettings(), "kv-cache").group(KVSettings).no_cache is False
+    assert settings_from_pane(RunSettings(), "kv-cache --no-compare-no-cache").group(KVSettings).compare_no_cache \
+        is False

@@ -26,7 +26,12 @@ UNSET = None  # options left at None were not given: the preset (or the default)
 def _add(parser: argparse._ArgumentGroup, row: Row) -> None:
     spec = row.spec
     help_text = f"{spec.help} (default: {row.default!r})" if row.default not in ((), "") else spec.help
-    if row.type is bool:
+    if row.type is bool and row.flag.startswith("--no-"):
+        # argparse's on/off pair reads any "--no-..." as off: a setting whose own flag says "no" (--no-cache)
+        # would be switched off by being named. It is a plain switch instead.
+        parser.add_argument(row.flag, dest=row.name, action="store_const", const=True, default=UNSET,
+                            help=help_text)
+    elif row.type is bool:
         parser.add_argument(row.flag, dest=row.name, action=argparse.BooleanOptionalAction, default=UNSET,
                             help=help_text)
     elif row.type in (int, float, str):
