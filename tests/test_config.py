@@ -497,6 +497,8 @@ def test_window_reports_unused_options_at_their_defaults(qapp):
 
 
 def _flag_args(row, value) -> list[str]:
+    if row.type is bool and row.flag.startswith("--no-"):  # a plain switch (--no-cache): off is not naming it
+        return [row.flag] if value else []
     if row.type is bool:
         return [row.flag if value else "--no-" + row.flag.removeprefix("--")]
     if isinstance(value, tuple):
