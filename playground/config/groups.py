@@ -61,5 +61,9 @@ def register_group(cls: type[G]) -> type[G]:
     clash = flags & {row.flag for row in rows(cls)}
     if clash:
         raise ValueError(f"{cls.__name__} reuses the flags {sorted(clash)}")
+    stuck = [row.flag for row in rows(cls) if row.type is bool and row.flag.startswith("--no-") and row.default]
+    if stuck:  # such a flag is a plain switch (playground.config.words): its off state must be the default
+        raise ValueError(f"{cls.__name__}: the switches {stuck} say 'no' and default to on; they could not be "
+                         "switched off")
     GROUPS[cls.name] = cls
     return cls
