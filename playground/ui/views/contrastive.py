@@ -44,7 +44,7 @@ from playground.state.contrastive import AlphaReplay, ContrastiveState, StepReco
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, PROCESSED_COLOR, RAW_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw, clear_bars, static_plot
+from playground.ui.views.drawing import TallEnough, TextsInside, ThrottledDraw, clear_bars, static_plot
 
 LIVE_DRAW_MS = 200
 EXPERT_COLOR = RAW_COLOR  # the expert's own distribution: the raw model output, blue as everywhere
@@ -191,6 +191,7 @@ class ContrastiveView(View):
             mark.setVisible(False)
             self.panels[0].addItem(mark)
             self._marks.append(mark)
+        self._mark_texts = TextsInside(self.panels[0].getViewBox())
 
     def _build_strip(self) -> None:
         self.strip = static_plot(self, "Steps", "generated token (hover to see a step, click to keep it)", "",
@@ -215,7 +216,8 @@ class ContrastiveView(View):
         self.alpha_box.setDecimals(3)
         self.alpha_box.setSingleStep(0.01)
         self.alpha_box.setToolTip("Re-derive the cut and the choices from the recorded scores at another α "
-                                  "(nothing is regenerated)")
+                                  "(nothing is regenerated). The amateur (kind, layer, temperature) changes the "
+                                  "scores themselves: set it in the settings and generate again.")
         self.alpha_box.valueChanged.connect(self._alpha_changed)
         self.alpha_reset = QPushButton("run's α", self)
         self.alpha_reset.setToolTip("Back to the α the run used")
@@ -230,7 +232,7 @@ class ContrastiveView(View):
         controls.addWidget(self.alpha_box)
         controls.addWidget(self.alpha_reset)
         controls.addStretch(1)
-        right = QWidget()
+        right = TallEnough()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.addWidget(self.step_panel, 1)
@@ -464,14 +466,14 @@ class ContrastiveView(View):
             if marks:
                 mark = self._marks[slot]
                 mark.setText(" ".join(marks))
-                mark.setPos(x, mark_y)
                 mark.setVisible(True)
+                self._mark_texts.place(mark, x, mark_y)
         bottom_panel.getAxis("bottom").setTicks([[(float(x), _short(visible_token_text(c.text)))
                                                   for x, c in zip(xs, shown, strict=True)]])
         top_panel.setXRange(-0.6, max(n, 4) - 0.4, padding=0)
-        verdict = "the contrast changed the expert's choice" if s.changed else "the contrast kept the expert's choice"
-        top_panel.setTitle(f"Step {index}: {verdict} · {s.plausible_count} plausible tokens at α = {record.alpha:g}",
-                           size="10pt")
+        verdict = "changed" if s.changed else "kept"  # short: a narrow chart is at least as wide as its title
+        top_panel.setTitle(f"Step {index}: {verdict} the expert's choice · {s.plausible_count} plausible at "
+                           f"α = {record.alpha:g}", size="10pt")
         self.step_panel.setText(self._step_html(record, index, alpha, inside))
 
     def _step_html(self, record: StepRecord, index: int, alpha: float, inside: set[int]) -> str:
@@ -489,7 +491,7 @@ class ContrastiveView(View):
         what = "" if abs(alpha - record.alpha) < 1e-12 else " (what-if)"
         cut = (f"Cut at α = {alpha:g}{what}: p<sub>expert</sub> ≥ {alpha:g} × "
                f"{_percent(math.exp(record.expert_max))} = {_percent(cut_p)}")
-        count = f"{s.plausible_count} tokens plausible at the run's α = {record.alpha:g}"
+        count = f"{s.plausible_count} plausible at the run's α = {record.alpha:g}"
         rows = []
         for c in self.shown:
             mark = "★" if c.token_id == s.token_id else ("▲" if c.token_id == s.expert_token_id else "")
@@ -502,13 +504,12 @@ class ContrastiveView(View):
                 f"<td align='right'>{_percent(math.exp(c.amateur_logprob))}</td>"
                 f"<td align='right'>{score}</td>"
                 f"<td align='right'>{_percent(c.prob) if c.plausible else '—'}</td></tr>")
-        table = ("<table cellspacing='5'><tr><th></th><th align='left'>token</th>"
+        table = ("<table cellspacing='3'><tr><th></th><th align='left'>token</th>"
                  f"<th style='color:{EXPERT_COLOR}'>p expert</th><th style='color:{AMATEUR_COLOR}'>p amateur</th>"
                  f"<th style='color:{CONTRAST_COLOR}'>score</th><th>chosen from</th></tr>{''.join(rows)}</table>")
         timing = f"amateur {s.amateur_ms:.2f} ms · contrast maths {s.contrast_ms:.2f} ms"
-        return (f"{head}<br>{cut}<br>{count}<br>{table}<i>score = log p<sub>expert</sub> − log "
-                f"p<sub>amateur</sub> (nats); “chosen from”: the normalised contrast distribution (softmax of the "
-                f"scores over the plausible set)</i><br>{timing}")
+        return (f"{head}<br>{cut} · {count}<br>{table}<i>score in nats; “chosen from”: the softmax of the scores "
+                f"over the plausible set</i><br>{timing}")
 
     def _what_if_html(self) -> str:
         replay, state = self.replay, self.state
@@ -521,8 +522,8 @@ class ContrastiveView(View):
         differs = "" if sampled else f" · differs from the run's choice at <b>{replay.differences}</b>"
         return (f"<i>What-if, nothing regenerated</i>: at α = {replay.alpha:g}, {pick} differs from the expert's top "
                 f"token at <b>{replay.changes}</b> of {replay.known} steps{differs}{unknown}. <i>First-order: a "
-                "changed token would change every later step's context. The amateur (kind, layer, temperature) "
-                "changes the scores themselves: set it in the settings and generate again.</i>")
+                "changed token would change every later step's context; the amateur's own settings need a new "
+                "run.</i>")
 
     def _draw_texts(self) -> None:
         state = self.state

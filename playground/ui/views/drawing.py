@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QPointF, QTimer
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QLayout, QWidget
 
 
 def static_plot(parent: QWidget, title: str, bottom: str, left: str, min_height: int | None = None) -> pg.PlotWidget:
@@ -35,6 +35,23 @@ def clear_bars(bars: pg.BarGraphItem) -> None:
     with a ``y0`` of 4 values raises "operands could not be broadcast together with shapes (4,) (0,)".)"""
     bars.setOpts(**{key: [] for key, value in bars.opts.items()
                     if key in _PER_BAR and value is not None and not np.isscalar(value)})
+
+
+class TallEnough(QWidget):
+    """A column of wrapped texts that keeps the height its texts need at its width: a splitter or a scroll area
+    around it would otherwise squeeze it to its minimum size hint (which wrapped labels guess at some other width)
+    and cut its last lines."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        layout: QLayout | None = self.layout()
+        if layout is not None and layout.hasHeightForWidth():
+            need = layout.totalHeightForWidth(event.size().width())
+            if need != self.minimumHeight():
+                self.setMinimumHeight(need)
 
 
 class ThrottledDraw(QObject):
