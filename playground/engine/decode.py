@@ -60,11 +60,17 @@ class TokenBuffer:
     def last(self) -> torch.Tensor:
         return self.data[:, self.length - 1 : self.length]  # [1, 1]
 
-    def append(self, token_id: int) -> None:
-        if self.length == self.data.shape[1]:  # more than planned (a speculative round's bonus token)
-            self.data = torch.cat([self.data, self.data.new_empty((1, max(16, self.length // 2)))], dim=1)
-        self.data[0, self.length] = token_id
+    def append(self, token_id: int | list[int]) -> None:
+        """One token, or one per row (a batch of sequences: the KV lab's parallel samples)."""
+        if self.length == self.data.shape[1]:  # more than planned
+            grow = self.data.new_empty((self.data.shape[0], max(16, self.length // 2)))
+            self.data = torch.cat([self.data, grow], dim=1)
+        self.data[:, self.length] = torch.as_tensor(token_id, dtype=torch.long)
         self.length += 1
+
+    def repeated(self, rows: int) -> TokenBuffer:
+        """A copy with ``rows`` identical rows (sequences that share the prompt)."""
+        return TokenBuffer(self.data.repeat(rows, 1), self.length)
 
 
 @dataclass

@@ -20,8 +20,8 @@ import torch
 from transformers import DynamicCache
 
 from playground.config import ConfigError, KVSettings, RunSettings
-from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.baseline import plain_greedy
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import sync_device
 from playground.engine.kv import measure
 from playground.engine.kv_cache import kv_formula_bytes
@@ -30,7 +30,7 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
-from playground.engine.token_text import IncrementalDecoder, TokenTextCache
+from playground.engine.token_text import TokenTextCache
 from playground.events import Event, PrefillDone
 from playground.events.figures import agreement_figures
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
@@ -144,67 +144,63 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     pipeline = build_pipeline(settings, sampling=samples > 1)
     generator = make_generator(lm.device, settings.seed)
     token_text = TokenTextCache(lm.tokenizer)
-    decoder = IncrementalDecoder(lm.tokenizer, prompt_ids)
-    stop_watch = StopStringWatch(settings.stop_strings)
-    eos_ids = set(lm.eos_token_ids)
     forced = settings.forced_token_ids
-    max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
-    stop_reason = "max_new_tokens" if max_steps == settings.max_new_tokens else "context_full"
     model = lm.model
-
-    yield record.started(prompt_ids, prompt_text)
-    start = kv_started(lm, kv, len(prompt_ids) + max_steps)
-    yield start
-    generated: list[int] = []
+    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
+    rows = loop.ids  # [samples, ·]: row 0 is the run's own sequence, the others its parallel samples
     step_ms: list[float] = []
-    with attention(model, kv.attn), torch.inference_mode():
-        ids = torch.tensor([prompt_ids], device=lm.device)  # [1, prompt_len], grows by one a step
-        cache = new_cache(lm, kv)
-        logits = yield from _prefill(lm, record, start, ids, cache)  # [1, vocab]
-        if logits is None:  # Stop between two chunks of the prompt
-            max_steps, stop_reason = 0, "stopped"
-        elif samples > 1:  # the prompt read once, its cache shared by every sequence (paged: the same blocks)
-            if cache is not None:
-                cache.batch_repeat_interleave(samples)
-            ids, logits = ids.repeat(samples, 1), logits.repeat(samples, 1)  # [samples, ·]
+    logits: torch.Tensor | None = None
 
-        for step in range(max_steps):
-            if record.should_stop():
-                stop_reason = "stopped"
-                break
-            record.step_started()
-            if step > 0:
-                if cache is None:  # recompute everything: the cost the cache saves
-                    logits = model(input_ids=ids, use_cache=False, **_last_only(model)).logits[:, -1, :].float()
-                else:
-                    logits = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
-            # logits: [samples, vocab]; the run's own tokens are row 0's, the other rows are its parallel samples
-            analysis = analyse_step(pipeline, ids[:1], logits[:1], settings.num_candidates)
-            if step < len(forced):
-                token_id = forced[step]
-            elif samples > 1:
-                token_id = sample_next_token(analysis.processed_probs, generator)
+    def step(index: int, forced_id: int | None) -> Picked:
+        nonlocal logits
+        ids = rows.view
+        if index > 0:
+            if cache is None:  # recompute everything: the cost the cache saves
+                logits = model(input_ids=ids, use_cache=False, **_last_only(model)).logits[:, -1, :].float()
             else:
-                token_id = int(analysis.processed_logits.argmax(dim=-1).item())
-            analysis.token_id = token_id
-            row_tokens = [token_id] + [_sample_row(pipeline, ids[r : r + 1], logits[r : r + 1], generator)
-                                       for r in range(1, samples)]
-            ids = torch.cat([ids, ids.new_tensor(row_tokens)[:, None]], dim=1)
-            ms = record.step_ended()
+                logits = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
+        # logits: [samples, vocab]; the run's own tokens are row 0's, the other rows are its parallel samples
+        analysis = analyse_step(pipeline, ids[:1], logits[:1], settings.num_candidates)
+        if forced_id is not None:
+            token_id = forced_id
+        elif samples > 1:
+            token_id = sample_next_token(analysis.processed_probs, generator)
+        else:
+            token_id = int(analysis.processed_logits.argmax(dim=-1).item())
+        analysis.token_id = token_id
+        row_tokens = [token_id] + [_sample_row(pipeline, ids[r : r + 1], logits[r : r + 1], generator)
+                                   for r in range(1, samples)]
+        if samples > 1:
+            rows.append(row_tokens)  # every row's token (a single sequence is the loop's own buffer)
+
+        def events(texts: list[str], ms: float) -> list[Event]:
             step_ms.append(ms)
-            held_now = kv_step(lm, cache, step, ids.shape[1] - 1, start)
-            text = decoder.push(token_id)
-            generated.append(token_id)
-            yield held_now
-            yield analysis.to_event(step=step, text=text, forced=step < len(forced), step_ms=ms,
-                                    kv_bytes=held_now.total_bytes, token_text=token_text)
-            ended = end_reason(token_id, text, eos_ids, stop_watch)
-            if ended is not None:
-                stop_reason = ended
-                break
+            held_now = kv_step(lm, cache, index, rows.length - 1, start)  # measured outside the step's time
+            return [held_now, analysis.to_event(step=index, text=texts[0], forced=forced_id is not None, step_ms=ms,
+                                                kv_bytes=held_now.total_bytes, token_text=token_text)]
+
+        return Picked([token_id], events)
+
+    yield loop.started()
+    start = kv_started(lm, kv, len(prompt_ids) + loop.max_steps)
+    yield start
+    with attention(model, kv.attn), torch.inference_mode():
+        cache = new_cache(lm, kv)
+        logits = yield from _prefill(lm, record, start, loop.ids.view, cache)  # [1, vocab]
+        if logits is None:  # Stop between two chunks of the prompt
+            loop.stop_reason = "stopped"
+        else:
+            if samples > 1:  # the prompt read once, its cache shared by every sequence (paged: the same blocks)
+                if cache is not None:
+                    cache.batch_repeat_interleave(samples)
+                rows = loop.ids.repeated(samples)
+                logits = logits.repeat(samples, 1)  # [samples, vocab]
+            yield from loop.steps(step)
+        generated = loop.generated
         if len(generated) > 1:  # the first token came from the prefill's logits: one pass fewer than tokens
             yield _phase(lm, start, "decode", len(generated) - 1, len(prompt_ids) + len(generated) - 1,
                          sum(step_ms[1:]), recompute=cache is None)
+    stop_reason = loop.stop_reason
 
     # The measurements after the run poll Stop too: one Stop cut short, or skipped, is named in the final event.
     figures: dict[str, float] | None = {}
@@ -230,9 +226,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             cut_short.append("full_model")
     if cut_short:
         stop_reason = "stopped"
-    finished = record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True), stop_reason,
-                               steps=len(generated))
-    yield dataclasses.replace(finished, figures=figures or {}, cut_short=tuple(cut_short))
+    loop.stop_reason, loop.cut_short = stop_reason, tuple(cut_short)
+    yield loop.finished(figures or {})
 
 
 def _prefill(lm: LoadedModel, record: RunRecorder, start: KVStarted, ids: torch.Tensor, cache: object | None
