@@ -252,7 +252,9 @@ def _round_event(index: int, first_step: int, emitted: int, draft: Draft, verdic
     for i, token in enumerate(draft.tokens):
         q = float(draft.probs[i, token]) if draft.probs is not None else 1.0
         drafted.append(DraftToken(
-            token_id=token, text=token_text(token), draft_prob=q, target_prob=float(target_probs[i, token]),
+            # A wider draft head may propose a row the target lacks: the target gives it probability 0 (rejected).
+            token_id=token, text=token_text(token), draft_prob=q,
+            target_prob=float(target_probs[i, token]) if token < target_probs.shape[-1] else 0.0,
             accepted=i < verdict.accepted, draw=verdict.draws[i] if i < len(verdict.draws) else None))
     target_prob = float(target_probs[verdict.accepted, verdict.token_id])
     return SpeculativeRound(
