@@ -140,24 +140,27 @@ class PaneColumn(QFrame):
                  or (self._drawn > self._reference_len and reference_len != self._reference_len))
         if stale:
             self.forget()
-        if count == self._drawn and not stale:
-            return
-        cursor = QTextCursor(self.text.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.beginEditBlock()  # one layout for the batch
-        for text, mark in pane_pieces(state, self.index, self._drawn):
-            cursor.insertText(flowing_token_text(text), self._formats[mark])
-        cursor.endEditBlock()
-        if split_wrapped_paragraph(self.text.document()) is not None:  # appends lay out only the last line
-            self._split_width = self.text.document().textWidth()
         self._state = state
-        self._drawn, self._divergence, self._reference_len = count, state.divergence[self.index], reference_len
-        self._pane = pane
         bar = self.text.verticalScrollBar()  # streaming: follow the end; once finished: read from the top
-        if pane.finished is None:
-            bar.setValue(bar.maximum())
-        elif not self._ended:
+        if count != self._drawn or stale:
+            cursor = QTextCursor(self.text.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.beginEditBlock()  # one layout for the batch
+            for text, mark in pane_pieces(state, self.index, self._drawn):
+                cursor.insertText(flowing_token_text(text), self._formats[mark])
+            cursor.endEditBlock()
+            if split_wrapped_paragraph(self.text.document()) is not None:  # appends lay out only the last line
+                self._split_width = self.text.document().textWidth()
+            self._drawn, self._divergence, self._reference_len = count, state.divergence[self.index], reference_len
+            self._pane = pane
+            if pane.finished is None:
+                bar.setValue(bar.maximum())
+        # Once finished: its first line, also when the end comes after the last token was drawn. The text's own
+        # cursor goes there too: the appends left it at the end, and a text edit first shown (a dock opened after
+        # the run) scrolls to its cursor, which left the pane at its end with its top line cut.
+        if pane.finished is not None and not self._ended:
             self._ended = True
+            self.text.moveCursor(QTextCursor.MoveOperation.Start)
             bar.setValue(bar.minimum())
 
 
