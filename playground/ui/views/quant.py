@@ -76,7 +76,7 @@ class QuantView(View):
         self.header = rich_label(self)
         self.panes = SideBySidePanes(self.panes_state, self._pane_figures, self)
 
-        self.kl_plot = static_plot(self, "KL(reference ‖ quantized), teacher-forced", "generated token",
+        self.kl_plot = static_plot(self, "KL(reference ‖ quantized)", "generated token",
                                    "KL (nats)", min_height=135)
         self.kl_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KL_COLOR, pen=None)
         self.kl_plot.addItem(self.kl_bars)
@@ -88,12 +88,12 @@ class QuantView(View):
         self.divergence_line.hide()
         self.kl_legend = rich_label(self)
         self.kl_legend.setText(
-            f"<span style='color:{KL_COLOR}'>■</span> KL at each token (0 = same distribution) · "
+            f"<span style='color:{KL_COLOR}'>■</span> KL at each token, teacher-forced (0 = same distribution) · "
             f"<b style='color:{DISAGREE_COLOR}'>×</b> the quantized model's top token differs · "
             f"<span style='color:{DIVERGE_BG}'>┆</span> free-running outputs diverge")
 
-        self.error_plot = static_plot(self, "Which layers suffer: ‖W_q − W‖ / ‖W‖", "decoder layer",
-                                      "relative error", min_height=135)
+        self.error_plot = static_plot(self, "Layer error ‖W_q − W‖ / ‖W‖", "decoder layer",
+                                      "rel. error", min_height=135)
         self.error_curves: dict[str, pg.PlotDataItem] = {}  # by kind, made when a model first shows that kind
         self._legend_kinds: list[str] | None = None
         self.error_legend = rich_label(self)
@@ -101,7 +101,7 @@ class QuantView(View):
         self.layer_choice = QComboBox(self)
         self.layer_choice.currentIndexChanged.connect(lambda _: self._draw_channels())
         self.channel_plot = static_plot(
-            self, f"max |x| per input channel: <span style='color:{BEFORE_COLOR}'>before</span>, "
+            self, f"max |x|, <span style='color:{BEFORE_COLOR}'>before</span> / "
             f"<span style='color:{AFTER_COLOR}'>after</span> scaling", "input channel", "max |x|", min_height=120)
         self.before_curve = self.channel_plot.plot([], [], pen=pg.mkPen(BEFORE_COLOR, width=3))
         self.after_curve = self.channel_plot.plot([], [], pen=pg.mkPen(AFTER_COLOR, width=1))
@@ -140,7 +140,7 @@ class QuantView(View):
         layout.addWidget(self.figures)
         layout.addLayout(grid, 3)
         layout.addWidget(self.table, 1)
-        content.setMinimumSize(1000, 650)
+        content.setMinimumSize(880, 650)  # three plots side by side down to 1280 x 800's dock
         scroll = QScrollArea(self)
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)
