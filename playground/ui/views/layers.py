@@ -125,7 +125,7 @@ class LayersView(View):
             f"{_mark('□', SELECT_COLOR)} selected cell")
         self.cell_panel = rich_label(self)
         self.cell_panel.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        self.cell_panel.setMinimumWidth(330)
+        self.cell_panel.setMinimumWidth(280)
         self.replay_note = rich_label(self)
         self.figures = rich_label(self)
         self._build_heatmap()
@@ -206,7 +206,7 @@ class LayersView(View):
         self.metric_box.setToolTip("entropy: exit at the first layer at most this unsure; max-prob: whose top token "
                                "has at least this probability")
         self.threshold_slider = QSlider(Qt.Orientation.Horizontal, self)
-        self.threshold_slider.setMinimumWidth(120)
+        self.threshold_slider.setMinimumWidth(80)
         self.threshold_label = QLabel(self)
         widest = self.threshold_label.fontMetrics().horizontalAdvance("entropy ≤ 16.00 bits")
         self.threshold_label.setMinimumWidth(widest)
@@ -219,9 +219,9 @@ class LayersView(View):
 
     def _build_layout(self) -> None:
         controls = QHBoxLayout()
-        replay = QLabel("<b>Replay early exit</b> (a what-if on the recorded lens) on", self)
-        replay.setToolTip("Where each token would have left the layers under another rule, read from the lens this "
-                          "run recorded: nothing is regenerated")
+        replay = QLabel("<b>Replay early exit</b> on", self)  # short: the row fits a 1280 x 800 window's dock
+        replay.setToolTip("A what-if on the recorded lens: where each token would have left the layers under "
+                          "another rule, read from the lens this run recorded; nothing is regenerated")
         controls.addWidget(replay)
         controls.addWidget(self.metric_box)
         controls.addWidget(self.threshold_label)
@@ -473,8 +473,9 @@ class LayersView(View):
         plot.setXRange(0.5, state.layers + 0.5, padding=0)
         finite = entropy[np.isfinite(entropy)]
         plot.setYRange(0, max(float(finite.max()) if finite.size else 1.0, 1.0) * 1.1, padding=0)
-        plot.setTitle(f"Token {token} “{html.escape(_short(visible_token_text(record.text or '…'), 14))}” across "
-                      "layers", size="10pt")
+        # The token's text is in the panel above: a title with it (up to 14 characters) made the plot wider than
+        # its column in a small window.
+        plot.setTitle(f"Token {token} across layers", size="10pt")
         self._align_prob_box()
         self.cell_panel.setText(self._cell_html(record, token, layer))
 
