@@ -109,7 +109,7 @@ class BeamTreePanel(QWidget):
         item.invertY(True)
         item.showGrid(x=True, y=False, alpha=0.15)
         item.setLabel("bottom", "step (n-th generated token; the prompt is at −1)")
-        item.setLabel("left", "candidates, grouped under their parent beam")
+        item.setLabel("left", "candidates, by parent beam")
         item.getAxis("left").setTicks([[]])
         item.getAxis("left").setStyle(showValues=False)
         self.view = item.getViewBox()
@@ -150,7 +150,7 @@ class BeamTreePanel(QWidget):
         self.slider_max_label = QLabel(self)
         self.penalty_label = rich_label(self)
         self.ranking_label = rich_label(self)
-        self.kv_label = rich_label(self, wrap=False)
+        self.kv_label = rich_label(self)  # wrapped: unwrapped, it made the window wider than a 1280 px screen
 
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.legend, 1)
