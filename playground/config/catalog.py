@@ -7,6 +7,7 @@ read this table; it loads no torch and knows no engine. The engine registers a r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from playground.config.beam import BeamSettings
@@ -42,14 +43,50 @@ class Strategy:
     runner: str = ""
 
 
+@dataclass(frozen=True)
+class SharedGroup:
+    """A capability that applies across strategies (the logit lens records; ``--quant`` wraps): declared once
+    here, not in every strategy's entry. Its group joins the ``groups`` of each strategy it applies to."""
+
+    group: type[SettingsGroup]
+    what: str  # the refusal's first words: "--quant runs a strategy on the model's quantized copy"
+    reason: str  # why a strategy does not: "does not record them"
+    takers: tuple[str, ...] | None = None  # the strategies that take it; None: every one not in ``excluding``
+    excluding: tuple[str, ...] = ()
+    # "module:function" (runner, lm, settings, should_stop, progress) -> events: what runs the strategy when the
+    # group is active (``SettingsGroup.active``); "" when each strategy records it itself.
+    wrapper: str = ""
+
+    def applies_to(self, name: str) -> bool:
+        return name in self.takers if self.takers is not None else name not in self.excluding
+
+
 STRATEGIES: dict[str, Strategy] = {}
+SHARED: list[SharedGroup] = []
+
+
+def _with_shared(strategy: Strategy) -> Strategy:
+    extra = tuple(s.group for s in SHARED if s.applies_to(strategy.name) and s.group not in strategy.groups)
+    return dataclasses.replace(strategy, groups=(*strategy.groups, *extra)) if extra else strategy
 
 
 def register_strategy(strategy: Strategy) -> Strategy:
     if strategy.name in STRATEGIES:
         raise ValueError(f"strategy {strategy.name!r} is registered twice")
-    STRATEGIES[strategy.name] = strategy
-    return strategy
+    STRATEGIES[strategy.name] = _with_shared(strategy)
+    return STRATEGIES[strategy.name]
+
+
+def register_shared_group(shared: SharedGroup) -> SharedGroup:
+    SHARED.append(shared)
+    for name, strategy in STRATEGIES.items():
+        STRATEGIES[name] = _with_shared(strategy)
+    return shared
+
+
+def shared_refusal(shared: SharedGroup, strategy: Strategy) -> str:
+    takers = ", ".join(s.name for s in STRATEGIES.values() if shared.group in s.groups)
+    return f"{shared.what}: {strategy.name} {shared.reason}; use {takers}"
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -65,31 +102,31 @@ def get_strategy(name: str) -> Strategy:
 
 register_strategy(Strategy(
     "greedy", "always the most likely token (after the penalties)",
-    sections=("penalties",), groups=(LensSettings, QuantSettings), step_events=(TokenStep,)))
+    sections=("penalties",), step_events=(TokenStep,)))
 register_strategy(Strategy(
     "sample", "draw from the processed distribution (temperature, top-k, top-p, min-p)",
-    sections=("sampling", "penalties"), groups=(LensSettings, QuantSettings), step_events=(TokenStep,)))
+    sections=("sampling", "penalties"), step_events=(TokenStep,)))
 register_strategy(Strategy(
     "beam", "keep several hypotheses, expand all of them every step",
-    sections=("penalties",), groups=(BeamSettings, LensSettings, KVSettings, QuantSettings), step_events=(BeamStep,)))
+    sections=("penalties",), groups=(BeamSettings, KVSettings), step_events=(BeamStep,)))
 
 register_strategy(Strategy(
     "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
-    sections=("sampling", "penalties"), groups=(SpeculativeSettings, LensSettings, QuantSettings),
+    sections=("sampling", "penalties"), groups=(SpeculativeSettings,),
     step_events=(SpeculativeRound, TokenStep)))
 
 
 register_strategy(Strategy(
     "early-exit", "each token leaves the layer stack at the first layer whose logit lens is confident enough",
-    sections=("penalties",), groups=(LayerSettings, LensSettings, QuantSettings), step_events=(LayerStep, TokenStep)))
+    sections=("penalties",), groups=(LayerSettings,), step_events=(LayerStep, TokenStep)))
 register_strategy(Strategy(
     "layer-skip", "each token passes some layers by: a fixed set, or after a layer that barely changed it",
-    sections=("penalties",), groups=(LayerSettings, LensSettings, QuantSettings), step_events=(LayerStep, TokenStep)))
+    sections=("penalties",), groups=(LayerSettings,), step_events=(LayerStep, TokenStep)))
 
 
 register_strategy(Strategy(
     "kv-cache", "greedy decoding that measures its KV cache every step: contiguous, paged, quantized or none",
-    sections=("sampling", "penalties"), groups=(KVSettings, QuantSettings), step_events=(KVStep, TokenStep)))
+    sections=("sampling", "penalties"), groups=(KVSettings,), step_events=(KVStep, TokenStep)))
 
 
 register_strategy(Strategy(
@@ -107,3 +144,13 @@ register_strategy(Strategy(
     "cascade", "a cheap model (the quantized copy, the first layers, a small model) answers first; the full model "
     "decides where the cheap one is unsure (per token or per response)", sections=("sampling", "penalties"),
     groups=(CascadeSettings,), step_events=(CascadeStep, CascadeResponse, TokenStep)))
+
+
+# The capabilities that apply across strategies, each declared once.
+register_shared_group(SharedGroup(
+    LensSettings, "--lens records each generated token's layers", "does not record them",
+    takers=("greedy", "sample", "beam", "speculative", "early-exit", "layer-skip")))
+register_shared_group(SharedGroup(
+    QuantSettings, "--quant runs a strategy on the model's quantized copy",
+    "does not take it (it has its own options for that, if any)", excluding=("compare", "contrastive", "cascade"),
+    wrapper="playground.engine.quant.compare:run_quant_wrapper"))

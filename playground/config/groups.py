@@ -33,6 +33,11 @@ class SettingsGroup:
         """Rules that involve several fields: (holds, message)."""
         return []
 
+    def active(self) -> bool:
+        """Whether these settings switch their capability on for a run (for the capabilities that apply across
+        strategies, ``playground.config.catalog.SharedGroup``: the lens recording, a quantized copy)."""
+        return False
+
     def summary(self) -> str:
         """The group's values in a few words (runs list, window title)."""
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))

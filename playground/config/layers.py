@@ -33,6 +33,9 @@ class LensSettings(SettingsGroup):
     name = "lens"
     title = "Logit lens"
 
+    def active(self) -> bool:
+        return self.lens
+
     lens: bool = setting(False, "logit lens", "record, for every generated token, each layer's next-token "
                          "distribution (the final norm and LM head applied to that layer's output): entropy, top "
                          "candidates, agreement with the last layer (early-exit and layer-skip runs without it record "

@@ -25,6 +25,9 @@ class QuantSettings(SettingsGroup):
     name = "quant"
     title = "Quantization"
 
+    def active(self) -> bool:
+        return self.quant != "none"
+
     quant: str = setting(
         "none", "quantization", "decode with the model's quantized copy: rtn-int8 (per-channel, symmetric), "
         "rtn-int8-asym (with zero point), rtn-int4 (group-wise, packed two per byte), zeroquant (group-wise int8 "

@@ -12,8 +12,8 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from playground.config import ConfigError, LensSettings, QuantSettings, RunSettings
-from playground.config.catalog import STRATEGIES, get_strategy
+from playground.config import ConfigError, RunSettings
+from playground.config.catalog import SHARED, get_strategy, shared_refusal
 from playground.events import Event
 
 if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help, saved runs, the Qt-free state)
@@ -65,24 +65,17 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
     """
     strategy = get_strategy(settings.strategy)
     settings.validate()
-    if settings.group(LensSettings).lens and LensSettings not in strategy.groups:
-        readers = ", ".join(s.name for s in STRATEGIES.values() if LensSettings in s.groups)
-        raise ConfigError(f"--lens records each generated token's layers: {strategy.name} does not record them; "
-                          f"use {readers}")
-    quant = settings.group(QuantSettings)
-    if quant.quant != "none":
-        if QuantSettings not in strategy.groups:
-            takers = ", ".join(s.name for s in STRATEGIES.values() if QuantSettings in s.groups)
-            raise ConfigError(f"--quant runs a strategy on the model's quantized copy: {strategy.name} does not "
-                              f"take it (it has its own options for that, if any); use {takers}")
-        if quant.compare:  # the lab: reference and quantized copy side by side
-            from playground.engine.quant.compare import run_quant_compare
-
-            return run_quant_compare(lm, settings, should_stop, progress)
-        from playground.engine.quant.apply import run_quantized
-
-        return run_quantized(load_runner(strategy.name), lm, settings, should_stop, progress)
-    return call_runner(load_runner(strategy.name), lm, settings, should_stop, progress)
+    runner = load_runner(strategy.name)
+    for shared in SHARED:  # the capabilities that apply across strategies: the lens, --quant
+        if not settings.group(shared.group).active():
+            continue
+        if shared.group not in strategy.groups:
+            raise ConfigError(shared_refusal(shared, strategy))
+        if shared.wrapper:  # e.g. --quant: the strategy runs on the model's quantized copy
+            module, _, function = shared.wrapper.partition(":")
+            wrap = getattr(importlib.import_module(module), function)
+            return wrap(runner, lm, settings, should_stop, progress)
+    return call_runner(runner, lm, settings, should_stop, progress)
 
 
 def call_runner(runner: Runner, lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None,

@@ -26,6 +26,17 @@ from playground.events.quant import MethodRow, QuantReady, QuantStep, QuantSumma
 from playground.models.loaded import LoadedModel
 
 
+def run_quant_wrapper(runner, lm: LoadedModel, settings: RunSettings, should_stop=None, progress=None
+                      ) -> Iterator[Event]:
+    """``--quant``'s wrapper of every strategy that takes it (``playground.config.catalog``): the lab
+    (``--compare``: reference and copy side by side) or the strategy's ``runner`` on the quantized copy."""
+    from playground.engine.quant.apply import run_quantized
+
+    if settings.group(QuantSettings).compare:
+        return run_quant_compare(lm, settings, should_stop, progress)
+    return run_quantized(runner, lm, settings, should_stop, progress)
+
+
 def run_quant_compare(lm: LoadedModel, settings: RunSettings, should_stop=None, progress=None) -> Iterator[Event]:
     """Validate, build the quantized copy (or take it from the cache, reporting ``progress``), return the run; Stop
     during the build returns a run that starts and ends "stopped" with ``cut_short=("quantized_copy",)``."""
