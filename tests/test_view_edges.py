@@ -1,0 +1,318 @@
+"""Every view at the window's default size and at 1280 x 800 shows its texts whole.
+
+Each registered view is fed a real run of a tiny model (the strategy it shows), in the real window at both sizes,
+then every text it draws is measured: pyqtgraph's text items, titles, legends and axis labels lie inside their
+plot (inside the view box that clips them, inside the plot widget's visible area) and off the plot's title; every
+label and button lies inside each widget around it (a scroll area may scroll it, vertically only, and only at
+1280 x 800) and is tall and wide enough for its text. The window keeps the size it was given (a view that needs
+more pushes it past the screen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyqtgraph as pg
+import pytest
+from PySide6.QtCore import QPoint, QRect, QRectF, QSettings, QSize, Qt
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QApplication,
+    QGraphicsTextItem,
+    QLabel,
+    QPlainTextEdit,
+    QScrollArea,
+    QTextEdit,
+    QWidget,
+)
+
+from playground.config import RunSettings
+from playground.config.words import settings_from_pane
+from playground.engine.strategies import run_strategy
+from playground.state import Run
+from playground.ui.main_window import MainWindow
+from playground.ui.views import view_classes
+
+PROMPT = "one two three one two three one two three"
+RUN_TIMEOUT_MS = 60000
+DEFAULT_SIZE = (1500, 950)  # the window's own default (and `playground shot`'s)
+SMALL_SIZE = (1280, 800)
+SIZES = (DEFAULT_SIZE, SMALL_SIZE)
+TOLERANCE = 1.0  # px: rounding of layouts and text metrics
+
+# The run each view shows: the strategy (with the options that fill every panel) whose events it draws.
+VIEW_RUNS: dict[str, str] = {
+    "tokens": "sample --temperature 0.8 --top-k 8",
+    "beam": "beam --num-beams 3",
+    "speculative": "speculative --draft prompt-lookup --draft-k 10 --prompt-lookup-ngram 1 --baseline-tokens 8",
+    "layers": "early-exit --compare-full --exit-threshold 0.5",
+    "kv": "kv-cache --paged --samples 4 --compare-no-cache --batch-sweep 1,4,16",
+    "cascade": "cascade --cheap layers --cheap-layers 1 --cascade-compare",
+    "contrastive": "contrastive --contrast-baseline 8",
+    "compare": "compare --pane greedy --pane 'sample --temperature 1.4' --pane 'sample --top-p 0.9' "
+               "--pane 'beam --num-beams 2' --log-likelihood",
+    "quant": "greedy --quant rtn-int4 --compare",
+}
+
+
+@dataclass
+class Problem:
+    where: str  # the view, and the item or widget
+    text: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.text[:60]!r} {self.what}"
+
+
+def _rect(r: QRectF) -> str:
+    return f"({r.left():.0f}, {r.top():.0f}) - ({r.right():.0f}, {r.bottom():.0f})"
+
+
+def _inside(inner: QRectF, outer: QRectF) -> bool:
+    return (inner.left() >= outer.left() - TOLERANCE and inner.right() <= outer.right() + TOLERANCE
+            and inner.top() >= outer.top() - TOLERANCE and inner.bottom() <= outer.bottom() + TOLERANCE)
+
+
+def _ink(text_item: QGraphicsTextItem) -> QRectF:
+    """Where a text item's letters are, in scene coordinates: its bounding rect less the document's margin."""
+    margin = text_item.document().documentMargin()
+    return text_item.mapRectToScene(text_item.boundingRect().adjusted(margin, margin, -margin, -margin))
+
+
+def _texts_of_plot(graphics: pg.GraphicsView) -> list[tuple[str, QGraphicsTextItem, object]]:
+    """(kind, the text item drawn, its owner) for every visible, non-empty text of a plot widget's scene."""
+    found = []
+    for item in graphics.scene().items():
+        if isinstance(item, pg.TextItem):  # also InfiniteLine labels
+            found.append(("text item", item.textItem, item))
+        elif isinstance(item, pg.LabelItem):  # titles, legend entries
+            found.append(("label item", item.item, item))
+        elif isinstance(item, pg.AxisItem) and item.label is not None:
+            found.append((f"{item.orientation} axis label", item.label, item))
+    return [(kind, text, owner) for kind, text, owner in found
+            if owner.isVisible() and text.isVisible() and text.toPlainText().strip()]
+
+
+def _clipping_ancestor(item) -> object | None:
+    parent = item.parentItem()
+    while parent is not None:
+        if parent.flags() & parent.GraphicsItemFlag.ItemClipsChildrenToShape:
+            return parent
+        parent = parent.parentItem()
+    return None
+
+
+def _plot_problems(view_name: str, graphics: pg.GraphicsView) -> list[Problem]:
+    problems = []
+    shown = QRectF(graphics.mapToScene(graphics.viewport().rect()).boundingRect())
+    plots = [item for item in graphics.scene().items() if isinstance(item, pg.PlotItem) and item.isVisible()]
+    titles = [plot.titleLabel for plot in plots if plot.titleLabel.isVisible()
+              and plot.titleLabel.item.toPlainText().strip()]
+    for plot in plots:
+        title = plot.titleLabel.item.toPlainText() if plot.titleLabel.isVisible() else "untitled plot"
+        if not _inside(plot.sceneBoundingRect(), shown):
+            problems.append(Problem(f"{view_name} plot", title, f"is laid out at {_rect(plot.sceneBoundingRect())}, "
+                                    f"past its widget's visible {_rect(shown)}"))
+    for kind, text, owner in _texts_of_plot(graphics):
+        ink = _ink(text)
+        where = f"{view_name} {kind}"
+        words = text.toPlainText()
+        if not _inside(ink, shown):
+            problems.append(Problem(where, words, f"at {_rect(ink)} runs past its plot widget's {_rect(shown)}"))
+        clip = _clipping_ancestor(text)
+        if clip is not None and not _inside(ink, clip.sceneBoundingRect()):
+            problems.append(Problem(where, words, f"at {_rect(ink)} is cut by its view box "
+                                    f"{_rect(clip.sceneBoundingRect())}"))
+        if isinstance(owner, pg.AxisItem):  # along its axis (its bounding rect also holds the grid lines)
+            axis = owner.mapRectToScene(QRectF(0, 0, owner.width(), owner.height()))
+            vertical = owner.orientation in ("left", "right")
+            low, high = (ink.top(), ink.bottom()) if vertical else (ink.left(), ink.right())
+            start, end = (axis.top(), axis.bottom()) if vertical else (axis.left(), axis.right())
+            if low < start - TOLERANCE or high > end + TOLERANCE:
+                problems.append(Problem(where, words, f"at {_rect(ink)} is longer than its axis {_rect(axis)}"))
+        for label in titles:
+            if owner is label or not isinstance(owner, (pg.TextItem, pg.LabelItem)):
+                continue
+            if ink.intersects(_ink(label.item)):
+                problems.append(Problem(where, words, f"overlaps the title {label.item.toPlainText()!r}"))
+    return problems
+
+
+def _widget_texts(view: QWidget) -> list[tuple[QWidget, str]]:
+    out = []
+    for widget in view.findChildren(QWidget):
+        if not widget.isVisibleTo(view):
+            continue
+        if isinstance(widget, (QLabel, QAbstractButton)) and widget.text().strip():
+            out.append((widget, widget.text()))
+        elif isinstance(widget, pg.GraphicsView):  # a plot: its titles, labels and ticks are cut with it
+            titles = [item.titleLabel.item.toPlainText() for item in widget.scene().items()
+                      if isinstance(item, pg.PlotItem)]
+            out.append((widget, next((t for t in titles if t.strip()), "a plot")))
+    return out
+
+
+def _widget_problems(view_name: str, view: QWidget, allow_scroll: bool) -> list[Problem]:
+    problems = []
+    for widget, text in _widget_texts(view):
+        where = f"{view_name} {type(widget).__name__}"
+        if isinstance(widget, QLabel):
+            if widget.wordWrap():
+                need = widget.heightForWidth(widget.width())
+                if need > widget.height() + TOLERANCE:
+                    problems.append(Problem(where, text, f"needs {need} px of height at its width "
+                                            f"{widget.width()}, has {widget.height()}"))
+            elif widget.sizeHint().width() > widget.width() + TOLERANCE:
+                problems.append(Problem(where, text, f"needs {widget.sizeHint().width()} px of width, has "
+                                        f"{widget.width()}"))
+        elif isinstance(widget, QAbstractButton) and widget.minimumSizeHint().width() > widget.width() + TOLERANCE:
+            problems.append(Problem(where, text, f"needs {widget.minimumSizeHint().width()} px, has {widget.width()}"))
+        # Inside every widget around it, up to the view.
+        rect = QRect(QPoint(0, 0), widget.size())
+        child, parent = widget, widget.parentWidget()
+        while child is not view and parent is not None:
+            rect = QRect(child.mapTo(parent, rect.topLeft()), rect.size())
+            bounds = parent.rect()
+            scroll = parent.parentWidget()
+            if isinstance(scroll, QScrollArea) and scroll.viewport() is parent:
+                # A scroll area may scroll (vertically, at the small size) but never hides text sideways.
+                wide = rect.left() >= bounds.left() - TOLERANCE and rect.right() <= bounds.right() + TOLERANCE
+                tall = rect.top() >= bounds.top() - TOLERANCE and rect.bottom() <= bounds.bottom() + TOLERANCE
+                if not wide or not (tall or allow_scroll):
+                    problems.append(Problem(where, text, f"at {_rect(QRectF(rect))} lies past the scroll area's "
+                                            f"view {_rect(QRectF(bounds))}" + ("" if wide else " sideways")))
+                    break
+                rect = rect.intersected(bounds)  # the part scrolled into view goes on up
+                if rect.isEmpty():
+                    break
+                rect = QRect(parent.mapTo(scroll, rect.topLeft()), rect.size())
+                child, parent = scroll, scroll.parentWidget()
+                continue
+            if not (rect.left() >= bounds.left() and rect.right() <= bounds.right()
+                    and rect.top() >= bounds.top() and rect.bottom() <= bounds.bottom()):
+                problems.append(Problem(where, text, f"at {_rect(QRectF(rect))} lies past its "
+                                        f"{type(parent).__name__} {_rect(QRectF(bounds))}"))
+                break
+            child, parent = parent, parent.parentWidget()
+    return problems
+
+
+def _first_line_cut(edit: QTextEdit | QPlainTextEdit) -> float:
+    """How many pixels of the text's first visible line are scrolled out of sight above (0: it shows whole)."""
+    top = edit.verticalScrollBar().value()
+    document = edit.document()
+    if isinstance(edit, QPlainTextEdit):  # it scrolls by lines
+        return 0.0
+    block = document.begin()
+    while block.isValid():
+        y = document.documentLayout().blockBoundingRect(block).top()
+        layout = block.layout()
+        for i in range(layout.lineCount()):
+            line = layout.lineAt(i)
+            start = y + line.y()
+            if start <= top < start + line.height():
+                return top - start
+        block = block.next()
+    return 0.0
+
+
+def _text_edit_problems(view_name: str, view: QWidget) -> list[Problem]:
+    problems = []
+    for edit in [*view.findChildren(QTextEdit), *view.findChildren(QPlainTextEdit)]:
+        if not edit.isVisibleTo(view) or not edit.toPlainText().strip():
+            continue
+        cut = _first_line_cut(edit)
+        if cut > TOLERANCE:
+            problems.append(Problem(f"{view_name} {type(edit).__name__}", edit.toPlainText(),
+                                    f"opens scrolled to {edit.verticalScrollBar().value()} of "
+                                    f"{edit.verticalScrollBar().maximum()}, its first line {cut:.0f} px cut"))
+    return problems
+
+
+def edge_problems(view_name: str, view: QWidget, allow_scroll: bool) -> list[Problem]:
+    """Every text of ``view`` that is not shown whole, and why."""
+    problems = _widget_problems(view_name, view, allow_scroll) + _text_edit_problems(view_name, view)
+    for graphics in view.findChildren(pg.GraphicsView):
+        if graphics.isVisibleTo(view):
+            problems += _plot_problems(view_name, graphics)
+    return problems
+
+
+# --- the runs, the window ----------------------------------------------------------------------------------------
+
+# Outputs longer than their panes where the view shows them in small panes (a finished pane must open at its top).
+LONG_RUNS = {"compare": 160, "quant": 160}
+
+
+def view_settings(name: str) -> RunSettings:
+    return settings_from_pane(RunSettings(prompt=PROMPT, chat=False, max_new_tokens=LONG_RUNS.get(name, 40)),
+                              VIEW_RUNS[name])
+
+
+@pytest.fixture(scope="module")
+def edge_lm():
+    from playground.tiny_models import build_tiny_lm
+
+    return build_tiny_lm(seed=0, max_positions=4096)
+
+
+def show_live_run(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened: str = "during") -> MainWindow:
+    """The window at ``size`` after a run of view ``name``'s strategy, generated live (the worker streams it in
+    batches, as a user sees it), with that view's dock in front during the run (``opened`` "during") or behind
+    another one until the run has ended ("after": first shown then)."""
+    store = QSettings(str(tmp_path / f"{name}-{size[0]}.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(run_settings=view_settings(name), store=store)
+    qtbot.addWidget(w)
+    w.resize(*size)
+    w.show()
+    w.set_model(lm)
+    settings = view_settings(name)
+    w.set_run_settings(settings)
+    assert w.current_settings() == settings
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    if opened == "after":  # the window brought the run's view to the front: another tab over it
+        w.docks[next(other for other in w.docks if other != name)].raise_()
+    qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+    w.docks[name].show()
+    w.docks[name].raise_()
+    for _ in range(5):  # let layouts and the plots settle
+        QApplication.processEvents()
+    w.views[name].grab()  # painted: text items take their place on the screen when drawn
+    return w
+
+
+def test_every_registered_view_has_a_run():
+    assert set(VIEW_RUNS) == {cls.name for cls in view_classes()}
+
+
+@pytest.mark.parametrize("opened", ["during", "after"], ids=["opened-during-the-run", "opened-after-it"])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+@pytest.mark.parametrize("name", list(VIEW_RUNS))
+def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, name, size, opened):
+    w = show_live_run(qtbot, tmp_path, edge_lm, name, size, opened)
+    view = w.views[name]
+    assert view.isVisible() and w.docks[name].pages.currentWidget() is view
+    run = w.session.selected
+    assert run is not None and run.error is None and run.finished is not None
+    assert w.size() == QSize(*size), f"the {name} view needs more than a {size[0]} x {size[1]} window"
+    problems = edge_problems(name, view, allow_scroll=size != DEFAULT_SIZE)
+    assert not problems, "\n".join(str(p) for p in problems)
+
+
+@pytest.mark.parametrize("name", sorted(LONG_RUNS))
+def test_a_view_first_shown_after_its_run_opens_its_texts_at_their_first_line(qtbot, edge_lm, name):
+    """A dock opened after the run (the view drawn while hidden, then shown): its panes start at their first
+    line. (A text edit scrolls to its own cursor when first shown, and appending had left that at the end.)"""
+    view = next(cls for cls in view_classes() if cls.name == name)()
+    qtbot.addWidget(view)
+    view.resize(1164, 674)
+    view.show_run(Run.from_events(list(run_strategy(edge_lm, view_settings(name)))))
+    view.show()
+    QApplication.processEvents()
+    view.grab()
+    edits = [e for e in view.findChildren(QTextEdit) if e.isVisible() and e.verticalScrollBar().maximum() > 0]
+    assert edits, "no pane holds more than it shows: the run is too short to test this"
+    problems = _text_edit_problems(name, view)
+    assert not problems, "\n".join(str(p) for p in problems)
+    assert all(e.verticalScrollBar().value() == 0 for e in edits)
