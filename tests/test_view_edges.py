@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import QPoint, QRect, QRectF, QSettings, QSize, Qt
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QAbstractButton,
     QApplication,
@@ -38,6 +39,7 @@ RUN_TIMEOUT_MS = 60000
 DEFAULT_SIZE = (1500, 950)  # the window's own default (and `playground shot`'s)
 SMALL_SIZE = (1280, 800)
 SIZES = (DEFAULT_SIZE, SMALL_SIZE)
+DEFAULT_VIEW_SIZE = (1164, 674)  # a view's dock in the default window
 TOLERANCE = 1.0  # px: rounding of layouts and text metrics
 
 # The run each view shows: the strategy (with the options that fill every panel) whose events it draws.
@@ -306,7 +308,7 @@ def test_a_view_first_shown_after_its_run_opens_its_texts_at_their_first_line(qt
     line. (A text edit scrolls to its own cursor when first shown, and appending had left that at the end.)"""
     view = next(cls for cls in view_classes() if cls.name == name)()
     qtbot.addWidget(view)
-    view.resize(1164, 674)
+    view.resize(*DEFAULT_VIEW_SIZE)
     view.show_run(Run.from_events(list(run_strategy(edge_lm, view_settings(name)))))
     view.show()
     QApplication.processEvents()
@@ -316,3 +318,96 @@ def test_a_view_first_shown_after_its_run_opens_its_texts_at_their_first_line(qt
     problems = _text_edit_problems(name, view)
     assert not problems, "\n".join(str(p) for p in problems)
     assert all(e.verticalScrollBar().value() == 0 for e in edits)
+
+
+# --- long outputs append in constant time ------------------------------------------------------------------------
+
+# Long runs whose outputs are one paragraph or a few long ones (the worst case for a text layout).
+LONG_TEXT_RUNS = {
+    "speculative": "speculative --draft prompt-lookup --draft-k 4 --prompt-lookup-ngram 1 --baseline-tokens 0",
+    "cascade": "cascade --cheap layers --cheap-layers 1 --cascade-threshold 0.2 --no-cascade-compare",
+}
+
+
+def _mark_texts(text) -> list[str]:
+    """Each drawn mark's text as the document holds it, block breaks left out (a split is layout only)."""
+    out = []
+    for start, end in zip(text.starts, text.ends, strict=True):
+        cursor = QTextCursor(text.document())
+        cursor.setPosition(start)
+        cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+        out.append(cursor.selectedText().replace("\u2029", ""))
+    return out
+
+
+@pytest.fixture(scope="module")
+def long_text_events(edge_lm) -> dict[str, list]:
+    out = {}
+    for name, spec in LONG_TEXT_RUNS.items():
+        settings = settings_from_pane(RunSettings(prompt=PROMPT, chat=False, max_new_tokens=400), spec)
+        out[name] = list(run_strategy(edge_lm, settings))
+    return out
+
+
+@pytest.mark.parametrize("name", list(LONG_TEXT_RUNS))
+def test_long_outputs_append_in_constant_time(qtbot, monkeypatch, long_text_events, name):
+    """Streamed a few events at a time, as the window feeds a live run: every refresh adds to the document only
+    the new marks' text (and a block break where a paragraph was split), never rewrites it, and the paragraph being
+    written (the one Qt lays out again on each insertion) stays a few lines long, however long the output. The
+    marks' ranges still hold their text, as a whole-run draw has it."""
+    from playground.ui.token_view import SPLIT_LINES
+
+    events = long_text_events[name]
+    view = next(cls for cls in view_classes() if cls.name == name)()
+    qtbot.addWidget(view)
+    view.resize(*DEFAULT_VIEW_SIZE)
+    view.show()
+    text = view.text
+    rewrites = []
+    monkeypatch.setattr(text, "clear", lambda: rewrites.append(1) or type(text).clear(text))
+    view.reset()
+    rewrites.clear()
+    run = Run(index=0, settings=settings_from_pane(RunSettings(prompt=PROMPT, chat=False, max_new_tokens=400),
+                                                  LONG_TEXT_RUNS[name]))
+    document = text.document()
+    changes: list[tuple[int, int, int]] = []  # (position, removed, added) of every edit of the document
+    document.contentsChange.connect(lambda position, removed, added: changes.append((position, removed, added)))
+    splits = 0
+    run.apply(events[0])  # the start: a view resets on it
+    view.apply(run, events[:1])
+    view.flush()
+    rewrites.clear()
+    for start in range(1, len(events), 4):
+        chunk = events[start : start + 4]
+        for event in chunk:
+            run.apply(event)
+        changes.clear()
+        before_chars, before_blocks = document.characterCount(), document.blockCount()
+        paragraph = document.lastBlock().position()  # where the paragraph being written starts
+        view.apply(run, chunk)
+        view.flush()
+        added = sum(a for _, _, a in changes)
+        assert all(removed == 0 for _, removed, _ in changes), f"refresh at event {start} removed text"
+        assert all(position >= paragraph for position, _, _ in changes), \
+            f"refresh at event {start} edited text above the paragraph being written"
+        assert document.characterCount() - before_chars == added  # the new text and its block breaks only
+        splits += document.blockCount() - before_blocks
+        assert document.lastBlock().layout().lineCount() <= SPLIT_LINES, "the paragraph being written grows"
+    if run.finished is not None:
+        view.end(run)
+    assert not rewrites, "the text was rewritten while the run streamed"
+    assert text.drawn > 300 and splits > 0, "the run is too short to test this"
+    whole = next(cls for cls in view_classes() if cls.name == name)()
+    qtbot.addWidget(whole)
+    whole.resize(*DEFAULT_VIEW_SIZE)
+    whole.show()
+    whole.show_run(Run.from_events(events))
+    assert _mark_texts(text) == _mark_texts(whole.text)
+    assert text.toPlainText().replace("\n", "") == whole.text.toPlainText().replace("\n", "")
+    # A narrower dock: the text is laid out again for the new width once the resize settles, marks intact.
+    width = text.document().textWidth()
+    view.resize(DEFAULT_VIEW_SIZE[0] - 400, DEFAULT_VIEW_SIZE[1])
+    qtbot.waitUntil(lambda: text.document().textWidth() != width and text._split_width in
+                    (None, text.document().textWidth()), timeout=3000)
+    assert _mark_texts(text) == _mark_texts(whole.text)
+    assert document.lastBlock().layout().lineCount() <= SPLIT_LINES

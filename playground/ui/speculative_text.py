@@ -3,21 +3,23 @@ what the target said about it (accepted, rejected and struck through, or the tar
 view shares.
 
 Marks are appended once (a widget per token would crawl on long outputs); each mark's character range is recorded
-so hover and click find the mark under the mouse. Hidden rejected drafts keep an empty range.
+so hover and click find the mark under the mouse. Hidden rejected drafts keep an empty range. The paragraph being
+written is kept to a few lines as the token view keeps its own (``MarkedTextEdit``), so an append costs what is new,
+not the output's length.
 """
 
 from __future__ import annotations
 
-import bisect
 import html
 
-from PySide6.QtCore import QPoint, QPointF, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QMouseEvent, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
 from playground.state import flowing_token_text, visible_token_text
 from playground.state.speculative import ACCEPTED, FORCED, REJECTED, TARGET, Mark, SpeculativeState
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, mono_font
+from playground.ui.token_view import MarkedTextEdit
 
 # One colour per meaning, everywhere in this view (Paul Tol's colour-blind-safe "vibrant" set): text, bars, labels.
 ACCEPTED_COLOR = "#009988"  # teal: a drafted token the target kept
@@ -41,7 +43,7 @@ def swatch(kind: str, text: str) -> str:
     return f"<span style='{style}'>&nbsp;{text}&nbsp;</span>"
 
 
-class MarkedText(QTextEdit):
+class MarkedText(MarkedTextEdit):
     """The output with every drafted and target token marked; knows which mark is under the mouse."""
 
     mark_clicked = Signal(int)  # index into the state's marks
@@ -54,9 +56,8 @@ class MarkedText(QTextEdit):
         self.setMouseTracking(True)
         self.viewport().setMouseTracking(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.NoTextInteraction)
-        self.starts: list[int] = []  # document position of each drawn mark (hidden ones: an empty range)
-        self.ends: list[int] = []
         self.show_rejected = True
+        self._band: tuple[int, int] = (0, 0)  # the marks ``mark_range`` banded
         self._formats = {kind: self._format(kind) for kind in KIND_COLORS}
 
     @staticmethod
@@ -70,14 +71,11 @@ class MarkedText(QTextEdit):
             fmt.setFontWeight(700)
         return fmt
 
-    def clear_marks(self) -> None:
-        self.clear()
-        self.starts.clear()
-        self.ends.clear()
-
-    @property
-    def drawn(self) -> int:
-        return len(self.starts)
+    def redraw(self) -> None:
+        drawn, band = self.drawn, self._band
+        self.clear_marks()
+        self.append_marks(self.state.marks[:drawn])
+        self.mark_range(*band)
 
     def append_marks(self, marks: list[Mark]) -> None:
         cursor = QTextCursor(self.document())
@@ -91,12 +89,14 @@ class MarkedText(QTextEdit):
             if mark.kind != REJECTED or self.show_rejected:
                 cursor.insertText(text, self._formats[mark.kind])
             self.ends.append(cursor.position())
+        self.split_paragraph()
         bar = self.verticalScrollBar()
         if bar.value() >= bar.maximum() - 40:  # follow the stream unless the user scrolled up
             bar.setValue(bar.maximum())
 
     def mark_range(self, first: int, end: int) -> None:
         """Band the marks ``first`` to ``end`` (a round) with the view's "selected" colour."""
+        self._band = (first, end)
         if not 0 <= first < end <= self.drawn or self.starts[first] == self.ends[end - 1]:
             self.setExtraSelections([])
             return
@@ -116,15 +116,6 @@ class MarkedText(QTextEdit):
         if not self.viewport().rect().contains(self.cursorRect(probe)):
             self.setTextCursor(probe)
             self.ensureCursorVisible()
-
-    def mark_at(self, point: QPoint) -> int | None:
-        doc_point = QPointF(point.x() + self.horizontalScrollBar().value(),
-                            point.y() + self.verticalScrollBar().value())
-        position = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
-        index = bisect.bisect_right(self.starts, position) - 1
-        if 0 <= index < self.drawn and position < self.ends[index]:
-            return index
-        return None
 
     def mousePressEvent(self, event: QMouseEvent) -> None:
         index = self.mark_at(event.position().toPoint())

@@ -85,6 +85,86 @@ def split_wrapped_paragraph(document: QTextDocument, floor: int = 0) -> int | No
     cursor.insertBlock()
     return split
 
+
+def shift_ranges(starts: list[int], ends: list[int], split: int) -> None:
+    """Move the recorded character ranges past ``split`` by the block break inserted there (a range that spans it
+    keeps its start and grows by the break)."""
+    for i in range(bisect.bisect_right(ends, split), len(starts)):
+        if starts[i] >= split:
+            starts[i] += 1
+        ends[i] += 1
+
+
+class MarkedTextEdit(QTextEdit):
+    """A read-only text of marks appended at its end, each mark's character range recorded (``starts``, ``ends``)
+    so the mark under the mouse can be found. Its paragraph being written is kept short as the token view keeps its
+    own (``split_paragraph`` after each append: work per append proportional to what is new, not to the output);
+    when the width changes, the text is drawn again by ``redraw`` once the resize settles (lines split for the old
+    width would end early or wrap twice), keeping the end or the top mark in view."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.starts: list[int] = []  # document position of each drawn mark (an empty range for a hidden one)
+        self.ends: list[int] = []
+        self._split_width: float | None = None  # the text width the splits were made for (None: no splits)
+        self._view_before_relayout: tuple[bool, int | None] = (True, None)  # following the end; top mark
+        self._relayout_timer = QTimer(self)
+        self._relayout_timer.setSingleShot(True)
+        self._relayout_timer.setInterval(RELAYOUT_MS)
+        self._relayout_timer.timeout.connect(self._relayout)
+
+    @property
+    def drawn(self) -> int:
+        return len(self.starts)
+
+    def clear_marks(self) -> None:
+        self.clear()
+        self.starts.clear()
+        self.ends.clear()
+        self._split_width = None
+
+    def split_paragraph(self) -> None:
+        """After an append: split the paragraph being written once it is SPLIT_LINES lines long."""
+        split = split_wrapped_paragraph(self.document())
+        if split is not None:
+            shift_ranges(self.starts, self.ends, split)
+            self._split_width = self.document().textWidth()
+
+    def redraw(self) -> None:
+        """Draw every drawn mark again from scratch (after a change of width)."""
+        raise NotImplementedError
+
+    def mark_at(self, point: QPoint) -> int | None:
+        doc_point = QPointF(point.x() + self.horizontalScrollBar().value(),
+                            point.y() + self.verticalScrollBar().value())
+        position = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
+        index = bisect.bisect_right(self.starts, position) - 1
+        if 0 <= index < self.drawn and position < self.ends[index]:
+            return index
+        return None
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        if self._split_width is not None and not self._relayout_timer.isActive():
+            bar = self.verticalScrollBar()  # where the reader was, before the new width moves the lines
+            top = bisect.bisect_right(self.starts, self.cursorForPosition(QPoint(4, 4)).position()) - 1
+            self._view_before_relayout = (bar.value() >= bar.maximum() - 40, top if top >= 0 else None)
+        super().resizeEvent(event)
+        if self._split_width is not None and self.document().textWidth() != self._split_width:
+            self._relayout_timer.start()
+
+    def _relayout(self) -> None:
+        if self._split_width is None or self.document().textWidth() == self._split_width:
+            return
+        at_end, top = self._view_before_relayout
+        self.redraw()
+        bar = self.verticalScrollBar()
+        if at_end:
+            bar.setValue(bar.maximum())
+        elif top is not None and top < self.drawn:
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(self.starts[top])
+            bar.setValue(bar.value() + self.cursorRect(cursor).top())
+
 # Which number shades a token; the legend says which one is in use.
 SHADE_RAW = "raw"
 SHADE_PROCESSED = "processed"
@@ -293,10 +373,7 @@ class TokenTextEdit(QTextEdit):
         split = split_wrapped_paragraph(self.document(), self._prompt_end)
         if split is None:
             return
-        for i in range(bisect.bisect_right(self._ends, split), len(self._starts)):  # the tokens it moved
-            if self._starts[i] >= split:
-                self._starts[i] += 1
-            self._ends[i] += 1
+        shift_ranges(self._starts, self._ends, split)  # the tokens it moved
         self._split_width = self.document().textWidth()
 
     def resizeEvent(self, event: QResizeEvent) -> None:

@@ -16,21 +16,21 @@ per-response verdict restyles the cheap response), the strip's items are built o
 
 from __future__ import annotations
 
-import bisect
 import html
 import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QColor, QMouseEvent, QPainter, QPixmap, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSplitter, QTextEdit, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeStep
 from playground.state import Run, flowing_token_text, visible_token_text
 from playground.state.cascade import DISCARDED, CascadeState, Mark
 from playground.ui.style import format_percent, mono_font, rich_label
+from playground.ui.token_view import MarkedTextEdit
 from playground.ui.views import register_view
 from playground.ui.views.base import View
 from playground.ui.views.drawing import ThrottledDraw, static_plot
@@ -84,7 +84,7 @@ def mark_tooltip(state: CascadeState, mark: Mark) -> str:
     return "<br>".join(rows)
 
 
-class CascadeText(QTextEdit):
+class CascadeText(MarkedTextEdit):
     """The output with every token coloured by the model that produced it; knows which token is under the mouse."""
 
     def __init__(self, state: CascadeState, parent: QWidget | None = None) -> None:
@@ -95,8 +95,6 @@ class CascadeText(QTextEdit):
         self.setMouseTracking(True)
         self.viewport().setMouseTracking(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.NoTextInteraction)
-        self.starts: list[int] = []  # document position of each drawn mark
-        self.ends: list[int] = []
         self.restyled = 0  # the state's ``restyled`` when the text was last drawn from scratch
         self._formats = {kind: self._format(kind) for kind in COLORS}
         self._escalation = QTextCharFormat()
@@ -114,14 +112,10 @@ class CascadeText(QTextEdit):
             fmt.setFontWeight(700)
         return fmt
 
-    @property
-    def drawn(self) -> int:
-        return len(self.starts)
-
-    def clear_marks(self) -> None:
-        self.clear()
-        self.starts.clear()
-        self.ends.clear()
+    def redraw(self) -> None:
+        drawn = self.drawn
+        self.clear_marks()
+        self.append_marks(self.state.marks[:drawn], None)
 
     def follow(self) -> None:
         """Draw the marks the state has and this text does not (all of them after a restyle)."""
@@ -147,18 +141,10 @@ class CascadeText(QTextEdit):
             cursor.insertText(text, self._formats[mark.kind])
             self.ends.append(cursor.position())
             previous = mark
+        self.split_paragraph()  # the paragraph being written stays short: an append costs what is new
         bar = self.verticalScrollBar()
         if bar.value() >= bar.maximum() - 40:  # follow the stream unless the user scrolled up
             bar.setValue(bar.maximum())
-
-    def mark_at(self, point: QPoint) -> int | None:
-        doc_point = QPointF(point.x() + self.horizontalScrollBar().value(),
-                            point.y() + self.verticalScrollBar().value())
-        position = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
-        index = bisect.bisect_right(self.starts, position) - 1
-        if 0 <= index < self.drawn and position < self.ends[index]:
-            return index
-        return None
 
     def mark_rect(self, index: int):
         cursor = QTextCursor(self.document())
