@@ -12,30 +12,15 @@ close, and the window never asks which kind it holds.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
+from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import (
-    QDockWidget,
-    QFileDialog,
-    QHBoxLayout,
-    QLabel,
-    QMainWindow,
-    QPlainTextEdit,
-    QPushButton,
-    QScrollArea,
-    QSizePolicy,
-    QStackedWidget,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QPlainTextEdit, QPushButton
 
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.config.plugins import load_capabilities
@@ -43,52 +28,28 @@ from playground.events import PrefillProgress, RunFinished, RunStarted
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
 from playground.state import Branch, Run, Session
+from playground.ui import window_layout, window_state
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
 from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
+from playground.ui.presets_menu import add_presets_menu, show_preset
 from playground.ui.runs_list import RunsList
 from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
-from playground.ui.views import view_classes
-from playground.ui.views.base import View, needs_local_model_text
+from playground.ui.views.base import View
+from playground.ui.window_layout import ViewDock
+from playground.ui.window_menus import add_file_menu, add_view_menu
 from playground.ui.worker import GeneratorJob, JobBody
+
+__all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
 # Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
 # finishes in the background and the process exits without waiting for it, see ``app.launch``).
 CLOSE_GRACE_MS = 150
-STATE_VERSION = 2  # bump when the docks change so an old saved layout is not applied to a new window
 
 ORPHAN_JOBS: list[GeneratorJob] = []  # jobs of closed windows, kept alive until their thread ends
-
-
-class ViewDock(QDockWidget):
-    """A view in a dock, with a message in its place when the shown run has nothing for it."""
-
-    def __init__(self, view: View, parent: QWidget) -> None:
-        super().__init__(view.title, parent)
-        self.view = view
-        self.setObjectName(f"view-{view.name}")  # saveState/restoreState find docks by name
-        self.empty = QLabel(view.empty_text(None))
-        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.empty.setWordWrap(True)
-        self.pages = QStackedWidget()
-        self.pages.addWidget(view)
-        self.pages.addWidget(self.empty)
-        self.pages.setCurrentWidget(view)  # before any run: the view, empty
-        self.setWidget(self.pages)
-
-    def show_view(self, shown: bool, run: Run | None) -> None:
-        if not shown:
-            # A server's run: every view it cannot feed says so, whatever its own empty text.
-            self.empty.setText(needs_local_model_text(self.view, run) or self.view.empty_text(run))
-        self.pages.setCurrentWidget(self.view if shown else self.empty)
-
-    def show_failure(self, message: str) -> None:
-        """The view raised while drawing: say so in its place (the window and the other views go on)."""
-        self.empty.setText(message)
-        self.pages.setCurrentWidget(self.empty)
 
 
 class MainWindow(QMainWindow):
@@ -100,7 +61,7 @@ class MainWindow(QMainWindow):
         configure_pyqtgraph()
         self.setWindowTitle("Decoding Playground")
         self.store = store or QSettings("decoding-playground", "playground")
-        run_settings = run_settings or self._last_settings() or RunSettings()
+        run_settings = run_settings or window_state.last_run_settings(self.store) or RunSettings()
         self.model_spec = model_settings or ModelSettings()
         self.session = Session()
         self.source: ModelSource | None = None  # a model loaded here, or one on a server
@@ -129,12 +90,8 @@ class MainWindow(QMainWindow):
         self.runs_list = RunsList()
         self.status = RunStatusBar()
         self.setStatusBar(self.status)
-        self.views: dict[str, View] = {}
-        self.docks: dict[str, ViewDock] = {}
-        for cls in view_classes():
-            view = cls(self)
-            self.views[cls.name] = view
-            self.docks[cls.name] = ViewDock(view, self)
+        self.views, self.docks = window_layout.view_docks(self)
+        for view in self.views.values():
             view.branch_requested.connect(self.branch)
 
         self._build_layout()
@@ -151,131 +108,34 @@ class MainWindow(QMainWindow):
         self.runs_list.run_selected.connect(self.select_run)
         self._update_buttons()
 
-    # --- layout -------------------------------------------------------------------------------------------
+    # --- layout (playground.ui.window_layout, window_state) -----------------------------------------------
     def _build_layout(self) -> None:
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.generate_button)
-        buttons.addWidget(self.stop_button)
-        buttons.addStretch(1)
-        prompt_row = QHBoxLayout()
-        prompt_row.addWidget(self.prompt, 1)
-        prompt_row.addLayout(buttons)
-        top = QWidget()
-        top_layout = QVBoxLayout(top)
-        top_layout.setContentsMargins(4, 4, 4, 0)
-        top_layout.addWidget(self.banner)
-        top_layout.addLayout(prompt_row)
-        top.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
-        self.setCentralWidget(top)
-        self.setDockNestingEnabled(True)
-        self.setCorner(Qt.Corner.TopLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
-
-        left = QWidget()
-        left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(4, 4, 4, 4)
-        left_layout.addWidget(self.picker)
-        left_layout.addWidget(self.controls, 1)
-        scroll = QScrollArea()
-        scroll.setWidget(left)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(330)
-        self.settings_dock = self._dock("Settings", "settings", scroll)
-        runs = QWidget()
-        runs_layout = QVBoxLayout(runs)
-        runs_layout.setContentsMargins(4, 0, 4, 0)
-        runs_layout.addWidget(QLabel("Click a run to view it again; branches and opened runs come back here"))
-        runs_layout.addWidget(self.runs_list)
-        self.runs_dock = self._dock("Runs", "runs", runs)
-        self._default_layout()
-        self._default_state = self.saveState(STATE_VERSION)
-        geometry, state = self.store.value("window/geometry"), self.store.value("window/state")
-        if isinstance(geometry, QByteArray):
-            self.restoreGeometry(geometry)
-        if isinstance(state, QByteArray):
-            self.restoreState(state, STATE_VERSION)
-
-    def _dock(self, title: str, name: str, widget: QWidget) -> QDockWidget:
-        dock = QDockWidget(title, self)
-        dock.setObjectName(name)
-        dock.setWidget(widget)
-        return dock
-
-    def _default_layout(self) -> None:
-        """Settings on the left; the views as tabs below the prompt (the one that applies comes to the front);
-        runs at the bottom. ``views_side_by_side`` puts every open view next to the others."""
-        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, self.settings_dock)
-        docks = list(self.docks.values())
-        for dock in docks:
-            dock.setFloating(False)
-            dock.show()
-        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.runs_dock)
-        if docks:
-            self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, docks[0])
-            self.splitDockWidget(docks[0], self.runs_dock, Qt.Orientation.Vertical)
-            for other in docks[1:]:
-                self.tabifyDockWidget(docks[0], other)
-            docks[0].raise_()
-            self.resizeDocks([docks[0], self.runs_dock], [700, 110], Qt.Orientation.Vertical)
-        self.settings_dock.show()
-        self.runs_dock.show()
+        centre = window_layout.prompt_area(self.banner, self.prompt, self.generate_button, self.stop_button)
+        window_layout.prepare_docking(self, centre)
+        self.settings_dock = window_layout.titled_dock(self, "Settings", "settings",
+                                                       window_layout.settings_panel(self.picker, self.controls))
+        self.runs_dock = window_layout.titled_dock(self, "Runs", "runs", window_layout.runs_panel(self.runs_list))
+        window_layout.arrange_default(self, self.settings_dock, list(self.docks.values()), self.runs_dock)
+        self._default_state = window_state.dock_state(self)
+        window_state.restore_window_state(self, self.store)
 
     def views_side_by_side(self) -> None:
         """Every open view dock next to the others, left to right, sharing the width."""
-        docks = [d for d in self.docks.values() if d.isVisible() or not d.isHidden()]
-        if len(docks) < 2:
-            return
-        for dock in docks:
-            dock.setFloating(False)
-        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, docks[0])
-        for left, right in itertools.pairwise(docks):
-            self.splitDockWidget(left, right, Qt.Orientation.Horizontal)
-        self.resizeDocks(docks, [1000] * len(docks), Qt.Orientation.Horizontal)
+        window_layout.arrange_side_by_side(self, list(self.docks.values()))
 
     def reset_layout(self) -> None:
-        self.restoreState(self._default_state, STATE_VERSION)
+        window_state.restore_dock_state(self, self._default_state)
 
     def _build_menus(self) -> None:
-        from playground.presets import all_presets
+        self.open_action, self.save_action = add_file_menu(
+            self.menuBar(), self.views.values(), self.open_run_dialog, self.save_run_dialog,
+            self.export_view_dialog, self.close)
+        add_presets_menu(self.menuBar(), lambda name: self.apply_preset(name, run=True), self.banner)
+        docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
+        self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
+                                                          self.reset_layout)
 
-        file_menu = self.menuBar().addMenu("&File")
-        self.open_action = file_menu.addAction("&Open run…", QKeySequence.StandardKey.Open, self.open_run_dialog)
-        self.save_action = file_menu.addAction("&Save run…", QKeySequence.StandardKey.Save, self.save_run_dialog)
-        export = file_menu.addMenu("&Export view")
-        for view in self.views.values():
-            export.addAction(f"{view.title}…", lambda v=view: self.export_view_dialog(v))
-        file_menu.addSeparator()
-        file_menu.addAction("&Quit", QKeySequence.StandardKey.Quit, self.close)
-        presets_menu = self.menuBar().addMenu("&Presets")
-        try:
-            presets = all_presets()
-        except ConfigError as error:
-            presets = []
-            self.banner.show_error(str(error))
-        for preset in presets:
-            action = presets_menu.addAction(preset.title, lambda name=preset.name: self.apply_preset(name, run=True))
-            action.setToolTip(preset.description)
-            action.setStatusTip(preset.description)
-        presets_menu.setToolTipsVisible(True)
-        view_menu = self.menuBar().addMenu("&View")
-        for dock in (*self.docks.values(), self.settings_dock, self.runs_dock):
-            view_menu.addAction(dock.toggleViewAction())
-        view_menu.addSeparator()
-        view_menu.addAction("Views &side by side", self.views_side_by_side)
-        self.reset_layout_action: QAction = view_menu.addAction("&Reset layout", self.reset_layout)
-
-    # --- settings that persist ----------------------------------------------------------------------------
-    def _last_settings(self) -> RunSettings | None:
-        text = self.store.value("run/last")
-        if not isinstance(text, str):
-            return None
-        try:
-            settings, _unknown = RunSettings.from_plain_dict(json.loads(text))
-            return settings.replace(forced_token_ids=()).validate()
-        except (ValueError, TypeError):
-            return None  # settings from another version: start from the defaults
-
+    # --- the settings form and presets (playground.ui.presets_menu) ---------------------------------------
     def current_settings(self) -> RunSettings:
         return self.controls.run_settings(self.prompt.toPlainText())
 
@@ -283,28 +143,10 @@ class MainWindow(QMainWindow):
         self.prompt.setPlainText(settings.prompt)
         self.controls.set_run_settings(settings)
 
-    def _save_window_state(self) -> None:
-        self.store.setValue("window/geometry", self.saveGeometry())
-        self.store.setValue("window/state", self.saveState(STATE_VERSION))
-        self.store.setValue("run/last", json.dumps(self.current_settings().as_plain_dict()))
-        self.store.sync()
-
-    # --- presets ------------------------------------------------------------------------------------------
     def apply_preset(self, name: str, run: bool = False) -> None:
         """Put a preset's prompt and settings in the form, show its view, and (``run``) generate."""
-        from playground.presets import load_preset
-
-        try:
-            preset = load_preset(name)
-        except ConfigError as error:
-            self.banner.show_error(str(error))
-            return
-        self.set_run_settings(preset.settings)
-        if preset.view in self.docks:
-            self.docks[preset.view].show()
-            self.docks[preset.view].raise_()
-        self.status.showMessage(f"Preset: {preset.title} — {preset.description}", 15000)
-        if run and self.has_model and not self.busy:
+        if show_preset(name, self.set_run_settings, self.docks, self.banner, self.status) \
+                and run and self.has_model and not self.busy:
             self.generate()
 
     # --- model --------------------------------------------------------------------------------------------
@@ -746,7 +588,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         """Close now, whatever runs: a run or fetch is told to stop; a job that does not end within a moment
         (a model load cannot be interrupted) is left to finish in the background, detached from the window."""
-        self._save_window_state()
+        window_state.save_window_state(self, self.store, self.current_settings())
         job = self.job
         if job is not None and job.is_running():
             self._pending.clear()
