@@ -12,19 +12,17 @@ close, and the window never asks which kind it holds.
 from __future__ import annotations
 
 import dataclasses
-import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QPlainTextEdit, QPushButton
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QPlainTextEdit, QPushButton
 
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.config.plugins import load_capabilities
-from playground.events import PrefillProgress, RunFinished, RunStarted
+from playground.events import PrefillProgress
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
 from playground.state import Branch, Run, Session
@@ -34,7 +32,9 @@ from playground.ui.controls import RunControls
 from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
 from playground.ui.presets_menu import add_presets_menu, show_preset
+from playground.ui.run_views import RunViews
 from playground.ui.runs_list import RunsList
+from playground.ui.saved_runs import SavedRuns
 from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
@@ -70,9 +70,6 @@ class MainWindow(QMainWindow):
         # A branch asked for while a run was live: settings, the branch, and what the source needs to continue it.
         self._pending: list[tuple[RunSettings, Branch | None, Any]] = []
         self._running_run: Run | None = None  # the run the current job decodes
-        self._shown: set[str] = set()  # names of the views that show the selected run
-        self.view_failures: dict[tuple[str, str], int] = {}  # (view, method) -> times it raised (logged once)
-        self._kinds_seen = 0  # step event kinds the selected run had when its views were chosen
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -93,6 +90,9 @@ class MainWindow(QMainWindow):
         self.views, self.docks = window_layout.view_docks(self)
         for view in self.views.values():
             view.branch_requested.connect(self.branch)
+        self.run_views = RunViews(self.views, self.docks, self.status)
+        self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
+        self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)
 
         self._build_layout()
         self._build_menus()
@@ -285,9 +285,7 @@ class MainWindow(QMainWindow):
         self.banner.hide()
         run = self.session.start_run(settings, branch)
         self._running_run = run
-        self.runs_list.update_run(run)
-        self.runs_list.mark_selected(run.index)
-        self._show_selected(run)
+        self._list_and_show(run)
 
         def body(should_stop, progress) -> Iterator[Any]:
             return source.run(settings, should_stop, progress, plan)
@@ -336,131 +334,40 @@ class MainWindow(QMainWindow):
         self._show_selected(run)
         self.status.show_run(run)
 
-    def _show_selected(self, run: Run) -> None:
-        """Every view that applies to ``run`` shows it; the others say why they are empty."""
-        self._shown = set()
-        self._kinds_seen = len(run.step_kinds)
-        for name, view in self.views.items():
-            shown = view.applies_to(run)
-            self.docks[name].show_view(shown, run)
-            if shown:
-                self._shown.add(name)
-                self._call_view(name, "show_run", run)
-            else:
-                self._call_view(name, "reset")
-        front = self._front_view(run)
-        if front is not None:
-            self.docks[front].raise_()  # bring it to the front when tabbed behind another
-        self.status.show_run(run)
-
-    def _front_view(self, run: Run) -> str | None:
-        """The view for what the run's strategy yields first (its most telling events), else the first that applies."""
-        from playground.config.catalog import STRATEGIES
-
-        asked = [name for name in self.views if name in self._shown and self.views[name].wants_front(run)]
-        if asked:
-            return asked[0]
-        strategy = STRATEGIES.get(run.settings.strategy)
-        kinds = strategy.step_events[:1] if strategy is not None else ()
-        for kind in kinds:
-            for name in self._shown:
-                if issubclass(kind, self.views[name].consumes):
-                    return name
-        return next((name for name in self.views if name in self._shown), None)
-
-    def _call_view(self, name: str, method: str, *args: Any) -> bool:
-        """View ``name``'s ``method`` (reset, show_run, apply, flush, end); True if it returned.
-
-        A view that raises must not take the window with it (a run that never starts, a Generate that does
-        nothing): its traceback goes to stderr (once per view and method), its dock says what failed, it is left
-        out until the next run is shown, and everything else goes on."""
-        try:
-            getattr(self.views[name], method)(*args)
-            return True
-        except Exception as error:
-            key = (name, method)
-            self.view_failures[key] = self.view_failures.get(key, 0) + 1
-            if self.view_failures[key] == 1:
-                print(f"playground: the {name} view raised in {method}(); the window goes on without it:",
-                      file=sys.stderr)
-                traceback.print_exc(file=sys.stderr)
-            self._shown.discard(name)
-            view = self.views[name]
-            message = f"{type(error).__name__}: {error}".splitlines()[0]
-            what = "clear itself" if method == "reset" else "draw this run"
-            self.docks[name].show_failure(
-                f"The {view.title.lower()} failed to {what} ({message}); the other views and the run go on. "
-                "Details are in the terminal; select the run again to retry.")
-            self.status.showMessage(f"The {view.title.lower()} failed to {what}: {message}", 10000)
-            return False
-
-    def shown_views(self) -> list[View]:
-        """The views that show the selected run."""
-        return [self.views[name] for name in self._shown]
-
-    # --- saved runs and exports ---------------------------------------------------------------------------
-    def open_run(self, path: str | Path) -> Run | None:
-        """Show a saved run (``trace`` output) in every view that applies, without any model."""
-        from playground.traces import TraceError, read_trace
-
-        try:
-            trace = read_trace(path)
-        except TraceError as error:
-            self.banner.show_error(f"Could not open the run: {error}")
-            return None
-        run = self.session.add_saved_run(trace.events, Path(path).name)
+    def _list_and_show(self, run: Run) -> None:
+        """A new run (started, branched or opened): in the runs list, selected, and in its views."""
         self.runs_list.update_run(run)
         self.runs_list.mark_selected(run.index)
         self._show_selected(run)
-        problems = trace.problems()
-        if problems:
-            self.banner.show_info(f"Opened {Path(path).name}, not all of it: {problems}.")
-        else:
-            self.banner.hide()
-            self.status.showMessage(f"Opened {path}", 10000)
-        return run
+
+    def _show_selected(self, run: Run) -> None:
+        """Every view that applies to ``run`` shows it; the others say why they are empty."""
+        self.run_views.show(run)
+        self.status.show_run(run)
+
+    def shown_views(self) -> list[View]:
+        """The views that show the selected run."""
+        return self.run_views.shown_views()
+
+    # --- saved runs and exports (playground.ui.saved_runs) ------------------------------------------------
+    def open_run(self, path: str | Path) -> Run | None:
+        """Show a saved run (``trace`` output) in every view that applies, without any model."""
+        return self.saved_runs.open(path)
 
     def save_run(self, path: str | Path) -> Path:
-        from playground.traces import write_trace
-
-        run = self.session.selected
-        if run is None:
-            raise ConfigError("there is no run to save yet")
-        return write_trace(run.events, path)
+        return self.saved_runs.save(path)
 
     def open_run_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a saved run", "", "Runs (*.jsonl *.json);;All files (*)")
-        if path:
-            self.open_run(path)
+        self.saved_runs.open_dialog()
 
     def save_run_dialog(self) -> None:
-        if self.session.selected is None:
-            self.banner.show_info("There is no run to save yet.")
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Save the run", "run.jsonl", "Runs (*.jsonl)")
-        if path:
-            try:
-                self.status.showMessage(f"Saved {self.save_run(path)}", 10000)
-            except OSError as error:
-                self.banner.show_error(f"Could not save the run: {error}")
+        self.saved_runs.save_dialog()
 
     def export_view_dialog(self, view: View) -> None:
-        filters = ";;".join([f"{fmt.upper()} (*.{fmt})" for fmt in ("png", "svg", *view.data_formats)])
-        path, _ = QFileDialog.getSaveFileName(self, f"Export the {view.title.lower()}", f"{view.name}.png",
-                                              filters)
-        if path:
-            self.export_view(view.name, path)
+        self.saved_runs.export_dialog(view)
 
     def export_view(self, name: str, path: str | Path) -> Path | None:
-        from playground.ui.views.base import ExportError
-
-        try:
-            out = self.views[name].export(path)
-        except (ExportError, OSError) as error:
-            self.banner.show_error(f"Could not export: {error}")
-            return None
-        self.status.showMessage(f"Exported {out}", 10000)
-        return out
+        return self.saved_runs.export(name, path)
 
     # --- jobs ---------------------------------------------------------------------------------------------
     def _start_job(self, body: JobBody, kind: str) -> None:
@@ -512,22 +419,7 @@ class MainWindow(QMainWindow):
         self.runs_list.update_run(run)
         if run is not self.session.selected:
             return
-        for name in list(self._shown):
-            if self._call_view(name, "apply", run, batch) and self._call_view(name, "flush") \
-                    and run.finished is not None:
-                self._call_view(name, "end", run)
-        if any(isinstance(event, (RunStarted, RunFinished)) for event in batch):
-            # The empty views' texts can say more now (a server's run: why they are empty; at its end, its figures).
-            for name in self.views:
-                if name not in self._shown:
-                    self.docks[name].show_view(False, run)
-        if len(run.step_kinds) != self._kinds_seen:  # a kind of step came that a view not shown yet draws
-            self._kinds_seen = len(run.step_kinds)
-            for name, view in self.views.items():
-                if name not in self._shown and view.applies_to(run):
-                    self._shown.add(name)
-                    self.docks[name].show_view(True, run)
-                    self._call_view(name, "show_run", run)
+        self.run_views.apply(run, batch)
         self.status.show_run(run)
 
     def _on_progress(self, message: str, fraction: float) -> None:
@@ -556,8 +448,7 @@ class MainWindow(QMainWindow):
             if ended is not None:
                 self.runs_list.update_run(ended)
                 if ended is self.session.selected:
-                    for name in list(self._shown):
-                        self._call_view(name, "end", ended)
+                    self.run_views.end(ended)
                     self.status.show_run(ended)
             if ended is not None and ended.finished is not None and job is not None and job.error is None:
                 cut = ended.finished.cut_short
