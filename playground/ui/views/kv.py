@@ -248,9 +248,9 @@ class KVView(View):
         self._bandwidth_label = pg.TextItem("", color=ROOF_COLOR, anchor=(0.0, 1.0), rotateAxis=(1, 1))
         self._prefill_point = _points(PREFILL_COLOR, "o")
         self._decode_point = _points(DECODE_COLOR, "s")
-        # Prefill runs faster than decode: its label above its point, decode's below its own, so they never meet
-        # (their figures are in the caption).
-        self._prefill_label = pg.TextItem("", color=PREFILL_COLOR, anchor=(0.5, 1.15))
+        # One line each, centred under its point (their figures are in the caption): prefill sits higher and further
+        # right than decode, under the roof, so the two do not meet and neither crosses the roof.
+        self._prefill_label = pg.TextItem("", color=PREFILL_COLOR, anchor=(0.5, -0.15))
         self._decode_label = pg.TextItem("", color=DECODE_COLOR, anchor=(0.5, -0.15))
         for graphic in (self._roof_curve, self._compute_label, self._bandwidth_label, self._prefill_point,
                         self._decode_point, self._prefill_label, self._decode_label):
@@ -633,7 +633,7 @@ class KVView(View):
             label.setText(f"{event.phase} ({event.tokens} tokens)")
             self._roof_texts.place(label, _log10(x), _log10(y))
             speed = f"{y:,.1f}" if y >= 1 else f"{y:.2g}"
-            figures.append(f"{event.phase} <b>{speed} GFLOP/s</b> at {x:.2g} FLOP/B")
+            figures.append(f"{event.phase} <nobr><b>{speed} GFLOP/s</b></nobr> at <nobr>{x:.2g} FLOP/B</nobr>")
         peak_flops = started.peak_flops if started is not None else 0.0
         peak_bw = started.peak_bytes_per_s if started is not None else 0.0
         measured = peak_flops > 0 and peak_bw > 0
