@@ -5,7 +5,8 @@ view without an exception (pytest-qt fails a test on any exception raised in a s
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
+from windows import open_window
 
 from playground.config import LensSettings, RunSettings
 from playground.models.anatomy import anatomy_of
@@ -31,13 +32,7 @@ RUNS = (
 
 
 def make_window(qtbot, tmp_path, lm: LoadedModel) -> MainWindow:
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=5), store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(lm)
-    return w
+    return open_window(qtbot, tmp_path, lm, RunSettings(max_new_tokens=5))
 
 
 def generate(qtbot, w: MainWindow, flat: dict) -> None:

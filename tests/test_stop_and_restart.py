@@ -15,7 +15,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
+from windows import let_go, open_window
 
 from playground.config import RunSettings
 from playground.config.catalog import strategy_names
@@ -74,16 +75,9 @@ def long_lm():
 
 @pytest.fixture
 def window(qtbot, long_lm, tmp_path):
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=8), store=store)
-    qtbot.addWidget(w)
-    w.resize(1400, 900)
-    w.show()
-    w.set_model(long_lm)
+    w = open_window(qtbot, tmp_path, long_lm, RunSettings(max_new_tokens=8), size=(1400, 900))
     yield w
-    if w.job is not None:
-        w.job.stop()
-        w.job.wait(10000)
+    let_go(w)
 
 
 # Where Stop must land for the case to mean something: inside a step that still has several events to yield.

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
+from windows import open_window
 
 from playground.config import RunSettings
 from playground.config.plugins import ENV
@@ -58,14 +59,7 @@ def test_the_command_line_runs_it_saves_it_and_shoots_its_view(tmp_path, model_f
 
 def test_the_window_has_its_strategy_settings_and_dock_and_reopens_its_run(qtbot, tmp_path, tiny_lm, monkeypatch):
     monkeypatch.setenv(ENV, "toy_capability")
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=5), store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings(max_new_tokens=5))
     names = [w.controls.strategy.itemText(i) for i in range(w.controls.strategy.count())]
     assert "toy-echo" in names and "toy" in w.controls.boxes and "toy" in w.docks
 

@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPoint, QPointF, QRect, QSettings, Qt
+from PySide6.QtCore import QPoint, QPointF, QRect, Qt
 from PySide6.QtGui import QImage, QTextCursor
+from windows import let_go, open_window
 
 from playground.config import ModelSettings, RunSettings
 from playground.state import chart_rows, flowing_token_text
@@ -30,16 +31,9 @@ def long_lm():
 
 @pytest.fixture
 def window(qtbot, tiny_lm, tmp_path):
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=12), store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings(max_new_tokens=12))
     yield w
-    if w.job is not None:
-        w.job.stop()
-        w.job.wait(5000)
+    let_go(w, 5000)
 
 
 def tokens(w: MainWindow):
