@@ -126,7 +126,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
     def _build_menus(self) -> None:
         self.open_action, self.save_action = add_file_menu(
             self.menuBar(), self.views.values(), self.open_run_dialog, self.save_run_dialog,
-            self.export_view_dialog, self.close)
+            lambda view: self.export_view_dialog(view), self.close)
         add_presets_menu(self.menuBar(), lambda name: self.apply_preset(name, run=True), self.banner)
         docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
         self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
