@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QScrollArea,
+    QTableWidget,
     QTextEdit,
     QWidget,
 )
@@ -51,8 +52,8 @@ VIEW_RUNS: dict[str, str] = {
     "kv": "kv-cache --paged --samples 4 --compare-no-cache --batch-sweep 1,4,16",
     "cascade": "cascade --cheap layers --cheap-layers 1 --cascade-compare",
     "contrastive": "contrastive --contrast-baseline 8",
-    "compare": "compare --pane greedy --pane 'sample --temperature 1.4' --pane 'sample --top-p 0.9' "
-               "--pane 'beam --num-beams 2' --log-likelihood",
+    "compare": "compare --pane greedy --pane 'sample --temperature 1.4 --seed 5' "
+               "--pane 'sample --temperature 0.8 --top-p 0.9 --seed 5' --pane 'beam --num-beams 2' --log-likelihood",
     "quant": "greedy --quant rtn-int4 --compare",
 }
 
@@ -232,9 +233,28 @@ def _text_edit_problems(view_name: str, view: QWidget) -> list[Problem]:
     return problems
 
 
+def _table_problems(view_name: str, view: QWidget) -> list[Problem]:
+    """Column titles of tables no wider than their columns (a header cuts a long title at both ends)."""
+    problems = []
+    for table in view.findChildren(QTableWidget):
+        if not table.isVisibleTo(view):
+            continue
+        header = table.horizontalHeader()
+        for column in range(table.columnCount()):
+            item = table.horizontalHeaderItem(column)
+            if item is None or header.isSectionHidden(column):
+                continue
+            need = max(header.fontMetrics().horizontalAdvance(line) for line in item.text().split("\n"))
+            if need > header.sectionSize(column):
+                problems.append(Problem(f"{view_name} table column", item.text(),
+                                        f"needs {need} px, its column has {header.sectionSize(column)}"))
+    return problems
+
+
 def edge_problems(view_name: str, view: QWidget, allow_scroll: bool) -> list[Problem]:
     """Every text of ``view`` that is not shown whole, and why."""
     problems = _widget_problems(view_name, view, allow_scroll) + _text_edit_problems(view_name, view)
+    problems += _table_problems(view_name, view)
     for graphics in view.findChildren(pg.GraphicsView):
         if graphics.isVisibleTo(view):
             problems += _plot_problems(view_name, graphics)

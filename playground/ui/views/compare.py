@@ -24,6 +24,21 @@ from playground.ui.views.drawing import ThrottledDraw
 from playground.ui.views.side_by_side import SideBySidePanes
 
 LIVE_DRAW_MS = 150
+HEADER_PADDING = 12  # px a header section keeps around its text
+
+
+def wrap_words(text: str, width: float, advance) -> str:
+    """``text`` broken at spaces into lines at most ``width`` wide (``advance``: a string's width); a word wider
+    than that keeps a line of its own."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and advance(f"{lines[-1]} {word}") <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
 # Table rows: (figure key, label, format).
 FIGURE_ROWS = (
     ("tokens", "tokens", "{:.0f}"),
@@ -52,6 +67,7 @@ class CompareView(View):
         self.table = QTableWidget(self)
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().sectionResized.connect(lambda *_: self._wrap_header())
         self.table.setMinimumHeight(235)
         self.table.setMaximumHeight(260)
         layout = QVBoxLayout(self)
@@ -105,6 +121,7 @@ class CompareView(View):
         self.table.setColumnCount(len(panes))
         self.table.setRowCount(len(FIGURE_ROWS) + 2)
         self.table.setHorizontalHeaderLabels([p.label for p in panes])
+        self._wrap_header()
         self.table.setVerticalHeaderLabels(["stop", "tokens/s", *(label for _, label, _ in FIGURE_ROWS)])
         for column, pane in enumerate(panes):
             done = pane.finished
@@ -118,6 +135,18 @@ class CompareView(View):
                     values.append("" if value is None else fmt.format(value))
             for row, text in enumerate(values):
                 self.table.setItem(row, column, QTableWidgetItem(text))
+
+    def _wrap_header(self) -> None:
+        """Each column's title on as many lines as its width needs (a long pane label was cut at both ends)."""
+        header = self.table.horizontalHeader()
+        metrics = header.fontMetrics()
+        for column, pane in enumerate(self.state.panes[: self.table.columnCount()]):
+            item = self.table.horizontalHeaderItem(column)
+            if item is None:
+                continue
+            text = wrap_words(pane.label, header.sectionSize(column) - HEADER_PADDING, metrics.horizontalAdvance)
+            if item.text() != text:
+                item.setText(text)
 
     # --- data -------------------------------------------------------------------------------------------------
     def comparison(self) -> dict:

@@ -86,6 +86,12 @@ def _legend(plot: pg.PlotWidget, offset: tuple[int, int]) -> pg.LegendItem:
     return legend
 
 
+def _unbroken(text: str) -> str:
+    """A figure and its unit kept on one line in a wrapped label (Qt's line breaking ignores <nobr> there and breaks
+    after a slash): non-breaking spaces, and a word joiner after each slash."""
+    return html.escape(text).replace(" ", "&nbsp;").replace("/", "/\u2060")
+
+
 def _log10(value: float) -> float:
     return math.log10(value) if value > 0 else 0.0
 
@@ -633,7 +639,7 @@ class KVView(View):
             label.setText(f"{event.phase} ({event.tokens} tokens)")
             self._roof_texts.place(label, _log10(x), _log10(y))
             speed = f"{y:,.1f}" if y >= 1 else f"{y:.2g}"
-            figures.append(f"{event.phase} <nobr><b>{speed} GFLOP/s</b></nobr> at <nobr>{x:.2g} FLOP/B</nobr>")
+            figures.append(f"{event.phase} <b>{_unbroken(f'{speed} GFLOP/s')}</b> at {_unbroken(f'{x:.2g} FLOP/B')}")
         peak_flops = started.peak_flops if started is not None else 0.0
         peak_bw = started.peak_bytes_per_s if started is not None else 0.0
         measured = peak_flops > 0 and peak_bw > 0

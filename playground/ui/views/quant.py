@@ -87,10 +87,10 @@ class QuantView(View):
         self.kl_plot.addItem(self.divergence_line)
         self.divergence_line.hide()
         self.kl_legend = rich_label(self)
-        self.kl_legend.setText(
-            f"<span style='color:{KL_COLOR}'>■</span> KL at each token, teacher-forced (0 = same distribution) · "
-            f"<b style='color:{DISAGREE_COLOR}'>×</b> the quantized model's top token differs · "
-            f"<span style='color:{DIVERGE_BG}'>┆</span> free-running outputs diverge")
+        self.kl_legend.setText(  # each symbol kept with its words
+            f"<span style='color:{KL_COLOR}'>■</span>&nbsp;KL at each token, teacher-forced (0 = same distribution) · "
+            f"<b style='color:{DISAGREE_COLOR}'>×</b>&nbsp;the quantized model's top token differs · "
+            f"<span style='color:{DIVERGE_BG}'>┆</span>&nbsp;free-running outputs&nbsp;diverge")
 
         self.error_plot = static_plot(self, "Layer error ‖W_q − W‖ / ‖W‖", "decoder layer",
                                       "rel. error", min_height=135)
