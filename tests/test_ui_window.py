@@ -408,3 +408,30 @@ def test_a_successful_load_clears_an_earlier_load_error(qtbot, window, tiny_lm, 
     w.load_model(ModelSettings(path=str(folder), device="cpu", dtype="float32"))
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     assert w.lm.path.endswith("tiny") and not w.banner.isVisible()
+
+
+def test_a_quantized_run_branches_on_the_model_it_was_made_from(qtbot, window, tiny_lm):
+    """A --quant run's model is named "<model> · <method>"; its start event names the model it was made from, and
+    that is what a branch is checked against (not a parse of the name)."""
+    window.set_run_settings(RunSettings.from_flat(prompt="Hello", chat=False, max_new_tokens=4, quant="rtn-int8"))
+    generate(qtbot, window)
+    run = window.session.runs[-1]
+    assert run.started.model_name != tiny_lm.name and run.started.base_model == tiny_lm.name
+    token = run.steps[1].candidates[1].token_id
+    window.branch(1, token)
+    qtbot.waitUntil(lambda: not window.busy and len(window.session.runs) == 2, timeout=RUN_TIMEOUT_MS)
+    branched = window.session.runs[-1]
+    assert branched.settings.forced_token_ids[-1] == token and branched.status in ("max_new_tokens", "eos")
+
+    other = build_tiny_lm_named("tiny-other", tiny_lm)
+    window.set_model(other)
+    window.select_run(0)
+    window.branch(1, token)
+    assert window.banner.kind == "error" and "load that model" in window.banner.label.text()
+
+
+def build_tiny_lm_named(name: str, like):
+    """The same weights under another name: a different model as far as branching can tell."""
+    import dataclasses
+
+    return dataclasses.replace(like, name=name)

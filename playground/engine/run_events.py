@@ -47,6 +47,7 @@ class RunRecorder:
             strategy=s.strategy, prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
             forced_token_ids=tuple(s.forced_token_ids), model_name=lm.name, model_path=lm.path,
             device=str(lm.device), dtype=lm.dtype_name, settings=s.as_plain_dict(include=self.groups),
+            base_model=lm.own_name,
         )
 
     def prefill(self, ids: torch.Tensor, defer: int = 0, cache: Any = None

@@ -50,6 +50,9 @@ class RunStarted:
     device: str
     dtype: str
     settings: dict[str, Any]  # the run's settings as plain values
+    # The model the weights were made from: model_name itself, or for a quantized copy the model it copies
+    # (saved runs from before this field read "").
+    base_model: str = ""
 
 
 @dataclass(frozen=True)

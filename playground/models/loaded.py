@@ -16,6 +16,13 @@ class LoadedModel:
     path: str  # where it was loaded from
     device: torch.device
     dtype: torch.dtype
+    # The name of the model these weights were made from, when they are a derived copy ("<model> · int4" keeps
+    # "<model>"): a run of the copy can branch on the model itself. "" for a model as loaded.
+    base_name: str = ""
+
+    @property
+    def own_name(self) -> str:
+        return self.base_name or self.name
 
     @property
     def dtype_name(self) -> str:

@@ -95,9 +95,11 @@ class LocalModel(ModelSource):
     def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
         if is_remote_run(run):  # a server's run: only that server can continue it (its message says so)
             branch_remote_run(run, step, token_id, None, "")
-        # A quantized run's model is named "<model> · <method>": the same weights, quantized again on branching.
-        made_with = run.started.model_name.split(" · ")[0] if run.started is not None else ""
-        if run.started is not None and (run.started.model_path, made_with) != (self.lm.path, self.lm.name):
+        # A quantized run was made from the loaded model itself (its start event says which): the same weights,
+        # quantized again on branching. A saved run from before base_model named it "<model> · <method>".
+        started = run.started
+        made_with = (started.base_model or started.model_name.split(" · ")[0]) if started is not None else ""
+        if started is not None and (started.model_path, made_with) != (self.lm.path, self.lm.own_name):
             # Token ids only mean something to the tokenizer that produced them.
             raise ConfigError(f"run #{run.index + 1} was made with {run.started.model_name}; load that model "
                               "again to branch from it")

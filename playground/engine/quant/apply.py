@@ -219,7 +219,7 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
 
 
 def _named(lm: LoadedModel, quant: QuantSettings, model: Any) -> LoadedModel:
-    return dataclasses.replace(lm, model=model, name=f"{lm.name} · {label(quant)}")
+    return dataclasses.replace(lm, model=model, name=f"{lm.name} · {label(quant)}", base_name=lm.own_name)
 
 
 def check_combination(settings: RunSettings) -> None:
