@@ -205,19 +205,19 @@ def test_the_size_plot_is_the_measured_bytes_the_formula_and_the_ceilings(view):
     events = kv_run(new_tokens=40, holder="paged", sequences=2, device_reserved=True)  # whole blocks ≠ formula
     view.show_run(as_run(events))
     steps = of(events, KVStep)
-    assert xs(view._total_curve) == [float(s.step) for s in steps]
-    assert ys(view._total_curve) == [s.total_bytes / MB for s in steps]
-    assert ys(view._formula_curve) == [s.formula_bytes / MB for s in steps]
-    assert ys(view._total_curve) != ys(view._formula_curve)
-    assert ys(view._process_curve) == [s.process_bytes / MB for s in steps]
-    assert ys(view._reserved_curve) == [s.device_reserved_bytes / MB for s in steps]
-    assert ys(view._weights_curve) == [WEIGHTS / MB] * 2 and xs(view._weights_curve) == [0.0, 39.0]
-    assert view._formula_curve.opts["pen"].style().name == "DashLine"
+    assert xs(view.size_panel.total_curve) == [float(s.step) for s in steps]
+    assert ys(view.size_panel.total_curve) == [s.total_bytes / MB for s in steps]
+    assert ys(view.size_panel.formula_curve) == [s.formula_bytes / MB for s in steps]
+    assert ys(view.size_panel.total_curve) != ys(view.size_panel.formula_curve)
+    assert ys(view.size_panel.process_curve) == [s.process_bytes / MB for s in steps]
+    assert ys(view.size_panel.reserved_curve) == [s.device_reserved_bytes / MB for s in steps]
+    assert ys(view.size_panel.weights_curve) == [WEIGHTS / MB] * 2 and xs(view.size_panel.weights_curve) == [0.0, 39.0]
+    assert view.size_panel.formula_curve.opts["pen"].style().name == "DashLine"
     item = view.size_plot.getPlotItem()
     assert item.getAxis("left").isVisible() and "MB" in item.getAxis("left").labelText
     assert item.ctrl.logYCheck.isChecked()  # weights and cache on one readable axis
-    assert view._prefill_line.isVisible() and view._prefill_line.value() == -0.5  # before step 0
-    assert "39 prompt tokens" in view._prefill_line.label.format
+    assert view.size_panel.prefill_line.isVisible() and view.size_panel.prefill_line.value() == -0.5  # before step 0
+    assert "39 prompt tokens" in view.size_panel.prefill_line.label.format
     caption = view.size_panel.caption.text()
     for name in ("KV cache, measured", "formula", "model weights", "process memory", "device memory reserved"):
         assert name in caption
@@ -226,8 +226,9 @@ def test_the_size_plot_is_the_measured_bytes_the_formula_and_the_ceilings(view):
 def test_a_contiguous_cache_is_its_formula_and_has_no_device_line(view):
     events = kv_run(new_tokens=5)
     view.show_run(as_run(events))
-    assert ys(view._total_curve) == ys(view._formula_curve) == [s.total_bytes / MB for s in of(events, KVStep)]
-    assert not view._reserved_curve.isVisible()
+    size = view.size_panel
+    assert ys(size.total_curve) == ys(size.formula_curve) == [s.total_bytes / MB for s in of(events, KVStep)]
+    assert not view.size_panel.reserved_curve.isVisible()
     assert "device memory reserved" not in view.size_panel.caption.text()
 
 
@@ -237,7 +238,8 @@ def test_the_prefill_marker_sits_where_the_prefill_ended(view):
     moved = [e for e in events if e is not prefill]
     moved.insert(moved.index(of(moved, KVStep)[2]), prefill)  # as if the prefill ended after two steps
     view.show_run(as_run(moved))
-    assert view._prefill_line.isVisible() and view._prefill_line.value() == 1.5  # between steps 1 and 2
+    line = view.size_panel.prefill_line
+    assert line.isVisible() and line.value() == 1.5  # between steps 1 and 2
 
 
 def test_the_layer_heatmap_is_each_layers_bytes(view):
@@ -262,10 +264,11 @@ def test_the_compare_curves_are_the_measured_latencies(view):
     view.show_run(as_run(events))
     compare = of(events, KVCompare)[0]
     assert not view.compare_panel.showing_note and view.compare_panel.plot.isVisible()
-    assert ys(view._cached_curve) == list(compare.cached_ms) and xs(view._cached_curve) == list(range(25))
-    assert ys(view._uncached_curve) == list(compare.uncached_ms)
+    cached = view.compare_panel.cached_curve
+    assert ys(cached) == list(compare.cached_ms) and xs(cached) == list(range(25))
+    assert ys(view.compare_panel.uncached_curve) == list(compare.uncached_ms)
     last = compare.uncached_ms[-1] / compare.cached_ms[-1]
-    assert view._ratio_label.textItem.toPlainText() == f"×{last:.1f}"
+    assert view.compare_panel.ratio_label.textItem.toPlainText() == f"×{last:.1f}"
     caption = view.compare_panel.caption.text()
     assert f"×{last:.1f}" in caption and f"×{sum(compare.uncached_ms) / sum(compare.cached_ms):.1f}" in caption
     assert "Same tokens" in caption
@@ -274,15 +277,15 @@ def test_the_compare_curves_are_the_measured_latencies(view):
 def block_map(view: KVView) -> tuple[list[tuple[int, ...]], dict[int, str], dict[int, float]]:
     """The tables read back from the drawn cells: per row, the block ids left to right; each block's colour; the
     drawn fill of partly used cells (as a fraction of a cell)."""
-    opts = view._block_cells.opts
+    opts = view.block_panel.cells.opts
     rows: dict[int, list[tuple[float, int]]] = {}
     colours: dict[int, str] = {}
-    for x0, y0, brush, block, label in zip(opts["x0"], opts["y0"], opts["brushes"], view._block_ids,
-                                            view._block_labels, strict=False):
+    for x0, y0, brush, block, label in zip(opts["x0"], opts["y0"], opts["brushes"], view.block_panel.ids,
+                                            view.block_panel.labels, strict=False):
         assert label.textItem.toPlainText() == str(block)
         rows.setdefault(round(y0), []).append((x0, block))
         colours.setdefault(block, brush.color().name())
-    fill = view._block_fill.opts
+    fill = view.block_panel.fill.opts
     fills = {}
     for x0, y0, width, brush in zip(fill["x0"], fill["y0"], fill["width"], fill["brushes"], strict=True):
         block = dict((round(x), b) for x, b in rows[round(y0)])[round(x0)]
@@ -307,12 +310,13 @@ def test_the_block_map_is_the_block_tables(view):
     for table in blocks.tables:
         used = tokens - (len(table) - 1) * BLOCK
         assert fills[table[-1]] == pytest.approx(used / BLOCK)
-    cells = view._block_cells.opts["brushes"]
+    cells = view.block_panel.cells.opts["brushes"]
     assert sum(b.color().name() == QColor(FREE_COLOR).name() for b in cells) == len(blocks.tables)
     caption = view.block_panel.caption.text()
     assert f"{blocks.slots_allocated - blocks.slots_used} free" in caption
     assert format_percent(blocks.fragmentation) in caption and f"<b>{blocks.blocks_allocated}</b> blocks" in caption
-    assert all(label.isVisible() for label in view._block_labels[: len(view._block_ids)])  # ids fit in the cells
+    panel = view.block_panel
+    assert all(label.isVisible() for label in panel.labels[: len(panel.ids)])  # ids fit in the cells
 
 
 def test_a_contiguous_run_explains_why_there_are_no_blocks(view):
@@ -321,7 +325,7 @@ def test_a_contiguous_run_explains_why_there_are_no_blocks(view):
     note = view.block_panel.note.text()
     assert "Contiguous cache" in note and "max_length = 59" in note
     assert format_mb(59 * PER_TOKEN) in note and format_mb((PROMPT_TOKENS + 19) * PER_TOKEN) in note
-    assert view._block_ids == [] and len(view._block_cells.opts["x0"]) == 0
+    assert view.block_panel.ids == [] and len(view.block_panel.cells.opts["x0"]) == 0
 
 
 def test_a_run_without_a_cache_says_so(view):
@@ -338,20 +342,21 @@ def test_the_roofline_places_each_phase_at_its_intensity_and_speed(view):
     events = kv_run(new_tokens=30)
     view.show_run(as_run(events))
     phases = {p.phase: p for p in of(events, KVPhase)}
-    for name, point in (("prefill", view._prefill_point), ("decode", view._decode_point)):
+    for name, point in (("prefill", view.roofline_panel.prefill_point), ("decode", view.roofline_panel.decode_point)):
         p = phases[name]
         assert xs(point) == [p.flops / p.bytes_moved] and ys(point) == [p.achieved_flops / 1e9]
         assert xs(point)[0] == pytest.approx(p.intensity)
-    assert view._prefill_label.textItem.toPlainText().startswith("prefill (39 tokens)")
-    assert "decode (30 tokens)" in view._decode_label.textItem.toPlainText()
+    assert view.roofline_panel.prefill_label.textItem.toPlainText().startswith("prefill (39 tokens)")
+    assert "decode (30 tokens)" in view.roofline_panel.decode_label.textItem.toPlainText()
     item = view.roofline_panel.plot.getPlotItem()
     assert item.ctrl.logXCheck.isChecked() and item.ctrl.logYCheck.isChecked()
-    roof_x, roof_y = np.asarray(xs(view._roof_curve)), np.asarray(ys(view._roof_curve))
+    roof_x, roof_y = np.asarray(xs(view.roofline_panel.roof_curve)), np.asarray(ys(view.roofline_panel.roof_curve))
     np.testing.assert_allclose(roof_y, np.minimum(PEAK_FLOPS, PEAK_BW * roof_x) / 1e9)
     assert roof_y.max() == PEAK_FLOPS / 1e9 and PEAK_FLOPS / PEAK_BW in roof_x  # the ridge is on the roof
-    assert roof_x.min() < min(xs(view._decode_point)) and roof_x.max() > max(xs(view._prefill_point))
-    assert "95 GFLOP/s" in view._compute_label.textItem.toPlainText()
-    assert "23.0 GB/s" in view._bandwidth_label.textItem.toPlainText()
+    roofline = view.roofline_panel
+    assert roof_x.min() < min(xs(roofline.decode_point)) and roof_x.max() > max(xs(roofline.prefill_point))
+    assert "95 GFLOP/s" in view.roofline_panel.compute_label.textItem.toPlainText()
+    assert "23.0 GB/s" in view.roofline_panel.bandwidth_label.textItem.toPlainText()
 
 
 def test_the_sweep_curves_are_the_measured_batches(view):
@@ -359,9 +364,9 @@ def test_the_sweep_curves_are_the_measured_batches(view):
     view.show_run(as_run(events))
     sweep = of(events, KVSweep)[0]
     assert not view.sweep_panel.showing_note
-    assert xs(view._throughput_curve) == list(sweep.batch_sizes) == xs(view._step_ms_curve)
-    assert ys(view._throughput_curve) == list(sweep.tokens_per_s)
-    assert ys(view._step_ms_curve) == list(sweep.ms_per_step)
+    assert xs(view.sweep_panel.throughput_curve) == list(sweep.batch_sizes) == xs(view.sweep_panel.step_ms_curve)
+    assert ys(view.sweep_panel.throughput_curve) == list(sweep.tokens_per_s)
+    assert ys(view.sweep_panel.step_ms_curve) == list(sweep.ms_per_step)
     ticks = view.sweep_plot.getPlotItem().getAxis("bottom")._tickLevels[0]
     assert [label for _v, label in ticks] == [str(n) for n in sweep.batch_sizes]
     caption = view.sweep_panel.caption.text()
@@ -373,7 +378,7 @@ def test_a_run_without_compare_or_sweep_shows_notes_not_empty_plots(view):
     for panel, words in ((view.compare_panel, "compare without cache"), (view.sweep_panel, "batch sweep")):
         assert panel.showing_note and not panel.plot.isVisible() and panel.note.isVisible()
         assert "not" in panel.note.text() and words in panel.note.text()
-    assert ys(view._cached_curve) == [] and ys(view._throughput_curve) == []
+    assert ys(view.compare_panel.cached_curve) == [] and ys(view.sweep_panel.throughput_curve) == []
     # A comparison that holds no token (stopped at once) is a note too.
     events = kv_run(new_tokens=10, compare=False, sweep=False)
     events.insert(-1, KVCompare(cached_ms=(), uncached_ms=(), identical=True))
@@ -406,14 +411,17 @@ def test_a_cache_that_is_not_the_formula_shows_it(view):
 
 def plotted(view: KVView) -> dict:
     """Everything the view draws, for comparing two views."""
-    curves = {name: (xs(getattr(view, name)), ys(getattr(view, name))) for name in (
-        "_total_curve", "_formula_curve", "_process_curve", "_weights_curve", "_cached_curve", "_uncached_curve",
-        "_prefill_point", "_decode_point", "_roof_curve", "_throughput_curve", "_step_ms_curve")}
+    curves = {name: (xs(getattr(getattr(view, panel), name)), ys(getattr(getattr(view, panel), name)))
+              for panel, names in (("size_panel", ("total_curve", "formula_curve", "process_curve", "weights_curve")),
+                                   ("compare_panel", ("cached_curve", "uncached_curve")),
+                                   ("roofline_panel", ("prefill_point", "decode_point", "roof_curve")),
+                                   ("sweep_panel", ("throughput_curve", "step_ms_curve")))
+              for name in names}
     return {**curves, "image": view.layer_image.image.tolist(), "blocks": block_map(view),
             "texts": [w.text() for w in (view.header, view.figures, view.block_panel.caption,
                                          view.compare_panel.caption, view.roofline_panel.caption,
                                          view.sweep_panel.caption)],
-            "prefill": view._prefill_line.value()}
+            "prefill": view.size_panel.prefill_line.value()}
 
 
 def test_live_in_batches_equals_the_saved_trace(qtbot, tmp_path, view):
@@ -427,7 +435,7 @@ def test_live_in_batches_equals_the_saved_trace(qtbot, tmp_path, view):
         view.flush()
     view.end(run)
     live = plotted(view)
-    assert len(live["_total_curve"][1]) == 40 and live["blocks"][0]
+    assert len(live["total_curve"][1]) == 40 and live["blocks"][0]
 
     write_trace(events, tmp_path / "kv.jsonl")
     saved = read_trace(tmp_path / "kv.jsonl")
@@ -489,8 +497,8 @@ def test_a_real_run_is_folded_and_drawn_as_it_came(real_runs, view):
         view.show_run(as_run(events))
         steps = of(events, KVStep)
         assert steps and view.state.count == len(steps) == len(of(events, TokenStep))
-        assert ys(view._total_curve) == [s.total_bytes / MB for s in steps]
-        assert ys(view._formula_curve) == [s.formula_bytes / MB for s in steps]
+        assert ys(view.size_panel.total_curve) == [s.total_bytes / MB for s in steps]
+        assert ys(view.size_panel.formula_curve) == [s.formula_bytes / MB for s in steps]
         if name != "none":  # (a run with no cache shows a note in place of the heatmap)
             np.testing.assert_array_equal(view.layer_image.image, np.array([s.layer_bytes for s in steps]).T / MB)
         # The step's bytes are the token event's that follows it.
@@ -498,23 +506,23 @@ def test_a_real_run_is_folded_and_drawn_as_it_came(real_runs, view):
         started = of(events, KVStarted)[0]
         assert view.state.holder == started.holder == name
         if name == "contiguous":  # the cache holds exactly what the formula counts
-            assert ys(view._total_curve) == ys(view._formula_curve)
+            assert ys(view.size_panel.total_curve) == ys(view.size_panel.formula_curve)
             assert "✓" in view.figures.text()
             assert view.block_panel.showing_note and "Contiguous cache" in view.block_panel.note.text()
             compare = of(events, KVCompare)[0]
-            assert ys(view._cached_curve) == list(compare.cached_ms)
-            assert ys(view._uncached_curve) == list(compare.uncached_ms)
+            assert ys(view.compare_panel.cached_curve) == list(compare.cached_ms)
+            assert ys(view.compare_panel.uncached_curve) == list(compare.uncached_ms)
             assert view.sweep_panel.showing_note
         elif name == "paged":
             blocks = steps[-1].blocks
             assert blocks is not None and block_map(view)[0] == [tuple(t) for t in blocks.tables]
             sweep = of(events, KVSweep)[0]
-            assert xs(view._throughput_curve) == list(sweep.batch_sizes) == [1, 2, 4]
+            assert xs(view.sweep_panel.throughput_curve) == list(sweep.batch_sizes) == [1, 2, 4]
             assert view.compare_panel.showing_note
         else:
             assert view.block_panel.showing_note and "No cache" in view.block_panel.note.text()
         for phase in of(events, KVPhase):
-            point = view._prefill_point if phase.phase == "prefill" else view._decode_point
+            point = view.roofline_panel.prefill_point if phase.phase == "prefill" else view.roofline_panel.decode_point
             if phase.bytes_moved > 0 and phase.achieved_flops > 0:
                 assert xs(point) == [phase.flops / phase.bytes_moved]
                 assert ys(point) == [phase.achieved_flops / 1e9]
@@ -561,5 +569,5 @@ def test_the_window_brings_the_kv_view_to_the_front(qtbot, tmp_path, tiny_lm):
     assert run.finished is not None and run.error is None
     assert w.docks["kv"].pages.currentWidget() is w.views["kv"]
     view = w.views["kv"]
-    assert view.state.count == len(run.steps) and ys(view._total_curve) == [
+    assert view.state.count == len(run.steps) and ys(view.size_panel.total_curve) == [
         s.total_bytes / MB for s in of(run.events, KVStep)]
