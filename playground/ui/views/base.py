@@ -15,8 +15,9 @@ from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QWidget
 
 from playground.config.catalog import STRATEGIES
-from playground.events import Event
+from playground.events import Event, RunStarted
 from playground.state import Run
+from playground.ui.views.drawing import ThrottledDraw
 
 IMAGE_FORMATS = ("png", "svg")
 REMOTE_DEVICE = "remote"  # a remote run's RunStarted.device starts with this ("remote: llama.cpp")
@@ -128,6 +129,62 @@ class View(QWidget):
             kind = path.suffix or "a file with no extension"
             raise ExportError(f"cannot export the {self.title.lower()} as {kind}: use {formats}")
         return path
+
+
+class FoldView(View):
+    """A view drawn from one Qt-free fold of its events (``self.state``, with ``reset``/``apply``/``end`` and
+    ``ended``), redrawn by ``_draw`` at once when a run is shown and at most every ``live_draw_ms`` while it streams.
+
+    A subclass sets ``self.state`` and calls ``_start_drawing()`` at the end of its ``__init__`` (which resets it);
+    it adds what it keeps besides the fold in ``_forget`` (on reset, before the draw), ``_follow`` (before each
+    batch's draw) and ``_ended`` (when the run ends, before the last draw), and ``idle_header``, the header's text
+    while nothing is shown."""
+
+    live_draw_ms: ClassVar[int] = 200
+    idle_header: ClassVar[str] = ""
+    state: object
+    header: QWidget  # a label, where ``idle_header`` is set
+
+    def _start_drawing(self) -> None:
+        self._redraw = ThrottledDraw(self, self.live_draw_ms, self._draw)
+        self.reset()
+
+    def _draw(self) -> None:
+        raise NotImplementedError
+
+    def _forget(self) -> None:
+        """Reset what the view keeps besides its fold."""
+
+    def _follow(self) -> None:
+        """Before a batch is drawn: e.g. keep the newest step selected."""
+
+    def _ended(self) -> None:
+        """The run ended (its fold knows): e.g. stop following the newest step."""
+
+    def reset(self) -> None:
+        self._redraw.cancel()
+        self.state.reset()
+        self._forget()
+        self._draw()
+        if self.idle_header:
+            self.header.setText(self.idle_header)
+
+    def apply(self, run: Run, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, RunStarted):
+                self.reset()
+            self.state.apply(event)
+
+    def flush(self) -> None:
+        self._follow()
+        self._redraw.request(streaming=not self.state.ended)
+
+    def end(self, run: Run) -> None:
+        self._redraw.cancel()
+        if not self.state.ended:
+            self.state.end(run.status)
+        self._ended()
+        self._draw()
 
 
 def save_widget_picture(widget: QWidget, path: Path, pixmap: QPixmap | None = None) -> None:

@@ -25,15 +25,14 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QColor, QMouseEvent, QPainter, QPixmap, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSplitter, QToolTip, QVBoxLayout, QWidget
 
-from playground.events import Event, RunStarted
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeStep
 from playground.state import Run, flowing_token_text, visible_token_text
 from playground.state.cascade import DISCARDED, CascadeState, Mark
 from playground.ui.style import format_percent, mono_font, rich_label
 from playground.ui.token_view import MarkedTextEdit
 from playground.ui.views import register_view
-from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw, static_plot
+from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the strip and figures redraw at most this often
 # One colour per meaning (Paul Tol's colour-blind-safe "vibrant" set, as the speculative view: the cheap model's
@@ -162,10 +161,13 @@ class CascadeText(MarkedTextEdit):
 
 
 @register_view
-class CascadeView(View):
+class CascadeView(FoldView):
     name = "cascade"
     title = "Cascade"
     consumes = (CascadeStep,)
+    live_draw_ms = LIVE_DRAW_MS
+    idle_header = ("<b>Cascade</b> — choose the cascade strategy and generate: the cheap model answers first, the full "
+                   "model takes over where it is unsure.")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -184,8 +186,7 @@ class CascadeView(View):
         self.figures.setMinimumWidth(360)
         self._build_strip()
         self._build_layout()
-        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
-        self.reset()
+        self._start_drawing()
 
     def _build_strip(self) -> None:
         self.strip = static_plot(self, "", "token", "cheap model's p", min_height=190)
@@ -244,31 +245,15 @@ class CascadeView(View):
         return ("Cascade: choose the cascade strategy and generate — each token is coloured here by the model "
                 "that produced it, the cheap one or the full one.")
 
-    def reset(self) -> None:
-        self._redraw.cancel()
-        self.state.reset()
+    def _forget(self) -> None:
         self.text.restyled = 0
         self.text.clear_marks()
-        self._draw()
-        self.header.setText("<b>Cascade</b> — choose the cascade strategy and generate: the cheap model answers "
-                            "first, the full model takes over where it is unsure.")
 
-    def apply(self, run: Run, events: list[Event]) -> None:
-        for event in events:
-            if isinstance(event, RunStarted):
-                self.reset()
-            self.state.apply(event)
-
-    def flush(self) -> None:
+    def _follow(self) -> None:
         self.text.follow()
-        self._redraw.request(streaming=not self.state.ended)
 
-    def end(self, run: Run) -> None:
-        self._redraw.cancel()
-        if not self.state.ended:
-            self.state.end(run.status)
+    def _ended(self) -> None:
         self.text.follow()
-        self._draw()
 
     def paint_overlay(self, pixmap: QPixmap, origin: QWidget) -> None:
         """Screenshots: the tooltip of the last escalation point (tooltips are windows a grab would miss)."""

@@ -43,8 +43,8 @@ from playground.state import Run, visible_token_text
 from playground.state.contrastive import AlphaReplay, ContrastiveState, StepRecord, raw_score, replay_alpha
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, PROCESSED_COLOR, RAW_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
-from playground.ui.views.base import View
-from playground.ui.views.drawing import TallEnough, TextsInside, ThrottledDraw, clear_bars, static_plot
+from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import TallEnough, TextsInside, clear_bars, static_plot
 
 LIVE_DRAW_MS = 200
 EXPERT_COLOR = RAW_COLOR  # the expert's own distribution: the raw model output, blue as everywhere
@@ -103,10 +103,13 @@ def shown_candidates(record: StepRecord, must: set[int], limit: int = SLOTS) -> 
 
 
 @register_view
-class ContrastiveView(View):
+class ContrastiveView(FoldView):
     name = "contrastive"
     title = "Contrastive"
     consumes = (ContrastStep,)
+    live_draw_ms = LIVE_DRAW_MS
+    idle_header = ("<b>Contrastive decoding</b> — choose the contrastive strategy and generate: every step's expert, "
+                   "amateur and contrast scores appear here.")
     data_formats = ("csv",)
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -139,8 +142,7 @@ class ContrastiveView(View):
         self._build_strip()
         self._build_controls()
         self._build_layout()
-        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
-        self.reset()
+        self._start_drawing()
 
     # --- building -------------------------------------------------------------------------------------------
     def _build_chart(self) -> None:
@@ -261,16 +263,11 @@ class ContrastiveView(View):
         outer.addWidget(scroll)
 
     # --- the view interface ---------------------------------------------------------------------------------
-    def reset(self) -> None:
-        self._redraw.cancel()
-        self.state.reset()
+    def _forget(self) -> None:
         self.selected = self.hovered = None
         self.follow_live = True
         self.replay = None
         self._set_alpha(0.1)
-        self._draw()
-        self.header.setText("<b>Contrastive decoding</b> — choose the contrastive strategy and generate: every "
-                            "step's expert, amateur and contrast scores appear here.")
 
     def apply(self, run: Run, events: list[Event]) -> None:
         for event in events:
@@ -281,19 +278,14 @@ class ContrastiveView(View):
             if self.state.started is not started and self.state.started is not None:
                 self._set_alpha(self.state.started.alpha)  # the what-if starts at the run's own α
 
-    def flush(self) -> None:
+    def _follow(self) -> None:
         if self.follow_live and self.state.steps:
             self.selected = len(self.state.steps) - 1
-        self._redraw.request(streaming=not self.state.ended)
 
-    def end(self, run: Run) -> None:
-        self._redraw.cancel()
-        if not self.state.ended:
-            self.state.end(run.status)
+    def _ended(self) -> None:
         if self.follow_live:
             self.follow_live = False
             self.selected = self.state.most_interesting_step(SLOTS)
-        self._draw()
 
     # --- selection and the what-if --------------------------------------------------------------------------
     def select_step(self, index: int) -> None:

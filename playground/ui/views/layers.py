@@ -44,8 +44,8 @@ from playground.state import Run, visible_token_text
 from playground.state.layers import ENTROPY, MAX_PROB, METRICS, LayerState, LayerToken, Replay, replay_exit
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
-from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw, static_plot
+from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
 NOT_RUN_COLOR = "#A8A8A8"  # a layer that did not run: neutral grey, in no colour map
@@ -98,10 +98,13 @@ def _entropy_colormap() -> pg.ColorMap:
 
 
 @register_view
-class LayersView(View):
+class LayersView(FoldView):
     name = "layers"
     title = "Layers"
     consumes = (LayerStep,)
+    live_draw_ms = LIVE_DRAW_MS
+    idle_header = ("<b>Layers</b> — generate with the logit lens on (or with early exit / layer skip): what every "
+                   "layer would have answered appears here.")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -132,8 +135,7 @@ class LayersView(View):
         self._build_token_plot()
         self._build_replay_controls()
         self._build_layout()
-        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
-        self.reset()
+        self._start_drawing()
 
     # --- building -------------------------------------------------------------------------------------------
     def _build_heatmap(self) -> None:
@@ -269,17 +271,12 @@ class LayersView(View):
         """A run recorded with --lens comes here first: the lens is what its user asked to see."""
         return run.settings.group(LensSettings).lens
 
-    def reset(self) -> None:
-        self._redraw.cancel()
-        self.state.reset()
+    def _forget(self) -> None:
         self.replay = None
         self.selected_token = self.selected_layer = None
         self.follow_live = True
         self._entropy_top = 4.0
         self._set_replay_controls(ENTROPY, 1.0, 1, layers=1)
-        self._draw()
-        self.header.setText("<b>Layers</b> — generate with the logit lens on (or with early exit / layer skip): "
-                            "what every layer would have answered appears here.")
 
     def apply(self, run: Run, events: list[Event]) -> None:
         for event in events:
@@ -291,17 +288,12 @@ class LayersView(View):
                 s = self.state.started
                 self._set_replay_controls(s.exit_metric, s.exit_threshold, s.min_exit_layer, s.layers)
 
-    def flush(self) -> None:
+    def _follow(self) -> None:
         if self.follow_live and self.state.tokens:
             self._select(len(self.state.tokens) - 1, None)
-        self._redraw.request(streaming=not self.state.ended)
 
-    def end(self, run: Run) -> None:
-        self._redraw.cancel()
-        if not self.state.ended:
-            self.state.end(run.status)
+    def _ended(self) -> None:
         self.follow_live = False
-        self._draw()
 
     # --- selection and replay -------------------------------------------------------------------------------
     def select_cell(self, token: int, layer: int) -> None:

@@ -6,7 +6,7 @@ the batch sweep (``sweep``); this module sets them in a grid under a header and 
 bytes per token measured vs the formula, cache, weights and process memory).
 
 Events are folded into the Qt-free ``KVState``; the plot items are built once and updated with
-``setData``/``setOpts``/``setImage``, at most every ``LIVE_DRAW_MS`` while streaming.
+``setData``/``setOpts``/``setImage``, at most every ``live_draw_ms`` while streaming (``FoldView``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import math
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QGridLayout, QScrollArea, QVBoxLayout, QWidget
 
-from playground.events import Event, RunStarted
 from playground.events.kv import KVStep
 from playground.state import Run
 from playground.state.kv import KVState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
-from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw
+from playground.ui.views.base import FoldView
 from playground.ui.views.kv.blocks import BlockPanel
 from playground.ui.views.kv.latency import LatencyPanel
 from playground.ui.views.kv.layers import LayerPanel
@@ -33,7 +31,6 @@ from playground.ui.views.kv.roofline import RooflinePanel
 from playground.ui.views.kv.size import SizePanel
 from playground.ui.views.kv.sweep import SweepPanel
 
-LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
 THREE_COLUMNS_PX = 1060  # the panels sit in three columns from this width of the view, else in two
 EXPLANATION = ("Each token's keys and values are kept for every layer, so later tokens attend to them instead of "
                "recomputing them: the cache grows by the same bytes per token (2 × layers × KV heads × head dim × "
@@ -41,10 +38,13 @@ EXPLANATION = ("Each token's keys and values are kept for every layer, so later 
 
 
 @register_view
-class KVView(View):
+class KVView(FoldView):
     name = "kv"
     title = "KV cache"
     consumes = (KVStep,)
+    live_draw_ms = 200  # while streaming, the plots redraw at most this often
+    idle_header = ("<b>KV cache</b> — choose the kv-cache strategy and generate: what the cache holds, costs and "
+                   "saves appears here.")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -65,8 +65,7 @@ class KVView(View):
         self.layer_colorbar = self.layer_panel.colorbar
         self.sweep_plot = self.sweep_panel.plot
         self._build_layout()
-        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
-        self.reset()
+        self._start_drawing()
 
     # --- building -------------------------------------------------------------------------------------------
     def _build_layout(self) -> None:
@@ -126,29 +125,6 @@ class KVView(View):
         if "kv_cache_usage" in figures:
             return (f"The server's KV cache after run #{run.index + 1}: {figures['kv_cache_usage']:.1%} of its "
                     "blocks in use (vLLM's kv_cache_usage_perc, across every request it serves).")
-
-    # --- the view interface ---------------------------------------------------------------------------------
-    def reset(self) -> None:
-        self._redraw.cancel()
-        self.state.reset()
-        self._draw()
-        self.header.setText("<b>KV cache</b> — choose the kv-cache strategy and generate: what the cache holds, "
-                            "costs and saves appears here.")
-
-    def apply(self, run: Run, events: list[Event]) -> None:
-        for event in events:
-            if isinstance(event, RunStarted):
-                self.reset()
-            self.state.apply(event)
-
-    def flush(self) -> None:
-        self._redraw.request(streaming=not self.state.ended)
-
-    def end(self, run: Run) -> None:
-        self._redraw.cancel()
-        if not self.state.ended:
-            self.state.end(run.status)
-        self._draw()
 
     # --- drawing --------------------------------------------------------------------------------------------
     def _draw(self) -> None:
