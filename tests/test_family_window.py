@@ -78,8 +78,11 @@ def unknown_family_lm() -> LoadedModel:
 def test_a_family_without_a_table_row_is_named_and_its_capabilities_greyed_out(qtbot, tmp_path):
     w = make_window(qtbot, tmp_path, unknown_family_lm())
     label = w.status.labels["family"]
-    assert label.text() == "bloom: 5 of 5 capabilities need another family"
+    assert label.text() == "bloom: 4 of 5 capabilities need another family"
     assert "early exit and layer skip: not supported — the BloomForCausalLM family ('bloom')" in label.toolTip()
+    assert "KV lab: supported" in label.toolTip()  # it needs only the config's KV geometry
+    generate(qtbot, w, {"strategy": "kv-cache"})  # and it runs
+    assert w.session.runs[-1].status in ("max_new_tokens", "eos")
     items = w.controls.strategy.model()
     names = [w.controls.strategy.itemText(i) for i in range(w.controls.strategy.count())]
     for name in ("early-exit", "layer-skip"):

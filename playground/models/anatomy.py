@@ -13,6 +13,7 @@ GPT-like family is a new row, not a new code path.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,12 +83,12 @@ _GEMMA = FamilyRow("Gemma 2", ("model.language_model", "model"), "layers", "embe
 # Llama's layout; what differs (biases, per-layer windows, head norms) is read from the modules and the config.
 FAMILIES: dict[str, FamilyRow] = {
     "llama": _LLAMA,
-    "mistral": FamilyRow(**{**_LLAMA.__dict__, "name": "Mistral"}),
-    "qwen2": FamilyRow(**{**_LLAMA.__dict__, "name": "Qwen2"}),
-    "qwen3": FamilyRow(**{**_LLAMA.__dict__, "name": "Qwen3"}),
+    "mistral": dataclasses.replace(_LLAMA, name="Mistral"),
+    "qwen2": dataclasses.replace(_LLAMA, name="Qwen2"),
+    "qwen3": dataclasses.replace(_LLAMA, name="Qwen3"),
     "gemma2": _GEMMA,
-    "gemma3_text": FamilyRow(**{**_GEMMA.__dict__, "name": "Gemma 3"}),
-    "gemma3": FamilyRow(**{**_GEMMA.__dict__, "name": "Gemma 3"}),
+    "gemma3_text": dataclasses.replace(_GEMMA, name="Gemma 3"),
+    "gemma3": dataclasses.replace(_GEMMA, name="Gemma 3"),
     "phi3": FamilyRow(
         "Phi-3", ("model",), "layers", "embed_tokens", "norm", RMS,
         BlockRow("self_attn", "input_layernorm", (Projection("self_attn.qkv_proj", ("q", "k", "v")),),
@@ -404,11 +405,18 @@ class ModelSupport:
 
 def model_support(model: nn.Module) -> ModelSupport:
     """Per capability of ``CAPABILITIES``: supported, or the reason (the anatomy's refusal, which names the
-    family). Every family of the table supports every capability (tests/test_families.py is the matrix)."""
+    family). Every family of the table supports every capability (tests/test_families.py is the matrix); outside
+    it, the KV lab still runs, since it needs only the config's KV geometry (``kv_layout``)."""
     try:
         anatomy = anatomy_of(model)
     except ConfigError as error:
-        return ModelSupport(family_name(model), {cap: str(error) for cap in CAPABILITIES})
+        reasons: dict[str, str | None] = {cap: str(error) for cap in CAPABILITIES}
+        try:
+            kv_layout(model.config)
+            reasons["KV lab"] = None
+        except (AttributeError, TypeError, ValueError):  # a config without the KV geometry: the refusal stands
+            pass
+        return ModelSupport(family_name(model), reasons)
     return ModelSupport(anatomy.family, {cap: None for cap in CAPABILITIES})
 
 
