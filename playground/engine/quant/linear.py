@@ -48,8 +48,6 @@ from playground.engine.quant.targets import Target, as_linear, decoder_linears, 
 
 INT4PACK_MIN_WEIGHTS = 576 * 576
 INT4PACK_GROUPS = (32, 64, 128, 256)
-# Llama's projection names (the layout of SmolLM2 and of the tests' tiny Llama); the methods read the anatomy instead.
-DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")
 ACTIVATION_QUANT = (None, "int8-token")
 KERNELS = ("int4pack", "int8mm", "dequant")
