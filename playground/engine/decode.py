@@ -61,11 +61,10 @@ class TokenBuffer:
         return self.data[:, self.length - 1 : self.length]  # [1, 1]
 
     def append(self, token_id: int | list[int]) -> None:
-        """One token, or one per row (a batch of sequences: the KV lab's parallel samples)."""
-        if self.length == self.data.shape[1]:  # more than planned
-            grow = self.data.new_empty((self.data.shape[0], max(16, self.length // 2)))
-            self.data = torch.cat([self.data, grow], dim=1)
-        self.data[:, self.length] = torch.as_tensor(token_id, dtype=torch.long)
+        """One token, or one per row (a batch of sequences: the KV lab's parallel samples). The buffer holds the
+        prompt and the run's whole budget, and the loop never keeps a token past the budget."""
+        # A plain int fills in place (no tensor made per token); a row's list is copied over once.
+        self.data[:, self.length] = token_id if isinstance(token_id, int) else torch.tensor(token_id, dtype=torch.long)
         self.length += 1
 
     def repeated(self, rows: int) -> TokenBuffer:
