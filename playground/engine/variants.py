@@ -243,16 +243,23 @@ def build(lm: LoadedModel, request: VariantRequest, progress: Progress | None = 
     if isinstance(request, SmallModel):
         small = load_small_model(lm, request.path, progress)
         return Variant(request, small.model, 0, loaded=small)
+    with torch.no_grad():
+        return _quantized(lm, request, build_reporter(label(request), lm.name, progress, should_stop))
+
+
+def build_reporter(what: str, model_name: str, progress: Progress | None, should_stop: StopCheck | None
+                   ) -> Progress:
+    """``say(message, fraction)`` for a build of ``what``: reports ``"what: message"`` (fraction clamped to 0..1)
+    and raises ``BuildStopped`` when Stop has come, so nothing half-built is kept."""
     stop = should_stop or (lambda: False)
 
     def say(message: str, fraction: float) -> None:
         if progress is not None:
-            progress(f"{label(request)}: {message}", min(max(fraction, 0.0), 1.0))
+            progress(f"{what}: {message}", min(max(fraction, 0.0), 1.0))
         if stop():
-            raise BuildStopped(f"stopped while building the {label(request)} copy of {lm.name}: nothing was kept")
+            raise BuildStopped(f"stopped while building the {what} copy of {model_name}: nothing was kept")
 
-    with torch.no_grad():
-        return _quantized(lm, request, say)
+    return say
 
 
 def first_layers(model: nn.Module, n_layers: int, setting: str = "draft_layers") -> nn.Module:

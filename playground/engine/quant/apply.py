@@ -180,14 +180,7 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
     if copy is not None and _ready_key(quant) in copy.notes:
         ready = copy.notes[_ready_key(quant)]
         return _named(lm, quant, copy.model), dataclasses.replace(ready, seconds=0.0, cached=True)
-    stop = should_stop or (lambda: False)
-
-    def say(message: str, fraction: float) -> None:
-        if progress is not None:
-            progress(f"{label(quant)}: {message}", min(max(fraction, 0.0), 1.0))
-        if stop():
-            raise QuantCancelled(f"stopped while building the {label(quant)} copy of {lm.name}: nothing was kept")
-
+    say = variants.build_reporter(label(quant), lm.name, progress, should_stop)
     started = time.perf_counter()
     model = lm.model
     anatomy, _ = quant_targets(model, quant.quant)  # ConfigError naming the family before any work
