@@ -21,7 +21,6 @@ from playground.config import (
     setting,
 )
 from playground.config.catalog import STRATEGIES, Strategy, register_strategy
-from playground.engine.strategies import RUNNERS, register_runner
 from playground.events import TokenStep
 
 NAN, INF = float("nan"), float("inf")
@@ -310,12 +309,10 @@ def probe_strategy(probe_group):
     """A strategy that reads the probe group (so the form reports its values)."""
     assert "probe" not in STRATEGIES
     register_strategy(Strategy("probe", "greedy, with a probe", sections=("penalties",), groups=(ProbeSettings,),
-                               step_events=(TokenStep,)))
-    register_runner("probe", "playground.engine.sampling:run_sampling")
+                               step_events=(TokenStep,), runner="playground.engine.sampling:run_sampling"))
     try:
         yield "probe"
     finally:
-        RUNNERS.pop("probe", None)
         STRATEGIES.pop("probe", None)
 
 

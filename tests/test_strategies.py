@@ -8,7 +8,7 @@ import pytest
 
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import STRATEGIES, get_strategy
-from playground.engine.strategies import RUNNERS, load_runner, run_strategy
+from playground.engine.strategies import load_runner, run_strategy
 from playground.events import PrefillDone, RunFinished, RunStarted
 
 
@@ -28,7 +28,25 @@ def test_registry_holds_the_known_strategies():
 
 
 def test_the_engine_runs_exactly_the_catalog():
-    assert list(RUNNERS) == list(STRATEGIES)
+    """Every catalog entry names a runner (``module:function``) that the engine can import and call."""
+    for name, strategy in STRATEGIES.items():
+        module, _, function = strategy.runner.partition(":")
+        assert module.startswith("playground.engine.") and function, (name, strategy.runner)
+        assert callable(load_runner(name)), name
+
+
+def test_the_catalog_keeps_the_menus_order():
+    """Each capability's settings module declares its entries, imported by name: the menu and --help keep their
+    order by the entries' numbers, not by which module was imported first."""
+    assert list(STRATEGIES) == ["greedy", "sample", "beam", "speculative", "early-exit", "layer-skip", "kv-cache",
+                                "compare", "contrastive", "cascade"]
+    from playground.config import GROUPS  # the form's boxes and --help's sections, by the groups' numbers
+
+    assert list(GROUPS)[:9] == ["beam", "compare", "quant", "contrastive", "kv", "lens", "layers", "speculative",
+                                "cascade"]
+    # A strategy's groups: its own, then the shared ones in their order, whichever module registered first.
+    assert [g.name for g in get_strategy("beam").groups] == ["beam", "kv", "lens", "quant"]
+    assert [g.name for g in get_strategy("greedy").groups] == ["lens", "quant"]
 
 
 @pytest.mark.parametrize("command", ["trace", "shot", "app"])

@@ -1,10 +1,14 @@
 """Typed settings: the shared run settings, one group per capability, and the table that drives the CLI, the
 form and validation (``playground.config.table``).
 
-Capability modules register their group on import; list each one here.
+A capability module registers its settings group and its strategies' catalog entries on import; every module of
+this package is imported here (a new capability adds its module and edits nothing). The names below are the
+built-in capabilities' settings, importable from the package for short.
 """
 
-from playground.config import beam, compare, contrastive, kv, layers, quant, speculative  # noqa: F401  (each registers its settings group)
+import importlib
+import pkgutil
+
 from playground.config.beam import EARLY_STOPPING, BeamSettings
 from playground.config.cascade import CASCADE_UNITS, CHEAP_MODELS, CascadeSettings
 from playground.config.compare import CompareSettings
@@ -17,6 +21,9 @@ from playground.config.quant import GROUP_SIZES, QUANT_METHODS, QuantSettings
 from playground.config.run import DEFAULT_PROMPT, DEVICES, DTYPES, ModelSettings, RunSettings
 from playground.config.speculative import DRAFTERS, SpeculativeSettings
 from playground.config.table import Row, Setting, rows, setting
+
+for _info in pkgutil.iter_modules(__path__):  # each capability module registers its group and strategies
+    importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = [
     "AMATEURS",

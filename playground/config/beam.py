@@ -1,11 +1,14 @@
-"""Beam search settings (names as in transformers' generate)."""
+"""Beam search: its settings (names as in transformers' generate) and its catalog entry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
+from playground.config.kv import KVSettings
 from playground.config.table import setting
+from playground.events.beam import BeamStep
 
 EARLY_STOPPING = ("true", "false", "never")
 
@@ -15,6 +18,7 @@ EARLY_STOPPING = ("true", "false", "never")
 class BeamSettings(SettingsGroup):
     name = "beam"
     title = "Beam search"
+    order = 10
 
     num_beams: int = setting(4, "beams", "hypotheses kept at every step", minimum=1, maximum=16)
     length_penalty: float = setting(
@@ -33,3 +37,9 @@ class BeamSettings(SettingsGroup):
         return [(self.num_return_sequences <= self.num_beams,
                  f"num_return_sequences must be between 1 and num_beams={self.num_beams} "
                  f"(got {self.num_return_sequences})")]
+
+
+register_strategy(Strategy(
+    "beam", "keep several hypotheses, expand all of them every step",
+    sections=("penalties",), groups=(BeamSettings, KVSettings), step_events=(BeamStep,),
+    runner="playground.engine.beam:run_beam_search", order=30))

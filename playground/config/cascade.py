@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.quant import QUICK_COPIES
 from playground.config.table import setting
+from playground.events import TokenStep
+from playground.events.cascade import CascadeResponse, CascadeStep
 
 CHEAP_MODELS = ("quantized", "layers", "model")
 CASCADE_UNITS = ("token", "response")
@@ -18,6 +21,7 @@ CASCADE_UNITS = ("token", "response")
 class CascadeSettings(SettingsGroup):
     name = "cascade"
     title = "Cascade"
+    order = 90
 
     cheap: str = setting(
         "quantized", "cheap model", "who answers first: quantized = the full model's own quantized copy; layers = "
@@ -60,3 +64,10 @@ class CascadeSettings(SettingsGroup):
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.cheap != "model" or bool(self.cheap_model.strip()),
                  "the model cheap model needs --cheap-model PATH (a small model with the full model's tokenizer)")]
+
+
+register_strategy(Strategy(
+    "cascade", "a cheap model (the quantized copy, the first layers, a small model) answers first; the full model "
+    "decides where the cheap one is unsure (per token or per response)", sections=("sampling", "penalties"),
+    groups=(CascadeSettings,), step_events=(CascadeStep, CascadeResponse, TokenStep),
+    runner="playground.engine.cascade.decode:run_cascade", order=100))

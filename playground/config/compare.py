@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
+from playground.events import TokenStep
+from playground.events.panes import PaneToken
 
 MIN_PANES, MAX_PANES = 2, 4
 
@@ -20,6 +23,7 @@ MIN_PANES, MAX_PANES = 2, 4
 class CompareSettings(SettingsGroup):
     name = "compare"
     title = "Side by side"
+    order = 20
 
     panes: tuple[str, ...] = setting(
         ("greedy", "sample --temperature 0.8"), "panes", "2-4 configurations, each a strategy and its options as "
@@ -35,3 +39,9 @@ class CompareSettings(SettingsGroup):
         return [(MIN_PANES <= len(self.panes) <= MAX_PANES,
                  f"side by side takes {MIN_PANES} to {MAX_PANES} panes, not {len(self.panes)}"),
                 (all(p.strip() for p in self.panes), "a pane is empty: write a strategy name and its options")]
+
+
+register_strategy(Strategy(
+    "compare", "2-4 strategies (or quantized copies) on the same prompt, side by side, with figures for each output",
+    groups=(CompareSettings,), step_events=(PaneToken, TokenStep), runner="playground.engine.compare.panes:run_compare",
+    order=80))

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.quant import QUICK_COPIES
 from playground.config.table import setting
+from playground.events import TokenStep
+from playground.events.contrastive import ContrastStep
 
 AMATEURS = ("layer", "quantized", "model")
 
@@ -17,6 +20,7 @@ AMATEURS = ("layer", "quantized", "model")
 class ContrastiveSettings(SettingsGroup):
     name = "contrastive"
     title = "Contrastive decoding"
+    order = 40
 
     amateur: str = setting(
         "layer", "amateur", "whose mistakes are subtracted: layer = an early layer of the expert itself (its output "
@@ -59,3 +63,9 @@ class ContrastiveSettings(SettingsGroup):
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.amateur != "model" or bool(self.amateur_model.strip()),
                  "the model amateur needs --amateur-model PATH (a smaller model with the expert's tokenizer)")]
+
+
+register_strategy(Strategy(
+    "contrastive", "the expert's plausible tokens, ranked by log p_expert − log p_amateur (an early layer, a "
+    "quantized copy or a smaller model)", sections=("sampling", "penalties"), groups=(ContrastiveSettings,),
+    step_events=(ContrastStep, TokenStep), runner="playground.engine.contrastive.decode:run_contrastive", order=90))

@@ -1,7 +1,8 @@
 """Capability settings: one frozen dataclass per capability, registered by name.
 
 A ``RunSettings`` carries the groups a run uses (``settings.group(BeamSettings)``); the CLI and the form list every
-registered group's table, so a new capability adds its module here and touches nothing else.
+registered group's table, in the groups' ``order``, so a new capability adds its module (``playground.config``
+imports every module of the package) and touches nothing else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from playground.config.table import check_all, from_plain, plain_value, rows
 
 G = TypeVar("G", bound="SettingsGroup")
 
+# Where an entry without an order number goes (a group, a strategy or a shared group from a capability outside the
+# package): after the built-ins, in the order they register.
+AFTER_BUILT_INS = 1000
+
 
 @dataclass(frozen=True)
 class SettingsGroup:
@@ -22,6 +27,7 @@ class SettingsGroup:
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
+    order: ClassVar[int] = AFTER_BUILT_INS  # where its box sits in the form and its section in --help
 
     def validate(self) -> None:
         check_all(self)
@@ -71,4 +77,7 @@ def register_group(cls: type[G]) -> type[G]:
         raise ValueError(f"{cls.__name__}: the switches {stuck} say 'no' and default to on; they could not be "
                          "switched off")
     GROUPS[cls.name] = cls
+    ordered = sorted(GROUPS.values(), key=lambda group: group.order)  # stable: equal numbers keep their turn
+    GROUPS.clear()
+    GROUPS.update((group.name, group) for group in ordered)
     return cls

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
+from playground.events import TokenStep
+from playground.events.kv import KVStep
 
 KV_DTYPES = ("model", "int8", "int4")
 ATTENTIONS = ("model", "sdpa", "eager")
@@ -17,6 +20,7 @@ ATTENTIONS = ("model", "sdpa", "eager")
 class KVSettings(SettingsGroup):
     name = "kv"
     title = "KV cache"
+    order = 50
 
     no_cache: bool = setting(False, "no cache", "recompute the whole sequence every step instead of keeping keys "
                              "and values (same tokens, quadratic cost)")
@@ -60,3 +64,9 @@ class KVSettings(SettingsGroup):
 
     def sweep_sizes(self) -> tuple[int, ...]:
         return tuple(int(part) for part in self.batch_sweep.replace(" ", "").split(",") if part)
+
+
+register_strategy(Strategy(
+    "kv-cache", "greedy decoding that measures its KV cache every step: contiguous, paged, quantized or none",
+    sections=("sampling", "penalties"), groups=(KVSettings,), step_events=(KVStep, TokenStep),
+    runner="playground.engine.kv.decode:run_kv_cache", order=70))

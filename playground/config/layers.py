@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import SharedGroup, Strategy, register_shared_group, register_strategy
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
+from playground.events import TokenStep
+from playground.events.layers import LayerStep
 
 EXIT_METRICS = ("entropy", "max-prob", "saturation")
 LENS_PRECISIONS = ("bfloat16", "model")
@@ -32,6 +35,7 @@ def parse_layer_set(text: str) -> tuple[int, ...]:
 class LensSettings(SettingsGroup):
     name = "lens"
     title = "Logit lens"
+    order = 60
 
     def active(self) -> bool:
         return self.lens
@@ -56,6 +60,7 @@ class LensSettings(SettingsGroup):
 class LayerSettings(SettingsGroup):
     name = "layers"
     title = "Early exit and layer skipping"
+    order = 70
 
     exit_metric: str = setting("entropy", "exit metric", "early exit: entropy = exit at the first layer whose "
                                "lens distribution has at most the threshold's bits; max-prob = whose top token has at "
@@ -106,3 +111,17 @@ class LayerSettings(SettingsGroup):
 
     def skip_set(self) -> tuple[int, ...]:
         return parse_layer_set(self.skip_layers)
+
+
+register_strategy(Strategy(
+    "early-exit", "each token leaves the layer stack at the first layer whose logit lens is confident enough",
+    sections=("penalties",), groups=(LayerSettings,), step_events=(LayerStep, TokenStep),
+    runner="playground.engine.layers.decode:run_early_exit", order=50))
+register_strategy(Strategy(
+    "layer-skip", "each token passes some layers by: a fixed set, or after a layer that barely changed it",
+    sections=("penalties",), groups=(LayerSettings,), step_events=(LayerStep, TokenStep),
+    runner="playground.engine.layers.decode:run_layer_skip", order=60))
+# The lens applies across strategies: each of these records it itself.
+register_shared_group(SharedGroup(
+    LensSettings, "--lens records each generated token's layers", "does not record them",
+    takers=("greedy", "sample", "beam", "speculative", "early-exit", "layer-skip"), order=10))

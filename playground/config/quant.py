@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import SharedGroup, register_shared_group
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.table import setting
 
@@ -24,6 +25,7 @@ GROUP_SIZES = (32, 64, 128)
 class QuantSettings(SettingsGroup):
     name = "quant"
     title = "Quantization"
+    order = 30
 
     def active(self) -> bool:
         return self.quant != "none"
@@ -56,3 +58,10 @@ class QuantSettings(SettingsGroup):
                  f"not {self.group_size}"),
                 (self.quant != "none" or not self.compare,
                  "--compare needs a method to compare with the reference: add --quant METHOD")]
+
+
+# --quant applies across strategies: its wrapper runs the strategy on the quantized copy (or the lab, --compare).
+register_shared_group(SharedGroup(
+    QuantSettings, "--quant runs a strategy on the model's quantized copy",
+    "does not take it (it has its own options for that, if any)", excluding=("compare", "contrastive", "cascade"),
+    wrapper="playground.engine.quant.compare:run_quant_wrapper", order=20))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
 from playground.config.quant import QUICK_COPIES
 from playground.config.table import setting
+from playground.events import TokenStep
+from playground.events.speculative import SpeculativeRound
 
 DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
 
@@ -16,6 +19,7 @@ DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
 class SpeculativeSettings(SettingsGroup):
     name = "speculative"
     title = "Speculative decoding"
+    order = 80
 
     draft: str = setting(
         "prompt-lookup", "drafter", "who proposes tokens: prompt-lookup copies the continuation of a recent "
@@ -52,3 +56,9 @@ class SpeculativeSettings(SettingsGroup):
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.draft != "model" or bool(self.draft_model.strip()),
                  "the model drafter needs --draft-model PATH (a small model with the target's tokenizer)")]
+
+
+register_strategy(Strategy(
+    "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
+    sections=("sampling", "penalties"), groups=(SpeculativeSettings,), step_events=(SpeculativeRound, TokenStep),
+    runner="playground.engine.speculative.decode:run_speculative", order=40))

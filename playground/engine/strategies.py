@@ -1,8 +1,8 @@
-"""The engine's side of the strategy catalog: a runner for every strategy name, and ``run_strategy``.
+"""The engine's side of the strategy catalog: ``run_strategy`` imports the runner a catalog entry names and runs it.
 
-What a strategy is called, what it reads and what it yields is the catalog's (``playground.config.catalog``, in the
-contract); here each name gets the function that decodes it. Runners are named as ``"module:function"`` and
-imported on first use, so reading this table loads no torch.
+What a strategy is called, what it reads, what it yields and which function decodes it (``runner``,
+``"module:function"``) is the catalog's (``playground.config.catalog``, in the contract, each entry declared by its
+capability's settings module); the runner is imported on first use, so reading the catalog loads no torch.
 """
 
 from __future__ import annotations
@@ -22,36 +22,11 @@ if TYPE_CHECKING:  # the table itself must load without torch (the CLI's --help,
 StopCheck = Callable[[], bool]
 Runner = Callable[["LoadedModel", RunSettings, "StopCheck | None"], Iterator[Event]]
 
-# Strategy name -> "module:function" taking (lm, settings, should_stop) and returning an event iterator.
-RUNNERS: dict[str, str] = {}
-
-
-def register_runner(name: str, runner: str) -> None:
-    """The engine's runner for the catalog's strategy ``name``."""
-    get_strategy(name)  # a runner for a strategy the catalog does not know is a bug
-    if name in RUNNERS:
-        raise ValueError(f"strategy {name!r} has a runner already")
-    RUNNERS[name] = runner
-
 
 def load_runner(name: str) -> Runner:
-    path = RUNNERS.get(name) or get_strategy(name).runner  # a capability from outside names its own
-    if not path:
-        raise RuntimeError(f"strategy {name!r} is in the catalog, but the engine registers no runner for it")
-    module, _, function = path.partition(":")
+    """The function the catalog's entry ``name`` names as its runner."""
+    module, _, function = get_strategy(name).runner.partition(":")
     return getattr(importlib.import_module(module), function)
-
-
-register_runner("greedy", "playground.engine.sampling:run_sampling")
-register_runner("sample", "playground.engine.sampling:run_sampling")
-register_runner("beam", "playground.engine.beam:run_beam_search")
-register_runner("speculative", "playground.engine.speculative.decode:run_speculative")
-register_runner("early-exit", "playground.engine.layers.decode:run_early_exit")
-register_runner("layer-skip", "playground.engine.layers.decode:run_layer_skip")
-register_runner("kv-cache", "playground.engine.kv.decode:run_kv_cache")
-register_runner("compare", "playground.engine.compare.panes:run_compare")
-register_runner("contrastive", "playground.engine.contrastive.decode:run_contrastive")
-register_runner("cascade", "playground.engine.cascade.decode:run_cascade")
 
 
 def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
