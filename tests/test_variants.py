@@ -76,7 +76,7 @@ def test_one_quantized_copy_per_model_and_method(tiny_lm, built):
     assert {id(m) for m in live(built)} == {id(g64.model), id(head.model)}
     # --quant with the same recipe builds nothing.
     count = len(built)
-    from playground.engine.quant.apply import quantized_lm
+    from playground.engine.quantized.apply import quantized_lm
 
     qlm, _ = quantized_lm(tiny_lm, QuantSettings(quant="rtn-int4", group_size=64, calibration_tokens=32))
     assert qlm.model is g64.model and len(built) == count
@@ -209,6 +209,51 @@ def test_stop_during_a_strategys_build_ends_the_run_stopped(tiny_lm, built, name
     assert isinstance(events[-1], RunFinished) and events[-1].stop_reason != "stopped"
     assert events[-1].cut_short == () and len(events[-1].token_ids) == 4
     assert any("quantizing layer 2/2" in m for m in reports) and len(live(built)) == 1
+
+
+SMALL_MODEL_CASES = {  # a run that loads a separate small model (the folder in {}) before its first event
+    "drafter": "speculative --draft model --draft-model {}",
+    "amateur": "contrastive --amateur model --amateur-model {}",
+    "cheap model": "cascade --cheap model --cheap-model {}",
+}
+
+
+@pytest.mark.parametrize("stop_at", [1, 2, 3], ids=["before-the-tokenizer", "before-the-weights", "before-the-move"])
+@pytest.mark.parametrize("name", list(SMALL_MODEL_CASES))
+def test_stop_during_a_small_models_load_ends_the_run_stopped(tiny_lm, model_folder, built, monkeypatch, name,
+                                                              stop_at):
+    """Stop during the load of a separate small model is seen at the load's next phase, not at the run's first
+    step: the run is its start and a final event, "stopped", naming the small model as what was cut; the load
+    reads no weights once Stop came before them, and nothing is cached. Without Stop the same run loads it."""
+    import transformers
+
+    from playground.engine.strategies import run_strategy
+    from playground.events import RunFinished, RunStarted
+
+    weight_reads: list[str] = []
+    real = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls, *args, **kwargs):
+        weight_reads.append(str(args[0]))
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    settings = case(SMALL_MODEL_CASES[name].format(model_folder))
+    reports: list[str] = []
+    events = list(run_strategy(tiny_lm, settings, lambda: len(reports) >= stop_at,
+                               lambda message, fraction: reports.append(message)))
+    assert [type(e) for e in events] == [RunStarted, RunFinished]
+    assert events[1].stop_reason == "stopped" and events[1].cut_short == ("small_model",)
+    assert events[1].token_ids == ()
+    assert len(reports) == stop_at, reports  # nothing more was reported: the load ended at that phase
+    assert len(weight_reads) == (0 if stop_at <= 2 else 1)
+    assert variants.held(kind=SmallModel) == [] and list(built) == []
+
+    reports.clear()
+    events = list(run_strategy(tiny_lm, settings, None, lambda message, fraction: reports.append(message)))
+    assert isinstance(events[-1], RunFinished) and events[-1].stop_reason != "stopped"
+    assert events[-1].cut_short == () and len(events[-1].token_ids) == 4
+    assert len(variants.held(kind=SmallModel)) == 1 and len(reports) > stop_at
 
 
 def test_the_drafter_amateur_cheap_model_and_quant_share_one_copy(tiny_lm, built):

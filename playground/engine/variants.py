@@ -35,6 +35,7 @@ from torch import nn
 
 from playground.config import ConfigError, ModelSettings, QuantSettings
 from playground.config.quant import QUICK_COPIES
+from playground.errors import UserError
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
@@ -113,10 +114,14 @@ class Variant:
         return self.request.kind
 
 
-class BuildStopped(ConfigError):
-    """Stop came while a variant was being built: nothing was kept. ``cut`` names it for ``RunFinished.cut_short``."""
+class BuildStopped(UserError):
+    """Stop came while a variant was being built: nothing was kept. ``cut`` names it for ``RunFinished.cut_short``
+    ("quantized_copy", or "small_model" for a separate small model's load). Not a ``ConfigError``: the strategies
+    that reword a small model's refusals (the amateur's, the cheap model's) let it through to their Stop path."""
 
-    cut = "quantized_copy"
+    def __init__(self, message: str, cut: str = "quantized_copy") -> None:
+        super().__init__(message)
+        self.cut = cut
 
 
 def label(request: VariantRequest) -> str:
@@ -241,7 +246,7 @@ def build(lm: LoadedModel, request: VariantRequest, progress: Progress | None = 
         model = first_layers(lm.model, request.layers, request.setting)
         return Variant(request, model, anatomy_of(lm.model).count)
     if isinstance(request, SmallModel):
-        small = load_small_model(lm, request.path, progress)
+        small = load_small_model(lm, request.path, progress, should_stop)
         return Variant(request, small.model, 0, loaded=small)
     with torch.no_grad():
         return _quantized(lm, request, build_reporter(label(request), lm.name, progress, should_stop))
@@ -299,11 +304,29 @@ def _shallow(module: nn.Module, config: object | None) -> nn.Module:
     return twin
 
 
-def load_small_model(lm: LoadedModel, path: str, progress: Progress | None = None) -> LoadedModel:
-    """A separate model on ``lm``'s device and dtype that must share its tokenizer (``ConfigError`` if not)."""
-    from playground.models.loading import load_model
+def load_small_model(lm: LoadedModel, path: str, progress: Progress | None = None,
+                     should_stop: StopCheck | None = None) -> LoadedModel:
+    """A separate model on ``lm``'s device and dtype that must share its tokenizer (``ConfigError`` if not).
 
-    small = load_model(ModelSettings(path=path, device=lm.device.type, dtype=lm.dtype_name), progress)
+    Stop is honoured between the load's phases (before the tokenizer, before the weights, before the move to the
+    device, at the end): ``BuildStopped`` ("small_model"), and the half-loaded model goes with it."""
+    from playground.models.loading import ModelLoadError, load_model
+
+    stop = should_stop or (lambda: False)
+
+    def say(message: str, fraction: float) -> None:
+        if progress is not None:
+            progress(message, fraction)
+        if stop():
+            raise BuildStopped(f"stopped while loading the small model {path} for {lm.name}: nothing was kept",
+                               cut="small_model")
+
+    try:
+        small = load_model(ModelSettings(path=path, device=lm.device.type, dtype=lm.dtype_name), say)
+    except ModelLoadError as error:
+        if isinstance(error.__cause__, BuildStopped):  # the loader wraps what its progress raised mid-read
+            raise error.__cause__ from None
+        raise
     if small.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
         raise ConfigError(f"the draft model {small.name} does not share {lm.name}'s tokenizer: token ids would "
                           "mean different things; pick a draft model of the same family")
