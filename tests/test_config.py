@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
+from test_samplers_settings import SAMPLER_FLOATS, SAMPLER_PLAIN_DEFAULTS, SAMPLER_REFUSED
 
 from playground.config import (
     GROUPS,
@@ -77,6 +78,7 @@ SHARED_REFUSED = [
     ({"prompt": ""}, "the prompt is empty: write something"),
     ({"prompt": " \n\t "}, "the prompt is empty: write something"),
 ]
+SHARED_REFUSED += SAMPLER_REFUSED  # the samplers' own table (tests/test_samplers_settings.py)
 
 BEAM_REFUSED = [
     ({"num_beams": 0}, "num_beams must be in [1, 16] (got 0)"),
@@ -131,7 +133,7 @@ def test_every_ruled_setting_has_its_message_written_out_above():
         "chat", "prompt", "system", "strategy", "stop_strings"}
     assert _ruled(BeamSettings) == {name for values, _ in BEAM_REFUSED for name in values}
     floats = {r.name for r in rows(RunSettings) if r.type is float}
-    assert floats == {"temperature", "top_p", "min_p", "repetition_penalty"}
+    assert floats == {"temperature", "top_p", "min_p", "repetition_penalty"} | SAMPLER_FLOATS
     for name in floats:  # each float row has its NaN, +inf and -inf case
         bad = [values[name] for values, _ in SHARED_REFUSED if isinstance(values.get(name), float)]
         assert any(math.isnan(v) for v in bad) and INF in bad and -INF in bad, name
@@ -233,7 +235,7 @@ def test_plain_dict_is_what_the_docs_say():
         "prompt": "Once upon a time", "chat": True, "system": "", "strategy": "sample", "max_new_tokens": 64,
         "num_candidates": 10, "stop_strings": ["\n\n", "END"], "temperature": 0.7, "top_k": 40, "top_p": 0.9,
         "min_p": 0.05, "seed": 1234, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-        "forced_token_ids": [5, 17, 9],
+        "forced_token_ids": [5, 17, 9], **SAMPLER_PLAIN_DEFAULTS,
         "beam": {"num_beams": 2, "length_penalty": 1.0, "early_stopping": "false", "num_return_sequences": 1},
     }
 

@@ -1,17 +1,37 @@
 """Logit transforms as pure functions ``(ids, logits) -> logits`` that never modify their input.
 
-``ids``: [batch, seq] token ids so far (prompt + generated), ``logits``: [batch, vocab]. Each one follows the
-definition of the transformers logits processor of the same name (checked against it in tests).
+``ids``: [batch, seq] token ids so far (prompt + generated), ``logits``: [batch, vocab]. The four here follow the
+transformers logits processor of the same name (checked against it in tests); the others live in
+``playground.engine.samplers``. ``build_pipeline`` binds each one's settings, in the run's order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from playground.config import RunSettings
+from playground.config.errors import ConfigError
+from playground.config.samplers import SAMPLING_ONLY, parse_sampler_order, sampler_is_on
+from playground.engine.samplers import (
+    MirostatState,
+    apply_dry,
+    apply_dynamic_temperature,
+    apply_presence_frequency_penalties,
+    apply_sequence_bias,
+    breaker_token_ids,
+    combine_guidance,
+    exclude_top_choices,
+    keep_above_epsilon,
+    keep_above_eta,
+    keep_top_n_sigma,
+    keep_typical,
+    resolve_logit_bias,
+    truncate_by_surprise,
+)
 
 LogitTransform = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -76,30 +96,115 @@ class NamedTransform:
     apply: LogitTransform
 
 
-def build_pipeline(settings: RunSettings, *, sampling: bool) -> tuple[NamedTransform, ...]:
-    """The processors a run applies, in transformers' order.
+@dataclass
+class SamplerRun:
+    """What a run's stateful samplers carry from step to step. Only a strategy that feeds it (greedy and sample)
+    can use XTC, mirostat and guidance; the others are refused them by name (``build_pipeline`` without one)."""
 
-    Penalties apply to every strategy; temperature, top-k, top-p and min-p only when sampling (as in
-    ``generate``, where greedy and beam search ignore them).
+    generator: torch.Generator  # XTC's draws come from the run's own seeded generator: runs are reproducible
+    mirostat: MirostatState | None = None
+    negative_logits: torch.Tensor | None = None  # guidance: this step's logits after the negative prompt [1, vocab]
+
+    @classmethod
+    def of(cls, settings: RunSettings, generator: torch.Generator, *, sampling: bool) -> SamplerRun:
+        on = sampling and settings.mirostat == 2  # a sampling-only sampler: greedy carries no mu
+        mirostat = MirostatState.start(settings.mirostat_tau, settings.mirostat_eta) if on else None
+        return cls(generator=generator, mirostat=mirostat)
+
+    def chose(self, prob: float) -> None:
+        """The token was chosen with probability ``prob`` under the processed distribution."""
+        if self.mirostat is not None:
+            self.mirostat.update(prob)
+
+
+# Why a stateful sampler needs a strategy that carries it, for the refusal.
+_NEEDS_RUN = {"xtc": "its draw comes from the run's generator", "mirostat": "its mu follows the chosen tokens",
+              "guidance": "it needs a second forward pass of the negative prompt"}
+
+
+def _transform(name: str, s: RunSettings, tokenizer: Any, vocab_size: int | None,
+               run: SamplerRun | None) -> NamedTransform:
+    if name in _NEEDS_RUN and run is None:
+        raise ConfigError(f"{name} is not available with the {s.strategy} strategy ({_NEEDS_RUN[name]}); use "
+                          "greedy or sample, or switch it off")
+    if name == "guidance":
+        assert run is not None
+
+        def guide(i: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            assert run.negative_logits is not None, "the strategy runs the negative prompt before the pipeline"
+            return combine_guidance(x, run.negative_logits, s.guidance_scale)
+
+        return NamedTransform("guidance", guide)
+    if name == "logit_bias":
+        size = vocab_size if vocab_size is not None else (len(tokenizer) if tokenizer is not None else 2**31)
+        biases = resolve_logit_bias(s.logit_bias, tokenizer, size)
+        return NamedTransform("logit_bias", lambda i, x: apply_sequence_bias(i, x, biases))
+    if name == "repetition_penalty":
+        return NamedTransform(name, lambda i, x: apply_repetition_penalty(i, x, s.repetition_penalty))
+    if name == "no_repeat_ngram":
+        return NamedTransform(name, lambda i, x: ban_repeated_ngrams(i, x, s.no_repeat_ngram_size))
+    if name == "penalties":
+        return NamedTransform(name, lambda i, x: apply_presence_frequency_penalties(
+            i, x, s.presence_penalty, s.frequency_penalty))
+    if name == "dry":
+        if tokenizer is None and s.dry_sequence_breakers:
+            raise ConfigError(f"DRY's sequence breakers are words, which the {s.strategy} strategy cannot read here")
+        breakers = breaker_token_ids(s.dry_sequence_breakers, tokenizer) if s.dry_sequence_breakers else frozenset()
+        return NamedTransform(name, lambda i, x: apply_dry(i, x, s.dry_multiplier, s.dry_base,
+                                                           s.dry_allowed_length, breakers))
+    if name == "temperature":
+        if s.dynatemp_range > 0:
+            return NamedTransform("dynatemp", lambda i, x: apply_dynamic_temperature(
+                i, x, s.temperature, s.dynatemp_range, s.dynatemp_exponent))
+        return NamedTransform(name, lambda i, x: apply_temperature(i, x, s.temperature))
+    if name == "xtc":
+        assert run is not None
+        generator = run.generator
+
+        def xtc(i: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            # llama.cpp draws once per step and cuts when the draw is within the probability.
+            draw = float(torch.rand((), generator=generator, device=generator.device).item())
+            return exclude_top_choices(i, x, s.xtc_threshold) if draw < s.xtc_probability else x
+
+        return NamedTransform(name, xtc)
+    if name == "mirostat":
+        assert run is not None and run.mirostat is not None
+        state = run.mirostat
+        return NamedTransform(name, lambda i, x: truncate_by_surprise(i, x, state.mu))
+    simple: dict[str, LogitTransform] = {
+        "top_k": lambda i, x: keep_top_k(i, x, s.top_k),
+        "top_p": lambda i, x: keep_top_p(i, x, s.top_p),
+        "min_p": lambda i, x: keep_min_p(i, x, s.min_p),
+        "typical_p": lambda i, x: keep_typical(i, x, s.typical_p),
+        "epsilon_cutoff": lambda i, x: keep_above_epsilon(i, x, s.epsilon_cutoff),
+        "eta_cutoff": lambda i, x: keep_above_eta(i, x, s.eta_cutoff),
+        "top_n_sigma": lambda i, x: keep_top_n_sigma(i, x, s.top_n_sigma),
+    }
+    return NamedTransform(name, simple[name])
+
+
+def build_pipeline(settings: RunSettings, *, sampling: bool, tokenizer: Any = None, vocab_size: int | None = None,
+                   run: SamplerRun | None = None, part: str = "all") -> tuple[NamedTransform, ...]:
+    """The processors a run applies, in the settings' order (``samplers``; transformers' order by default).
+
+    The penalties, DRY, logit bias and guidance apply to every strategy; the samplers that shape the distribution a
+    token is drawn from (temperature, top-k/p, min-p, typical, epsilon, eta, top-nσ, XTC, mirostat) only when
+    ``sampling`` (as in ``generate``, where greedy and beam search ignore them). ``tokenizer``: to read words (logit
+    bias, DRY's breakers); ``run``: the state XTC, mirostat and guidance need (strategies without one are refused
+    them). ``part``: "penalties" or "sampler" for a strategy that applies the two apart (contrastive search),
+    which refuses an order that mixes them.
     """
     s = settings
-    steps: list[NamedTransform] = []
-    if s.repetition_penalty != 1.0:
-        steps.append(NamedTransform("repetition_penalty",
-                                    lambda i, x: apply_repetition_penalty(i, x, s.repetition_penalty)))
-    if s.no_repeat_ngram_size > 0:
-        steps.append(NamedTransform("no_repeat_ngram",
-                                    lambda i, x: ban_repeated_ngrams(i, x, s.no_repeat_ngram_size)))
-    if sampling:
-        if s.temperature != 1.0:
-            steps.append(NamedTransform("temperature", lambda i, x: apply_temperature(i, x, s.temperature)))
-        if s.top_k > 0:
-            steps.append(NamedTransform("top_k", lambda i, x: keep_top_k(i, x, s.top_k)))
-        if s.top_p < 1.0:
-            steps.append(NamedTransform("top_p", lambda i, x: keep_top_p(i, x, s.top_p)))
-        if s.min_p > 0.0:
-            steps.append(NamedTransform("min_p", lambda i, x: keep_min_p(i, x, s.min_p)))
-    return tuple(steps)
+    active = [name for name in parse_sampler_order(s.samplers)
+              if sampler_is_on(s, name) and (sampling or name not in SAMPLING_ONLY)]
+    if part != "all":
+        first_sampler = next((k for k, name in enumerate(active) if name in SAMPLING_ONLY), len(active))
+        late = [name for name in active[first_sampler:] if name not in SAMPLING_ONLY]
+        if late:
+            raise ConfigError(f"the {s.strategy} strategy applies the penalties before its sampler; the order puts "
+                              f"{', '.join(late)} after {active[first_sampler]}")
+        active = [name for name in active if (name in SAMPLING_ONLY) == (part == "sampler")]
+    return tuple(_transform(name, s, tokenizer, vocab_size, run) for name in active)
 
 
 def run_pipeline(pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

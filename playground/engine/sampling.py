@@ -1,6 +1,7 @@
 """Greedy decoding and sampling, one token per step over the model's KV cache, every intermediate recorded.
 
-Prefill runs the whole prompt once and fills the cache; each later step feeds only the newest token.
+Prefill runs the whole prompt once and fills the cache; each later step feeds only the newest token. With guidance
+on, a second context (the negative prompt, then every generated token) runs beside it with its own cache.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from playground.config import LayerSettings, LensSettings, RunSettings
+from playground.config import ConfigError, LayerSettings, LensSettings, RunSettings
 from playground.engine.decode import DecodeLoop, Picked
+from playground.engine.forward import prefill
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LensRecorder, layers_started
-from playground.engine.processors import NamedTransform, build_pipeline
+from playground.engine.processors import NamedTransform, SamplerRun, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
@@ -42,14 +44,48 @@ def run_sampling(
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids), settings)
     lens = _lens_recorder(lm, settings)
-    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop), lens)
+    sampling = settings.strategy == "sample"
+    run = SamplerRun.of(settings, make_generator(lm.device, settings.seed), sampling=sampling)
+    # Built here, so a setting the vocabulary refuses (a logit bias on no token) fails before the first event.
+    pipeline = build_pipeline(settings, sampling=sampling, tokenizer=lm.tokenizer,
+                              vocab_size=lm.model.config.vocab_size, run=run)
+    negative = _negative_context(lm, settings, prompt_ids) if any(t.name == "guidance" for t in pipeline) else None
+    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop), lens,
+                   pipeline, run, negative)
+
+
+class NegativeContext:
+    """Classifier-free guidance's second context, as transformers' ``UnbatchedClassifierFreeGuidanceLogitsProcessor``
+    runs it: the negative prompt read once, then each generated token, in its own KV cache."""
+
+    def __init__(self, lm: LoadedModel, ids: list[int]) -> None:
+        self.lm = lm
+        self.unread: torch.Tensor | None = torch.tensor([ids], device=lm.device)  # [1, n], read by the first step
+        self.cache = None
+
+    def next_logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The next-token logits [1, vocab] after the negative context and ``last`` ([1, 1], the newest token)."""
+        if self.unread is not None:
+            logits, self.cache = prefill(self.lm.model, self.unread)
+            self.unread = None
+            return logits.float()
+        return self.lm.model(input_ids=last, cache=self.cache, use_cache=True).logits[:, -1, :].float()
+
+
+def _negative_context(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int]) -> NegativeContext:
+    if not settings.negative_prompt.strip():
+        return NegativeContext(lm, prompt_ids[-1:])  # transformers' unconditional context: the last token alone
+    ids, _ = encode_prompt(lm, settings.replace(prompt=settings.negative_prompt))
+    if len(ids) + settings.max_new_tokens > lm.context_length:
+        raise ConfigError(f"the negative prompt is {len(ids)} tokens: with {settings.max_new_tokens} new tokens it "
+                          f"does not fit {lm.name}'s {lm.context_length}; shorten it")
+    return NegativeContext(lm, ids)
 
 
 def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
-            record: RunRecorder, lens: LensRecorder | None) -> Iterator[Event]:
+            record: RunRecorder, lens: LensRecorder | None, pipeline: tuple[NamedTransform, ...], run: SamplerRun,
+            negative: NegativeContext | None) -> Iterator[Event]:
     sampling = settings.strategy == "sample"
-    pipeline = build_pipeline(settings, sampling=sampling)
-    generator = make_generator(lm.device, settings.seed)
     token_text = TokenTextCache(lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
 
@@ -60,7 +96,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
             logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[:, -1, :].float()
         else:
             logits = loop.logits  # the prefill's
-        analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, generator, forced)
+        if negative is not None:
+            run.negative_logits = negative.next_logits(loop.ids.last)
+        analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, run, forced)
         layer_step = lens.step_event(index) if lens is not None else None
 
         def events(texts: list[str], step_ms: float) -> list[Event]:
@@ -87,16 +125,19 @@ def _lens_recorder(lm: LoadedModel, settings: RunSettings) -> LensRecorder | Non
 
 def _choose(
     pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, settings: RunSettings,
-    sampling: bool, generator: torch.Generator, forced_id: int | None,
+    sampling: bool, run: SamplerRun, forced_id: int | None,
 ) -> StepAnalysis:
     """Run the processors, pick the token (forced, argmax or a draw) and record what each processor did."""
+    mu = run.mirostat.mu if run.mirostat is not None else None  # the cut this step's mirostat applies
     analysis = analyse_step(pipeline, ids, logits, settings.num_candidates)
     if forced_id is not None:
         token_id = forced_id
     elif sampling:
-        token_id = sample_next_token(analysis.processed_probs, generator)
+        token_id = sample_next_token(analysis.processed_probs, run.generator)
     else:
         token_id = int(analysis.processed_logits.argmax(dim=-1).item())
     analysis.token_id = token_id
+    analysis.mirostat_mu = mu
+    if run.mirostat is not None:
+        run.chose(float(analysis.processed_probs[0, token_id].item()))
     return analysis
-

@@ -26,6 +26,7 @@ class StepAnalysis:
     processed_probs: torch.Tensor  # [1, vocab]
     top_ids: list[int]  # top candidates by raw probability
     token_id: int = -1  # set once the strategy has chosen
+    mirostat_mu: float | None = None  # mirostat v2's cut at this step (set by a sampling run with mirostat on)
     extra: dict = field(default_factory=dict)
 
     def to_event(
@@ -58,7 +59,7 @@ class StepAnalysis:
             raw_prob=math.exp(logprob_values[chosen_i]), logprob=logprob_values[chosen_i], raw_rank=raw_rank,
             entropy=entropy, processed_entropy=processed_entropy, candidates=candidates,
             shown_raw_mass=sum(math.exp(lp) for lp in logprob_values[: len(self.top_ids)]),
-            effects=effects, forced=forced, step_ms=step_ms, kv_cache_bytes=kv_bytes,
+            effects=effects, forced=forced, step_ms=step_ms, kv_cache_bytes=kv_bytes, mirostat_mu=self.mirostat_mu,
         )
 
 

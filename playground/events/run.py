@@ -99,6 +99,8 @@ class TokenStep:
     forced: bool  # the token was forced (branching), not chosen by the strategy
     step_ms: float  # model forward + processing for this step
     kv_cache_bytes: int  # measured size of the KV cache after this step
+    # Mirostat v2's surprise cut mu (bits) that this step applied; None without mirostat (and in older saved runs).
+    mirostat_mu: float | None = None
 
     # What the numbers are, for views that must not guess from the event's class (a server's steps override
     # these as fields): whether the step has probabilities at all, and whether ``prob`` is a second distribution
