@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from playground.config import QUANT_METHODS, ModelSettings, QuantSettings
-from playground.engine.quant.apply import quantized_lm
+from playground.engine.quantized.apply import quantized_lm
 from playground.models.default_model import fetch_default_model
 from playground.models.loading import load_model
 

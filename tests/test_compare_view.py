@@ -193,7 +193,7 @@ def test_views_are_registered_and_pick_their_runs(tiny_lm, quant_view, compare_v
 def test_the_window_builds_the_copy_with_progress_and_shows_the_lab(qtbot, tmp_path, tiny_lm):
     from PySide6.QtCore import QSettings, Qt
 
-    from playground.engine.quant.apply import clear_cache
+    from playground.engine.quantized.apply import clear_cache
     from playground.ui.main_window import MainWindow
 
     clear_cache()  # the copy is built in this run, with progress

@@ -13,7 +13,7 @@ import torch
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.config.catalog import STRATEGIES
 from playground.engine import variants
-from playground.engine.quant.apply import QuantCancelled, clear_cache, quantized_lm
+from playground.engine.quantized.apply import QuantCancelled, clear_cache, quantized_lm
 from playground.engine.quant.awq import AwqResult, awq
 from playground.engine.quant.calibration import load_text, text_ids
 from playground.engine.quant.linear import quantize_model

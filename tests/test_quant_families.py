@@ -18,7 +18,7 @@ from transformers.pytorch_utils import Conv1D
 
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.engine.quant import awq as awq_module
-from playground.engine.quant.apply import clear_cache, quantized_lm
+from playground.engine.quantized.apply import clear_cache, quantized_lm
 from playground.engine.quant.awq import InputScaledLinear, awq, fold_scales
 from playground.engine.quant.calibration import activation_stats, text_ids
 from playground.engine.quant.linear import QuantLinear, model_weight_bytes, quantize_model

@@ -64,4 +64,4 @@ class QuantSettings(SettingsGroup):
 register_shared_group(SharedGroup(
     QuantSettings, "--quant runs a strategy on the model's quantized copy",
     "does not take it (it has its own options for that, if any)", excluding=("compare", "contrastive", "cascade"),
-    wrapper="playground.engine.quant.compare:run_quant_wrapper", order=20))
+    wrapper="playground.engine.quantized.compare:run_quant_wrapper", order=20))

@@ -50,6 +50,10 @@ INT4PACK_MIN_WEIGHTS = 576 * 576
 INT4PACK_GROUPS = (32, 64, 128, 256)
 METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant")
 ACTIVATION_QUANT = (None, "int8-token")
+STORED = {  # how each method's decoder linears are held (all are QuantLinears: codes + float32 scales)
+    "rtn-int8": "int8", "rtn-int8-asym": "int8 + zero points", "rtn-int4": "packed int4",
+    "zeroquant": "int8 (group-wise)", "naive-w8a8": "int8 (per channel)",
+    "smoothquant": "int8 (per channel, smoothed)", "awq": "packed int4 (AWQ-scaled)"}
 KERNELS = ("int4pack", "int8mm", "dequant")
 
 

@@ -12,9 +12,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from playground.config import ConfigError
-from playground.engine.quant.apply import STORED
 from playground.engine.quant.calibration import activation_stats, load_text, text_ids
-from playground.engine.quant.linear import model_weight_bytes, quantize_model
+from playground.engine.quant.linear import STORED, model_weight_bytes, quantize_model
 from playground.engine.quant.metrics import kl_stats, perplexity, sequence_logits
 from playground.engine.quant.smoothquant import naive_w8a8, smoothquant
 

@@ -29,7 +29,7 @@ from playground.engine.prompt import encode_prompt
 from playground.engine.quant import diagnostics
 from playground.engine.quant.awq import InputScaledLinear
 from playground.engine.quant.calibration import activation_stats, load_text, text_ids
-from playground.engine.quant.linear import QuantLinear, model_weight_bytes, replaced_linears
+from playground.engine.quant.linear import STORED, QuantLinear, model_weight_bytes, replaced_linears
 from playground.engine.quant.metrics import perplexity
 from playground.engine.quant.targets import quant_targets
 from playground.engine.run_events import RunRecorder
@@ -43,10 +43,6 @@ Progress = Callable[[str, float], None]
 StopCheck = Callable[[], bool]
 
 EVAL_TOKENS = 256  # of the evaluation text, for the perplexities (a quick figure, not a benchmark)
-STORED = {  # how each method's decoder linears are held (all are QuantLinears: codes + float32 scales)
-    "rtn-int8": "int8", "rtn-int8-asym": "int8 + zero points", "rtn-int4": "packed int4",
-    "zeroquant": "int8 (group-wise)", "naive-w8a8": "int8 (per channel)",
-    "smoothquant": "int8 (per channel, smoothed)", "awq": "packed int4 (AWQ-scaled)"}
 QuantCancelled = BuildStopped  # Stop was pressed while the quantized copy was being built: nothing was kept
 
 

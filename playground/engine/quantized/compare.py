@@ -30,7 +30,7 @@ def run_quant_wrapper(runner, lm: LoadedModel, settings: RunSettings, should_sto
                       ) -> Iterator[Event]:
     """``--quant``'s wrapper of every strategy that takes it (``playground.config.catalog``): the lab
     (``--compare``: reference and copy side by side) or the strategy's ``runner`` on the quantized copy."""
-    from playground.engine.quant.apply import run_quantized
+    from playground.engine.quantized.apply import run_quantized
 
     if settings.group(QuantSettings).compare:
         return run_quant_compare(lm, settings, should_stop, progress)
@@ -40,7 +40,7 @@ def run_quant_wrapper(runner, lm: LoadedModel, settings: RunSettings, should_sto
 def run_quant_compare(lm: LoadedModel, settings: RunSettings, should_stop=None, progress=None) -> Iterator[Event]:
     """Validate, build the quantized copy (or take it from the cache, reporting ``progress``), return the run; Stop
     during the build returns a run that starts and ends "stopped" with ``cut_short=("quantized_copy",)``."""
-    from playground.engine.quant.apply import QuantCancelled, check_combination, quantized_lm
+    from playground.engine.quantized.apply import QuantCancelled, check_combination, quantized_lm
     from playground.engine.strategies import run_strategy
 
     quant = settings.group(QuantSettings)
