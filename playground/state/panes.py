@@ -40,6 +40,14 @@ class PanesState:
         self.divergence: list[int | None] = []  # per pane: first step differing from pane 0 (None: not yet)
         self.run_ended = False
 
+    @property
+    def ended(self) -> bool:
+        return self.run_ended
+
+    def end(self, status: str) -> None:
+        """The run ended (finished, stopped, failed) without its final event reaching the panes."""
+        self.run_ended = True
+
     def _pane(self, index: int) -> PaneRecord:
         while len(self.panes) <= index:  # a pane seen before its start (a truncated trace) still shows
             self.panes.append(PaneRecord(label=f"pane {len(self.panes) + 1}"))

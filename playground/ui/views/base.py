@@ -138,7 +138,9 @@ class FoldView(View):
     A subclass sets ``self.state`` and calls ``_start_drawing()`` at the end of its ``__init__`` (which resets it);
     it adds what it keeps besides the fold in ``_forget`` (on reset, before the draw), ``_follow`` (before each
     batch's draw) and ``_ended`` (when the run ends, before the last draw), and ``idle_header``, the header's text
-    while nothing is shown."""
+    while nothing is shown. A view whose events go to more than its one fold, or whose fold ends another way,
+    overrides ``_fold`` (one event in), ``_streaming`` (whether the run still streams: draws stay throttled) and
+    ``_end_fold`` (the run ended with this status)."""
 
     live_draw_ms: ClassVar[int] = 200
     idle_header: ClassVar[str] = ""
@@ -161,6 +163,16 @@ class FoldView(View):
     def _ended(self) -> None:
         """The run ended (its fold knows): e.g. stop following the newest step."""
 
+    def _fold(self, event: Event) -> None:
+        self.state.apply(event)
+
+    def _streaming(self) -> bool:
+        return not self.state.ended
+
+    def _end_fold(self, status: str) -> None:
+        if not self.state.ended:
+            self.state.end(status)
+
     def reset(self) -> None:
         self._redraw.cancel()
         self.state.reset()
@@ -173,16 +185,15 @@ class FoldView(View):
         for event in events:
             if isinstance(event, RunStarted):
                 self.reset()
-            self.state.apply(event)
+            self._fold(event)
 
     def flush(self) -> None:
         self._follow()
-        self._redraw.request(streaming=not self.state.ended)
+        self._redraw.request(streaming=self._streaming())
 
     def end(self, run: Run) -> None:
         self._redraw.cancel()
-        if not self.state.ended:
-            self.state.end(run.status)
+        self._end_fold(run.status)
         self._ended()
         self._draw()
 

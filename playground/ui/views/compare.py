@@ -13,17 +13,15 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QVBoxLayout
 
-from playground.events import Event, RunStarted
+from playground.events import Event
 from playground.events.panes import PaneToken
 from playground.state import Run
 from playground.state.panes import PanesState
 from playground.ui.style import rich_label
 from playground.ui.views import register_view
-from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw
+from playground.ui.views.base import FoldView
 from playground.ui.views.side_by_side import SideBySidePanes
 
-LIVE_DRAW_MS = 150
 HEADER_PADDING = 12  # px a header section keeps around its text
 
 
@@ -52,11 +50,12 @@ FIGURE_ROWS = (
 
 
 @register_view
-class CompareView(View):
+class CompareView(FoldView):
     name = "compare"
     title = "Side by side"
     consumes = (PaneToken,)
     data_formats = ("json",)
+    live_draw_ms = 150
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -75,34 +74,19 @@ class CompareView(View):
         layout.addWidget(self.header)
         layout.addWidget(self.panes, stretch=2)
         layout.addWidget(self.table, stretch=1)
-        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
-        self.reset()
+        self._start_drawing()
 
     def empty_text(self, run: Run | None) -> str:
         return ("Side by side: choose the compare strategy (2-4 panes, each a strategy and its options) and "
                 "generate; or run a quantization method with compare on.")
 
     # --- the view interface -----------------------------------------------------------------------------------
-    def reset(self) -> None:
-        self._redraw.cancel()
-        self.state.reset()
+    def _forget(self) -> None:
         self.run = None
-        self._draw()
 
     def apply(self, run: Run, events: list[Event]) -> None:
-        self.run = run
-        for event in events:
-            if isinstance(event, RunStarted):
-                self.state.reset()
-            self.state.apply(event)
-
-    def flush(self) -> None:
-        self._redraw.request(streaming=not self.state.run_ended)
-
-    def end(self, run: Run) -> None:
-        self._redraw.cancel()
-        self.state.run_ended = True
-        self._draw()
+        super().apply(run, events)
+        self.run = run  # after a RunStarted's reset
 
     # --- drawing ----------------------------------------------------------------------------------------------
     def _draw(self) -> None:

@@ -32,18 +32,17 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import QuantSettings
-from playground.events import Event, RunStarted
+from playground.events import Event
 from playground.events.quant import QuantStep
 from playground.state import Run
 from playground.state.panes import PaneRecord, PanesState
 from playground.state.quant import QuantState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
-from playground.ui.views.base import View
-from playground.ui.views.drawing import ThrottledDraw, static_plot
+from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import static_plot
 from playground.ui.views.side_by_side import DIVERGE_BG, SideBySidePanes
 
-LIVE_DRAW_MS = 200
 KL_COLOR = "#0077BB"
 DISAGREE_COLOR = "#CC3311"
 BEFORE_COLOR = "#9E9E9E"
@@ -64,10 +63,11 @@ def _mb(n: int) -> str:
 
 
 @register_view
-class QuantView(View):
+class QuantView(FoldView):
     name = "quant"
     title = "Quantization"
     consumes = (QuantStep,)
+    live_draw_ms = 200
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
@@ -148,9 +148,8 @@ class QuantView(View):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
-        self._redraw = ThrottledDraw(self, LIVE_DRAW_MS, self._draw)
         self._channels_of = None  # the QuantReady whose layers the combo lists
-        self.reset()
+        self._start_drawing()
 
     def wants_front(self, run: Run) -> bool:
         return run.settings.group(QuantSettings).compare
@@ -160,26 +159,19 @@ class QuantView(View):
                 "and its quantized copy then decode side by side here.")
 
     # --- the view interface -----------------------------------------------------------------------------------
-    def reset(self) -> None:
-        self._redraw.cancel()
-        self.state.reset()
+    # Two folds: the lab's own (the copy, the teacher-forced steps, the summary) and the panes'; the run streams
+    # until its summary comes or its panes end.
+    def _forget(self) -> None:
         self.panes_state.reset()
-        self._draw()
 
-    def apply(self, run: Run, events: list[Event]) -> None:
-        for event in events:
-            if isinstance(event, RunStarted):
-                self.state.reset()
-                self.panes_state.reset()
-            self.state.apply(event) or self.panes_state.apply(event)
+    def _fold(self, event: Event) -> None:
+        self.state.apply(event) or self.panes_state.apply(event)
 
-    def flush(self) -> None:
-        self._redraw.request(streaming=self.state.summary is None and not self.panes_state.run_ended)
+    def _streaming(self) -> bool:
+        return self.state.summary is None and not self.panes_state.ended
 
-    def end(self, run: Run) -> None:
-        self._redraw.cancel()
-        self.panes_state.run_ended = True
-        self._draw()
+    def _end_fold(self, status: str) -> None:
+        self.panes_state.end(status)
 
     # --- drawing ----------------------------------------------------------------------------------------------
     def _pane_figures(self, index: int, pane: PaneRecord) -> str:

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
-from playground.events import Event, RunStarted
 from playground.events.speculative import SpeculativeRound
-from playground.state import Run, visible_token_text
+from playground.state import visible_token_text
 from playground.state.speculative import ACCEPTED, REJECTED, TARGET, SpeculativeState
 from playground.ui.speculative_text import (
     ACCEPTED_COLOR,
@@ -38,7 +37,7 @@ from playground.ui.speculative_text import (
 )
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
-from playground.ui.views.base import View
+from playground.ui.views.base import FoldView
 from playground.ui.views.drawing import TextsInside, static_plot
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
@@ -65,11 +64,14 @@ def _dashed(color: str):
 
 
 @register_view
-class SpeculativeView(View):
+class SpeculativeView(FoldView):
     name = "speculative"
     title = "Speculative"
     consumes = (SpeculativeRound,)
     data_formats = ("csv",)
+    live_draw_ms = LIVE_PLOTS_MS  # the text follows every batch (``_follow``), the plots at most this often
+    idle_header = ("<b>Speculative decoding</b> — choose the speculative strategy and generate: every round's "
+                   "drafts and verdicts appear here.")
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -77,7 +79,6 @@ class SpeculativeView(View):
         self.selected_round: int | None = None
         self.follow_live = True  # the round chart follows the newest round until the user picks one
         self._drawn_rounds = 0
-        self._plots_pending = False
 
         self.header = rich_label(self)
         self.legend = rich_label(self)
@@ -103,12 +104,7 @@ class SpeculativeView(View):
         self._build_round_plot()
         self._build_figure_plots()
         self._build_layout()
-
-        self._plots_timer = QTimer(self)
-        self._plots_timer.setSingleShot(True)
-        self._plots_timer.setInterval(LIVE_PLOTS_MS)
-        self._plots_timer.timeout.connect(self._pending_plots)
-        self.reset()
+        self._start_drawing()
 
     def _build_timeline(self) -> None:
         """One stacked bar per round: accepted, then the target's own token, then the rejected drafts."""
@@ -209,10 +205,7 @@ class SpeculativeView(View):
         outer.addWidget(scroll)
 
     # --- the view interface ---------------------------------------------------------------------------------
-    def reset(self) -> None:
-        self._plots_timer.stop()
-        self._plots_pending = False
-        self.state.reset()
+    def _forget(self) -> None:
         self.selected_round = None
         self.follow_live = True
         self._drawn_rounds = 0
@@ -221,38 +214,23 @@ class SpeculativeView(View):
             counts.clear()
         self.text.clear_marks()
         self.text.setExtraSelections([])
-        self._draw_plots()
-        self.figures.setText("")
-        self.header.setText("<b>Speculative decoding</b> — choose the speculative strategy and generate: every "
-                            "round's drafts and verdicts appear here.")
 
-    def apply(self, run: Run, events: list[Event]) -> None:
-        for event in events:
-            if isinstance(event, RunStarted):
-                self.reset()
-            self.state.apply(event)
-
-    def flush(self) -> None:
+    def _append_text(self) -> None:
+        """The marks settled since the last batch (the text grows by them alone)."""
         state = self.state
         if self.text.drawn < state.settled:
             self.text.append_marks(state.marks[self.text.drawn : state.settled])
-        if self.follow_live and state.rounds:
-            self.selected_round = len(state.rounds) - 1
-        if self._plots_timer.isActive() and not state.ended:  # streaming: at most every LIVE_PLOTS_MS
-            self._plots_pending = True
-            return
-        self._draw_plots()
-        if not state.ended:
-            self._plots_timer.start()
 
-    def end(self, run: Run) -> None:
-        self._plots_timer.stop()
-        if not self.state.ended:
-            self.state.end(run.status)
+    def _follow(self) -> None:
+        self._append_text()
+        if self.follow_live and self.state.rounds:
+            self.selected_round = len(self.state.rounds) - 1
+
+    def _ended(self) -> None:
         if self.follow_live:
             self.follow_live = False
             self.selected_round = self.state.most_interesting_round()
-        self.flush()
+        self._append_text()
 
     # --- selection ------------------------------------------------------------------------------------------
     def select_round(self, index: int) -> None:
@@ -261,7 +239,7 @@ class SpeculativeView(View):
             return
         self.follow_live = False
         self.selected_round = index
-        self._draw_plots()
+        self._draw()
 
     def _toggle_rejected(self, shown: bool) -> None:
         self.text.show_rejected = shown
@@ -288,13 +266,7 @@ class SpeculativeView(View):
         self.select_round(round(view.mapSceneToView(event.scenePos()).x()))
 
     # --- drawing --------------------------------------------------------------------------------------------
-    def _pending_plots(self) -> None:
-        if self._plots_pending:
-            self._plots_pending = False
-            self._draw_plots()
-            self._plots_timer.start()
-
-    def _draw_plots(self) -> None:
+    def _draw(self) -> None:
         self._draw_timeline()
         self._draw_round()
         self._draw_positions()
