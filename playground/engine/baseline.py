@@ -24,7 +24,7 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
 
     ``should_stop`` is polled before the prompt's pass and each token: a stopped decode returns fewer than
     ``tokens`` tokens (the speed over those, 0.0 for none), which the caller reports as cut short."""
-    pipeline = build_pipeline(settings, sampling=False)
+    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     ids = torch.tensor([prompt_ids], device=lm.device)
     chosen: list[int] = []
     if should_stop is not None and should_stop():

@@ -292,7 +292,7 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
     if kv_start is not None:
         kv_start = dataclasses.replace(kv_start, sequences=beam.num_beams)
         yield kv_start
-    pipeline = build_pipeline(settings, sampling=False)
+    pipeline = build_pipeline(settings, sampling=False, tokenizer=tokenizer)
     text = TokenTextCache(tokenizer)
     device = lm.device
     eos = torch.tensor(lm.eos_token_ids, dtype=torch.long, device=device)

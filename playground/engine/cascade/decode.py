@@ -87,7 +87,8 @@ class _Cascade:
         self.lm, self.settings, self.cascade, self.cheap, self.record = lm, settings, cascade, cheap, record
         self.prompt_ids = prompt_ids
         self.sample = cascade.cascade_sample
-        self.pipeline: tuple[NamedTransform, ...] = build_pipeline(settings, sampling=self.sample)
+        self.pipeline: tuple[NamedTransform, ...] = build_pipeline(settings, sampling=self.sample,
+                                                                    tokenizer=lm.tokenizer)
         self.generator = make_generator(lm.device, settings.seed)
         self.token_text = TokenTextCache(lm.tokenizer)
         self.eos_ids = set(lm.eos_token_ids)
@@ -261,7 +262,7 @@ def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[in
     returns them and the milliseconds it took, the prompt's pass included (as a cascade run's time includes its
     prompt). ``should_stop`` is polled before each step (and between a long prompt's chunks): None when it
     stopped the decode."""
-    pipeline = build_pipeline(settings, sampling=sample)
+    pipeline = build_pipeline(settings, sampling=sample, tokenizer=lm.tokenizer)
     generator = make_generator(lm.device, settings.seed)
     forced = settings.forced_token_ids
     ids = list(prompt_ids)

@@ -83,9 +83,10 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
 
 def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSettings, amateur: Amateur,
             prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
-    penalties = build_pipeline(settings, sampling=False)
-    # The sampler's transforms (temperature, top-k, top-p, min-p) act on the scores, after the penalties.
-    sampler = build_pipeline(settings, sampling=True)[len(penalties) :] if contrastive.contrast_sample else ()
+    penalties = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer, part="penalties")
+    # The sampler's transforms (temperature, top-k, top-p, min-p, ...) act on the scores, after the penalties.
+    sampler = (build_pipeline(settings, sampling=True, tokenizer=lm.tokenizer, part="sampler")
+               if contrastive.contrast_sample else ())
     generator = make_generator(lm.device, settings.seed)
     token_text = TokenTextCache(lm.tokenizer)
     forced = settings.forced_token_ids

@@ -141,7 +141,7 @@ def cache_layer_bytes(cache: object | None, layers: int) -> list[int]:
 def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: list[int], prompt_text: str,
             record: RunRecorder) -> Iterator[Event]:
     samples = kv.samples
-    pipeline = build_pipeline(settings, sampling=samples > 1)
+    pipeline = build_pipeline(settings, sampling=samples > 1, tokenizer=lm.tokenizer)
     generator = make_generator(lm.device, settings.seed)
     token_text = TokenTextCache(lm.tokenizer)
     forced = settings.forced_token_ids

@@ -68,7 +68,7 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
 def _decode(lm: LoadedModel, settings: RunSettings, mode: str, layer_loop: LayerLoop, rules: dict,
             prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
     lens, layers = settings.group(LensSettings), settings.group(LayerSettings)
-    pipeline = build_pipeline(settings, sampling=False)
+    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     token_text = TokenTextCache(lm.tokenizer)
     count = layer_loop.stack.count
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)

@@ -58,7 +58,7 @@ def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
     generator = make_generator(lm.device, settings.seed)
-    pipeline = build_pipeline(settings, sampling=spec.do_sample)
+    pipeline = build_pipeline(settings, sampling=spec.do_sample, tokenizer=lm.tokenizer)
     record = RunRecorder(lm, settings, should_stop, groups=(SpeculativeSettings,))
     try:
         drafter = make_drafter(lm, spec, pipeline, generator, progress, should_stop)
