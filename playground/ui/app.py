@@ -70,10 +70,11 @@ def launch(model_settings: ModelSettings | None, run_settings: RunSettings | Non
 def finish(code: int) -> int:
     """After the window closed: a job that could not be interrupted (a model load) must not keep the process
     alive. Give a stopping job a moment, then leave without waiting for the rest (it only reads files)."""
+    from playground.ui.job_kinds import JobKind
     from playground.ui.main_window import running_orphans
 
-    for job in running_orphans():
-        if job.name == "fetch":  # pip is terminated at once; let it clean up its temporary folder
+    for job in running_orphans():  # each is a window's job, named by its kind
+        if JobKind(job.name).cleans_up_at_exit:  # a fetch: pip is terminated at once; let it clean up
             job.thread.wait(ORPHAN_GRACE_MS)
     if running_orphans():
         sys.stdout.flush()

@@ -1,8 +1,9 @@
 """The window's one background job at a time (a model load, a model fetch, a server check or a run): starting it,
 taking its items, progress, failure and end, whether the window is busy, and what the buttons allow meanwhile.
 
-A part of ``MainWindow``. A job's ``kind`` says whose its items are: a run's events go to the window's runs, a
-model job's items to ``ModelChoice``. Closing the window lets a job that will not end at once finish detached.
+A part of ``MainWindow``. A job's ``kind`` (``playground.ui.job_kinds.JobKind``) says whose its items are (a run's
+events go to the window's runs, a model job's items to ``ModelChoice``), what its failure says and whether Stop may
+end it. Closing the window lets a job that will not end at once finish detached.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from PySide6.QtWidgets import QPushButton
 from playground.config import RunSettings
 from playground.state import Branch, Session
 from playground.ui.banner import MessageBanner
-from playground.ui.model_choice import MODEL_JOBS
+from playground.ui.job_kinds import JobKind
 from playground.ui.model_picker import ModelPicker
 from playground.ui.runs_list import RunsList
 from playground.ui.status_bar import RunStatusBar
@@ -37,7 +38,7 @@ class BackgroundJobs:
     a finished fetch to ``_load_fetched_model``."""
 
     job: GeneratorJob | None
-    job_kind: str
+    job_kind: JobKind | None  # None: no job
     session: Session
     picker: ModelPicker
     banner: MessageBanner
@@ -52,8 +53,8 @@ class BackgroundJobs:
     def busy(self) -> bool:
         return self.job is not None and self.job.is_running()
 
-    def _start_job(self, body: JobBody, kind: str) -> None:
-        job = GeneratorJob(body, kind, self)
+    def _start_job(self, body: JobBody, kind: JobKind) -> None:
+        job = GeneratorJob(body, kind.value, self)
         job.items.connect(self._on_items)
         job.progress.connect(self._on_progress)
         job.failed.connect(self._on_failed)
@@ -63,7 +64,7 @@ class BackgroundJobs:
         job.start()
 
     def _on_items(self, batch: list[Any]) -> None:
-        if self.job_kind in MODEL_JOBS:
+        if self.job_kind is not None and self.job_kind.model_job:
             self._take_model_items(batch)
         else:
             self._apply_events(batch)
@@ -73,13 +74,13 @@ class BackgroundJobs:
         self.status.showMessage(message)
 
     def _on_failed(self, message: str) -> None:
-        if self.job_kind == "test":  # the dialog asked: it answers
+        kind = self.job_kind
+        if kind is not None and not kind.failure:  # the server dialog asked: it answers
             if self.picker.server_dialog is not None:
                 self.picker.server_dialog.show_error(message)
             return
-        what = {"load": "Could not load the model", "fetch": "Could not fetch the default model",
-                "connect": "Could not connect to the server", "run": "The run failed"}.get(self.job_kind, "Failed")
-        run = self.session.fail(message) if self.job_kind == "run" else None
+        what = kind.failure if kind is not None else "Failed"
+        run = self.session.fail(message) if kind is JobKind.RUN else None
         if run is not None:
             self.runs_list.update_run(run)
         self.banner.show_error(f"{what}: {message}")
@@ -88,14 +89,14 @@ class BackgroundJobs:
     def _on_finished(self) -> None:
         kind = self.job_kind
         job = self.job
-        if kind == "run":
+        if kind is JobKind.RUN:
             self._run_ended(job)
-        self.job, self.job_kind = None, ""
+        self.job, self.job_kind = None, None
         if job is not None:
             job.deleteLater()
         self.picker.set_busy(False)
         self._update_buttons()
-        if kind == "fetch" and job is not None and job.error is None:
+        if kind is JobKind.FETCH and job is not None and job.error is None:
             self._load_fetched_model()
         elif self._pending and self.has_model:
             settings, branch, plan = self._pending.pop()
@@ -104,9 +105,10 @@ class BackgroundJobs:
     def _update_buttons(self) -> None:
         busy = self.busy
         self.generate_button.setEnabled(not busy and self.has_model)
-        self.stop_button.setEnabled(busy and self.job_kind in ("run", "fetch"))
+        kind = self.job_kind
+        self.stop_button.setEnabled(busy and kind is not None and kind.stoppable)
         self.picker.set_busy(busy)
-        if busy and self.job_kind in ("load", "fetch"):
+        if busy and kind is not None and kind.shows_progress:
             self.picker.progress.show()
 
     def _let_job_go(self) -> None:
@@ -122,4 +124,4 @@ class BackgroundJobs:
                 job.setParent(None)
                 ORPHAN_JOBS.append(job)
                 job.finished.connect(lambda j=job: ORPHAN_JOBS.remove(j) if j in ORPHAN_JOBS else None)
-            self.job, self.job_kind = None, ""
+            self.job, self.job_kind = None, None

@@ -32,6 +32,7 @@ from playground.ui import window_layout, window_state
 from playground.ui.background_jobs import BackgroundJobs, running_orphans
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
+from playground.ui.job_kinds import JobKind
 from playground.ui.model_choice import ModelChoice
 from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import ModelSource
@@ -63,7 +64,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.session = Session()
         self.source: ModelSource | None = None  # a model loaded here, or one on a server
         self.job: GeneratorJob | None = None
-        self.job_kind = ""
+        self.job_kind: JobKind | None = None
         # A branch asked for while a run was live: settings, the branch, and what the source needs to continue it.
         self._pending: list[tuple[RunSettings, Branch | None, Any]] = []
         self._running_run: Run | None = None  # the run the current job decodes
@@ -175,7 +176,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
             return source.run(settings, should_stop, progress, plan)
 
         self.status.showMessage("Generating…")
-        self._start_job(body, "run")
+        self._start_job(body, JobKind.RUN)
         return run
 
     def stop(self) -> None:
@@ -192,7 +193,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
             self.banner.show_error("Load a model to branch: a saved run replays without one, but continuing it "
                                    "needs the model")
             return
-        if self.busy and self.job_kind != "run":
+        if self.busy and self.job_kind is not JobKind.RUN:
             self.banner.show_info("Wait for the current job to finish (a model load or a server check), then "
                                   "branch.")
             return

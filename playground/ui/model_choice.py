@@ -18,12 +18,11 @@ from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
+from playground.ui.job_kinds import JobKind
 from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
 from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
-
-MODEL_JOBS = ("load", "fetch", "connect", "test")  # the job kinds whose items this part takes
 
 
 class ModelChoice:
@@ -38,7 +37,7 @@ class ModelChoice:
     banner: MessageBanner
     status: RunStatusBar
     busy: bool
-    job_kind: str
+    job_kind: JobKind | None
 
     @property
     def has_model(self) -> bool:
@@ -89,7 +88,7 @@ class ModelChoice:
                 yield refusal  # not a plain failure: the user may allow it for this model
 
         self.status.showMessage(f"Loading {spec.path or 'the default model'}…")
-        self._start_job(body, "load")
+        self._start_job(body, JobKind.LOAD)
 
     @staticmethod
     def _default_model_ready() -> bool:
@@ -121,7 +120,7 @@ class ModelChoice:
             yield fetch_default_model(progress, should_stop=should_stop)
 
         self.status.showMessage("Fetching the default model…")
-        self._start_job(body, "fetch")
+        self._start_job(body, JobKind.FETCH)
 
     def _load_fetched_model(self) -> None:
         """The default model is fetched: load it, on the device and dtype the picker shows."""
@@ -135,7 +134,7 @@ class ModelChoice:
             self.banner.show_info("Wait for the current job to finish (or Stop it) before connecting to a server.")
             return
         self.status.showMessage(f"Connecting to {source.api_url}…")
-        self._start_job(server_check(source), "connect")
+        self._start_job(server_check(source), JobKind.CONNECT)
 
     def test_server(self, source: RemoteSource) -> None:
         """The "Server…" dialog's test: its answer goes back to the dialog."""
@@ -144,7 +143,7 @@ class ModelChoice:
             if dialog is not None:
                 dialog.show_error("the window is busy (a run or a model load): stop it or wait, then test again")
             return
-        self._start_job(server_check(source), "test")
+        self._start_job(server_check(source), JobKind.TEST)
 
     def set_remote(self, source: RemoteSource, info: Any, model: str) -> None:
         """Use ``model`` on the server ``source`` (checked: ``info`` is its EngineInfo); a loaded model is let go."""
@@ -156,17 +155,17 @@ class ModelChoice:
 
     # --- what the model jobs give ---------------------------------------------------------------------------
     def _take_model_items(self, batch: list[Any]) -> None:
-        """Items of a ``MODEL_JOBS`` job: a loaded model (or its refusal to run its code), the fetched default
-        model, a server's answer to a connect or to the dialog's test."""
-        if self.job_kind in ("connect", "test"):
+        """Items of a model job (``JobKind.model_job``): a loaded model (or its refusal to run its code), the
+        fetched default model, a server's answer to a connect or to the dialog's test."""
+        if self.job_kind in (JobKind.CONNECT, JobKind.TEST):
             for source, info, model in batch:
-                if self.job_kind == "connect":
+                if self.job_kind is JobKind.CONNECT:
                     self.banner.hide()  # an earlier failure no longer applies
                     self.set_remote(source, info, model)
                 elif self.picker.server_dialog is not None:
                     self.picker.server_dialog.show_models(info.engine, info.version, info.models, model)
             return
-        if self.job_kind == "load":
+        if self.job_kind is JobKind.LOAD:
             for item in batch:
                 if isinstance(item, LoadedModel):
                     self.banner.hide()  # an earlier failure no longer applies
@@ -178,6 +177,6 @@ class ModelChoice:
                 else:
                     self.offer_trust(item)
             return
-        if self.job_kind == "fetch":
+        if self.job_kind is JobKind.FETCH:
             self.picker.update_fetch_button()
             self.status.showMessage("Default model fetched", 5000)
