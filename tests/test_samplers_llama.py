@@ -1,0 +1,88 @@
+"""Our samplers against llama.cpp's on the real model: llama-server serves the default model's own GGUF and sends
+its post-sampler probabilities (``post_sampling_probs``); where the two engines' raw distributions agree closely,
+the tokens each sampler keeps must be the same."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+import torch
+
+from playground.config import RunSettings
+from playground.engine.processors import SamplerRun, build_pipeline, run_pipeline
+
+pytestmark = pytest.mark.model
+
+TOP = 20  # the raw candidates compared, per step
+RAW_GAP = 0.03  # the steps compared: no raw probability among them differs by more than this between the engines
+# (our setting, llama-server's sampler name and its parameters)
+SAMPLERS = [
+    ({"top_k": 5}, "top_k", {"top_k": 5}),
+    ({"top_p": 0.8}, "top_p", {"top_p": 0.8}),
+    ({"min_p": 0.05}, "min_p", {"min_p": 0.05}),
+    ({"typical_p": 0.5}, "typ_p", {"typical_p": 0.5}),
+    ({"top_n_sigma": 1.5}, "top_n_sigma", {"top_n_sigma": 1.5}),
+    ({"xtc_probability": 1.0, "xtc_threshold": 0.05}, "xtc", {"xtc_probability": 1.0, "xtc_threshold": 0.05}),
+]
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+
+
+def completion(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["completion_probabilities"][0]
+
+
+def kept_by_us(settings: RunSettings, logits: torch.Tensor, top: list[int]) -> set[int]:
+    run = SamplerRun.of(settings, torch.Generator().manual_seed(0), sampling=True)
+    processed = run_pipeline(build_pipeline(settings, sampling=True, run=run), torch.zeros(1, 1, dtype=torch.long),
+                             logits[None])
+    return {t for t in top if torch.isfinite(processed[0, t])}
+
+
+def nudged(settings: RunSettings, ours: dict) -> list[RunSettings]:
+    """The settings with each threshold 2 % lower and higher (top-k and XTC's probability stay)."""
+    moved = {k: v for k, v in ours.items() if isinstance(v, float) and k != "xtc_probability"}
+    return [settings.replace(**{k: v * f for k, v in moved.items()}) for f in (0.98, 1.02)] if moved else []
+
+
+def test_kept_sets_agree_with_llama_server(llama_server_url, default_lm):
+    tokenizer, model = default_lm.tokenizer, default_lm.model
+    compared = {name: 0 for _, name, _ in SAMPLERS}
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        for _ in range(3):  # three steps of the local greedy continuation
+            with torch.inference_mode():
+                logits = model(torch.tensor([ids])).logits[0, -1].float()
+            top = torch.topk(logits, TOP).indices.tolist()
+            raw = completion(llama_server_url, {"prompt": ids, "n_predict": 1, "n_probs": TOP, "samplers": [],
+                                                "temperature": 1.0})
+            theirs_raw = {t["id"]: float(torch.tensor(t["logprob"]).exp()) for t in raw["top_logprobs"]}
+            ours_raw = logits.softmax(dim=-1)
+            gap = max(abs(theirs_raw.get(t, 0.0) - float(ours_raw[t])) for t in top)
+            if gap < RAW_GAP:
+                # The same logits with llama-server's raw probabilities for the top tokens: a sampler whose cut
+                # moves between the two is at a border the engines' rounding decides, and is not compared.
+                theirs_logits = logits.clone()
+                for t, p in theirs_raw.items():
+                    theirs_logits[t] = torch.log(torch.tensor(p)) + torch.logsumexp(logits, dim=0)
+                for ours, name, params in SAMPLERS:
+                    settings = RunSettings(strategy="sample", **ours)
+                    kept = kept_by_us(settings, logits, top)
+                    # ... and so is one whose cut moves when its threshold moves by 2 % (the tail's mass, outside
+                    # the top tokens, differs a little between the engines too).
+                    if any(kept != kept_by_us(other, theirs, top) for theirs in (logits, theirs_logits)
+                           for other in (settings, *nudged(settings, ours))):
+                        continue
+                    post = completion(llama_server_url, {"prompt": ids, "n_predict": 1, "n_probs": 100,
+                                                         "samplers": [name], "temperature": 1.0,
+                                                         "post_sampling_probs": True, **params})
+                    theirs = {t["id"] for t in post["top_probs"] if t["prob"] > 0} & set(top)
+                    assert kept == theirs, (prompt, tokenizer.decode(ids[-3:]), name, sorted(kept), sorted(theirs))
+                    compared[name] += 1
+            ids = [*ids, int(logits.argmax())]
+    # Most steps are compared (25 of 36 here), each sampler on at least two.
+    assert sum(compared.values()) >= 0.6 * len(PROMPTS) * 3 * len(SAMPLERS) and min(compared.values()) >= 2, compared
