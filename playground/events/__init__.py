@@ -25,6 +25,7 @@ from playground.events.run import (
     ProcessorEffect,
     RunFinished,
     RunStarted,
+    TokenNumbers,
     TokenStep,
 )
 
@@ -66,6 +67,7 @@ __all__ = [
     "ProcessorEffect",
     "RunFinished",
     "RunStarted",
+    "TokenNumbers",
     "TokenStep",
     "dumps_event",
     "event_from_dict",

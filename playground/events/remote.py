@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from playground.events.run import TokenStep
+from playground.events.run import TokenNumbers, TokenStep
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class RemoteStarted:
     api_key_env: str = ""  # NAME of the environment variable the key was read from ("" = no key); never the key
     model_meta: dict[str, Any] = field(default_factory=dict)  # llama-server: n_params, size, ftype, n_vocab, ...
     missing: tuple[str, ...] = ()  # what this engine does not give (ranks, the full vocabulary, token ids, ...)
+
+    @property
+    def token_numbers(self) -> TokenNumbers:  # one number per token: the distribution the server named
+        return TokenNumbers(self.distribution, self.distribution_note)
 
 
 @dataclass(frozen=True)

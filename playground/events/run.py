@@ -37,6 +37,17 @@ class ProcessorEffect:
 
 
 @dataclass(frozen=True)
+class TokenNumbers:
+    """Which distribution a run's per-token probabilities come from, as its start events say (their
+    ``token_numbers``): what a view's captions, legends and shading choices follow, whatever the model source."""
+
+    # None: two per token, the raw model's and the processed one (a run decoded here); else the one distribution a
+    # server sent: "raw", "post-sampler", "raw (assumed)", "unknown"
+    distribution: str | None = None
+    note: str = ""  # where the numbers come from, one sentence for a tooltip
+
+
+@dataclass(frozen=True)
 class RunStarted:
     """First event of every run: what is being decoded, with what."""
 
@@ -53,6 +64,12 @@ class RunStarted:
     # The model the weights were made from: model_name itself, or for a quantized copy the model it copies
     # (saved runs from before this field read "").
     base_model: str = ""
+
+    @property
+    def token_numbers(self) -> TokenNumbers:
+        """A run decoded here records both distributions; a server's run says otherwise in its next start event
+        (``RemoteStarted.token_numbers``)."""
+        return TokenNumbers()
 
 
 @dataclass(frozen=True)

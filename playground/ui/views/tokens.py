@@ -9,11 +9,9 @@ from PySide6.QtCore import QPoint, Qt, QTimer
 from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
-from playground.events import Event, RunStarted, TokenStep
-from playground.events.remote import RemoteStarted
+from playground.events import Event, RunStarted, TokenNumbers, TokenStep
 from playground.state import Run, character_piece, most_interesting_step
 from playground.ui.candidates_panel import CandidatesPanel
-from playground.ui.server_model import remote_start
 from playground.ui.token_view import TokenView, token_tooltip_html
 from playground.ui.views import register_view
 from playground.ui.views.base import View
@@ -23,6 +21,12 @@ from playground.ui.views.base import View
 LIVE_CHART_MS = 200
 CSV_COLUMNS = ("step", "token_id", "token", "raw_prob", "processed_prob", "logprob", "raw_rank", "entropy_bits",
                "processed_entropy_bits", "forced")
+
+
+def token_numbers(run: Run) -> TokenNumbers:
+    """What a run's start events say its numbers are: the last that says (a server's follows the run's own)."""
+    said = [e.token_numbers for e in run.events[:4] if hasattr(e, "token_numbers")]
+    return said[-1] if said else TokenNumbers()
 
 
 @register_view
@@ -78,7 +82,7 @@ class TokensView(View):
     def show_run(self, run: Run) -> None:
         self.reset()
         self.run = run
-        self._show_source(remote_start(run))
+        self._show_numbers(token_numbers(run))
         self.token_view.show_run(run)
         self.follow_live = run.running
         target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
@@ -90,11 +94,10 @@ class TokensView(View):
         for event in events:
             if isinstance(event, RunStarted):
                 self.token_view.reset(event.prompt_text)
-                self._show_source(None)
-            elif isinstance(event, RemoteStarted):
-                self._show_source(event)
-            elif isinstance(event, TokenStep):
+            if isinstance(event, TokenStep):
                 self._new_steps.append(event)
+            elif hasattr(event, "token_numbers"):  # a start event: which distribution the numbers are
+                self._show_numbers(event.token_numbers)
 
     def flush(self) -> None:
         if not self._new_steps:
@@ -112,12 +115,10 @@ class TokensView(View):
             if target is not None:
                 self.show_chart_step(target, follow=False)
 
-    def _show_source(self, remote: RemoteStarted | None) -> None:
+    def _show_numbers(self, numbers: TokenNumbers) -> None:
         """A server's run says which distribution its numbers are (one number per token); a local run has two."""
-        label = remote.distribution if remote is not None else None
-        note = remote.distribution_note if remote is not None else ""
-        self.token_view.set_remote(label, note)
-        self.chart.set_remote(label, note)
+        self.token_view.set_remote(numbers.distribution, numbers.note)
+        self.chart.set_remote(numbers.distribution, numbers.note)
 
     # --- the chart ------------------------------------------------------------------------------------------
     def show_chart_step(self, index: int, follow: bool = False) -> None:
