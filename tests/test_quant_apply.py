@@ -13,10 +13,10 @@ import torch
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.config.catalog import STRATEGIES
 from playground.engine import variants
-from playground.engine.quantized.apply import QuantCancelled, clear_cache, quantized_lm
 from playground.engine.quant.awq import AwqResult, awq
 from playground.engine.quant.calibration import load_text, text_ids
 from playground.engine.quant.linear import quantize_model
+from playground.engine.quantized.apply import QuantCancelled, clear_cache, quantized_lm
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, RunStarted, TokenStep, event_from_dict
 from playground.events.quant import ChannelScales, LayerError, QuantReady

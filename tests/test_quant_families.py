@@ -18,12 +18,12 @@ from transformers.pytorch_utils import Conv1D
 
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.engine.quant import awq as awq_module
-from playground.engine.quantized.apply import clear_cache, quantized_lm
 from playground.engine.quant.awq import InputScaledLinear, awq, fold_scales
 from playground.engine.quant.calibration import activation_stats, text_ids
 from playground.engine.quant.linear import QuantLinear, model_weight_bytes, quantize_model
 from playground.engine.quant.rtn import dequantize
 from playground.engine.quant.smoothquant import naive_w8a8, smooth_model
+from playground.engine.quantized.apply import clear_cache, quantized_lm
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted
 from playground.events.quant import QuantReady
