@@ -75,6 +75,27 @@ def test_sampler_equals_transformers_processor(ours, reference, seed):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("top_k", [150, 900, 0])
+def test_top_p_and_typical_on_a_real_sized_vocabulary_equal_transformers(top_k):
+    """Past 1024 (4096) tokens top-p (typical) first decide among the likeliest ones; the result is the same."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    from playground.engine.processors import keep_top_p
+
+    generator = torch.Generator().manual_seed(top_k)
+    logits = torch.randn(1, 8192, generator=generator) * 4
+    logits[0, :5] += 12  # a peaked head, as a model's
+    if top_k:
+        logits = TopKLogitsWarper(top_k)(None, logits)
+    for p in (0.5, 0.9, 0.99):
+        assert torch.equal(keep_top_p(None, logits, p), TopPLogitsWarper(p)(None, logits.clone()))
+        ours, theirs = torch.isfinite(keep_typical(None, logits, p)), torch.isfinite(TypicalLogitsWarper(p)(None,
+                                                                                                      logits.clone()))
+        # transformers re-normalises the logits in the ranked order: at a mass boundary within float rounding
+        # (p = 0.99 on the flat one here) one token may fall on either side.
+        assert int((ours ^ theirs).sum()) <= (1 if p == 0.99 else 0), (p, int(ours.sum()), int(theirs.sum()))
+
+
 def test_guidance_equals_transformers_unbatched_cfg_on_random_logits():
     ids, logits = random_case(3, batch=1)
     negative = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(9)) * 2
