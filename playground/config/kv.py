@@ -11,7 +11,8 @@ from playground.config.table import setting
 from playground.events import TokenStep
 from playground.events.kv import KVStep
 
-KV_DTYPES = ("model", "int8", "int4")
+KV_DTYPES = ("model", "kivi-int4", "kivi-int2", "int8", "int4")
+KV_KEEP = ("all", "sinks", "h2o")
 ATTENTIONS = ("model", "sdpa", "eager")
 
 
@@ -27,8 +28,28 @@ class KVSettings(SettingsGroup):
     paged: bool = setting(False, "paged cache", "hold the cache as fixed-size blocks with a block table, as vLLM's "
                           "PagedAttention does, instead of one growing tensor per layer")
     block_size: int = setting(16, "block size", "paged cache: tokens per block", minimum=1, maximum=256)
-    kv_dtype: str = setting("model", "KV dtype", "store keys and values in the model's dtype, or quantized to int8 / "
-                            "int4 (per-token scales)", choices=KV_DTYPES)
+    kv_dtype: str = setting("model", "KV dtype", "store keys and values in the model's dtype; quantized as KIVI does "
+                            "(kivi-int4, kivi-int2: keys per channel in groups of tokens, values per token, the newest "
+                            "tokens in full precision); or int8 / int4 with per-token scales (for comparison: int4 "
+                            "per-token keys lose their outlier channels)", choices=KV_DTYPES)
+    kivi_group: int = setting(32, "KIVI group", "KIVI: tokens per key group (each channel of a group gets its own "
+                              "scale) and channels per value group", minimum=2, maximum=256)
+    kivi_residual: int = setting(32, "KIVI residual", "KIVI: the newest tokens kept in full precision (a multiple "
+                                 "of the group; keys are quantized this many at a time)", minimum=2, maximum=4096)
+    kv_keep: str = setting("all", "KV keep", "which positions the cache keeps: all; sinks (StreamingLLM: the first "
+                           "--kv-sinks and the newest --kv-window); h2o (heavy hitters: --kv-budget positions, the "
+                           "newest --kv-window plus the most attended)", choices=KV_KEEP)
+    kv_sinks: int = setting(4, "KV sinks", "sinks: the first positions always kept (attention sinks)", minimum=0,
+                            maximum=4096)
+    kv_window: int = setting(64, "KV window", "sinks and h2o: the newest positions always kept", minimum=1,
+                             maximum=65536)
+    kv_budget: int = setting(128, "KV budget", "h2o: positions kept per layer and head (recent window included)",
+                             minimum=1, maximum=65536)
+    record_attention: bool = setting(False, "record attention", "record each new token's attention row in every "
+                                     "layer and head, for the attention view (costs a q·kᵀ row per layer)")
+    attention_top: int = setting(16, "attention top", "recorded attention: the top positions kept per layer and "
+                                 "head (the rest as one mass); 0 keeps every position (short runs)", minimum=0,
+                                 maximum=65536)
     attn: str = setting("model", "attention", "attention implementation: the model's own (sdpa for most families, "
                         "eager for Gemma 2), sdpa (PyTorch's scaled-dot-product attention) or eager (the explicit "
                         "softmax(QKᵀ)V)", choices=ATTENTIONS)
@@ -46,7 +67,13 @@ class KVSettings(SettingsGroup):
                                                     else "contiguous cache")
         samples = f" · {self.samples} samples" if self.samples > 1 else ""
         attention = "model's attention" if self.attn == "model" else self.attn
-        return f"{holder} · KV {self.kv_dtype} · {attention}{samples}"
+        keep = {"all": "", "sinks": f" · keep {self.kv_sinks} sinks + {self.kv_window} newest",
+                "h2o": f" · keep {self.kv_budget} (H2O, {self.kv_window} newest)"}[self.kv_keep]
+        return f"{holder} · KV {self.kv_dtype}{keep} · {attention}{samples}"
+
+    def compressed(self) -> bool:
+        """Whether the cache keeps less than every position in the model's dtype (quality measured after)."""
+        return self.kv_keep != "all" or self.kv_dtype.startswith("kivi")
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         try:
@@ -60,6 +87,16 @@ class KVSettings(SettingsGroup):
             (not (self.no_cache and self.kv_dtype != "model"), "--kv-dtype quantizes a cache: it needs one "
                                                                "(drop --no-cache)"),
             (sweep_ok, why),
+            (not (self.kv_keep != "all" and self.kv_dtype != "model"), "--kv-keep evicts positions of a cache in the "
+             "model's dtype: combine it with --kv-dtype model"),
+            (not ((self.kv_keep != "all" or self.kv_dtype.startswith("kivi")) and (self.paged or self.no_cache or
+                                                                                  self.samples > 1)),
+             "--kv-keep and the KIVI dtypes are contiguous caches of one sequence: drop --paged, --no-cache and "
+             "--samples"),
+            (not (self.kv_keep == "h2o" and self.kv_window >= self.kv_budget), "--kv-keep h2o keeps --kv-window "
+             "recent positions inside --kv-budget: the window must be smaller than the budget"),
+            (not (self.kv_dtype.startswith("kivi") and self.kivi_residual % self.kivi_group),
+             "--kivi-residual must be a multiple of --kivi-group (keys are quantized a group of tokens at a time)"),
         ]
 
     def sweep_sizes(self) -> tuple[int, ...]:

@@ -31,6 +31,12 @@ class KVStarted:
     peak_flops: float  # this machine's measured ceilings (matmul and copy probes), for the roofline
     peak_bytes_per_s: float
     sequences: int = 1  # parallel samples decoded as one batch on the prompt's shared prefill
+    keep: str = "all"  # which positions the cache keeps: "all" | "sinks" (StreamingLLM) | "h2o" (heavy hitters)
+    sinks: int = 0  # sinks: the first positions kept
+    window: int = 0  # sinks / h2o: the newest positions kept
+    budget: int = 0  # h2o: positions kept per layer and head
+    kivi_group: int = 0  # KIVI dtypes: tokens per key group
+    kivi_residual: int = 0  # KIVI dtypes: newest tokens in full precision
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class KVStep:
     process_bytes: int  # resident memory of the process (CPU) or allocated device memory (CUDA)
     device_reserved_bytes: int  # CUDA: reserved by the caching allocator; 0 elsewhere
     blocks: KVBlocks | None  # paged cache only
+    evicted: tuple[int, ...] = ()  # positions no layer or head holds any more since this step (evicting caches)
 
 
 @dataclass(frozen=True)
@@ -93,3 +100,16 @@ class KVSweep:
     tokens_per_s: tuple[float, ...]  # all sequences together
     ms_per_step: tuple[float, ...]  # one decoding step of the whole batch (each sequence's per-token latency)
     kv_bytes: tuple[int, ...]  # the cache at the end of each
+
+
+@dataclass(frozen=True)
+class KVQuality:
+    """A cache that keeps less, against the full cache on the same prompt. Teacher-forced: both read this run's
+    own tokens, so step i compares the two next-token distributions after the same prefix (raw model output)."""
+
+    type: ClassVar[str] = "kv_quality"
+    kl: tuple[float, ...]  # per generated token: KL(full cache ‖ this cache), nats
+    top1_agree: tuple[bool, ...]  # per generated token: both put the same token first
+    first_divergence: int  # greedy: the first token where the full cache's own greedy output differs (−1: none)
+    mean_kl: float
+    agreement: float  # share of top1_agree

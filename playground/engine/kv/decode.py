@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from transformers import DynamicCache
@@ -23,7 +23,8 @@ from playground.config import ConfigError, KVSettings, RunSettings
 from playground.engine.baseline import plain_greedy
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import sync_device
-from playground.engine.kv import measure
+from playground.engine.kv import compressed_run, measure
+from playground.engine.kv.attention_record import attention_row
 from playground.engine.kv_cache import kv_formula_bytes
 from playground.engine.processors import build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
@@ -32,13 +33,14 @@ from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
 from playground.engine.token_text import TokenTextCache
 from playground.events import Event, PrefillDone
+from playground.events.attention import AttentionStarted
 from playground.events.figures import agreement_figures
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
 from playground.models.anatomy import family_name, kv_layout
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
-ELEMENT_BYTES = {"int8": 1.0, "int4": 0.5}
+ELEMENT_BYTES = {"int8": 1.0, "int4": 0.5, "kivi-int4": 0.5, "kivi-int2": 0.25}
 
 
 def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
@@ -55,6 +57,8 @@ def new_cache(lm: LoadedModel, kv: KVSettings) -> object | None:
     """The cache the settings ask for (None: no cache)."""
     if kv.no_cache:
         return None
+    if kv.compressed():  # sinks + window, heavy hitters, KIVI
+        return compressed_run.new_compressed_cache(lm, kv)
     if kv.paged:
         from playground.engine.kv.paged import PagedCache
 
@@ -116,18 +120,25 @@ def kv_started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
         head_dim=layout.head_dim, bytes_per_element=element,
         formula_bytes_per_token=2 * layout.count * layout.kv_heads * layout.head_dim * element,
         weights_bytes=measure.weights_bytes(lm.model), max_length=max_length, peak_flops=ceilings.peak_flops,
-        peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples)
+        peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples, keep=kv.kv_keep,
+        sinks=kv.kv_sinks if kv.kv_keep == "sinks" else 0, window=kv.kv_window if kv.kv_keep != "all" else 0,
+        budget=kv.kv_budget if kv.kv_keep == "h2o" else 0,
+        kivi_group=kv.kivi_group if kv.kv_dtype.startswith("kivi") else 0,
+        kivi_residual=kv.kivi_residual if kv.kv_dtype.startswith("kivi") else 0)
 
 
-def kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted) -> KVStep:
+def kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted,
+            evicted: tuple[int, ...] = ()) -> KVStep:
     layers = cache_layer_bytes(cache, start.layers)
+    if hasattr(cache, "held_tokens"):  # a cache that evicts holds fewer positions than the sequence has
+        tokens = cache.held_tokens()
     process, reserved = measure.process_memory(lm.device)
     blocks = cache.blocks() if hasattr(cache, "blocks") else None
     sequences = start.sequences if cache is not None else 0
     formula = kv_formula_bytes(lm.model.config, tokens, start.bytes_per_element, sequences)
     return KVStep(step=step, tokens=tokens if cache is not None else 0, layer_bytes=tuple(layers),
                   total_bytes=sum(layers), formula_bytes=formula, process_bytes=process,
-                  device_reserved_bytes=reserved, blocks=blocks)
+                  device_reserved_bytes=reserved, blocks=blocks, evicted=evicted)
 
 
 def cache_layer_bytes(cache: object | None, layers: int) -> list[int]:
@@ -150,6 +161,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     rows = loop.ids  # [samples, ·]: row 0 is the run's own sequence, the others its parallel samples
     step_ms: list[float] = []
     logits: torch.Tensor | None = None
+    logprobs: list[torch.Tensor] = []  # compressed caches: each step's raw log-probabilities, for the quality
+    evictions = compressed_run.EvictionTracker()
 
     def step(index: int, forced_id: int | None) -> Picked:
         nonlocal logits
@@ -173,19 +186,35 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
         if samples > 1:
             rows.append(row_tokens)  # every row's token (a single sequence is the loop's own buffer)
 
+        if kv.compressed():
+            logprobs.append(logits[0].log_softmax(dim=-1).cpu())
+        seen = tap.take() if tap is not None and tap.record else None
+
         def events(texts: list[str], ms: float) -> list[Event]:
             step_ms.append(ms)
-            held_now = kv_step(lm, cache, index, rows.length - 1, start)  # measured outside the step's time
-            return [held_now, analysis.to_event(step=index, text=texts[0], forced=forced_id is not None, step_ms=ms,
-                                                kv_bytes=held_now.total_bytes, token_text=token_text)]
+            held_now = kv_step(lm, cache, index, rows.length - 1, start,  # measured outside the step's time
+                               evictions.newly_evicted(cache))
+            looked = [attention_row(index, seen, cache, rows.length - 1, kv.attention_top, start.kv_heads)
+                      ] if seen else []
+            token = analysis.to_event(step=index, text=texts[0], forced=forced_id is not None, step_ms=ms,
+                                      kv_bytes=held_now.total_bytes, token_text=token_text)
+            return [held_now, *looked, token]
 
         return Picked([token_id], events)
 
     yield loop.started()
     start = kv_started(lm, kv, len(prompt_ids) + loop.max_steps)
     yield start
-    with attention(model, kv.attn), torch.inference_mode():
+    if kv.record_attention:
+        yield AttentionStarted(layers=start.layers, heads=model.config.num_attention_heads,
+                               kv_heads=start.kv_heads, top=kv.attention_top,
+                               prompt_tokens=tuple(token_text(i) for i in prompt_ids))
+    with ExitStack() as scope:
+        scope.enter_context(attention(model, kv.attn))
+        scope.enter_context(torch.inference_mode())
         cache = new_cache(lm, kv)
+        tap = compressed_run.attention_tap(kv, cache)
+        scope.enter_context(compressed_run.tapping(model, tap))
         logits = yield from _prefill(lm, record, start, loop.ids.view, cache)  # [1, vocab]
         if logits is None:  # Stop between two chunks of the prompt
             loop.stop_reason = "stopped"
@@ -220,10 +249,12 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             cut_short.append("batch_sweep")
         if sweep.batch_sizes:  # the sizes measured in full before Stop
             yield sweep
-    if generated and kv.kv_dtype != "model" and samples == 1 and not forced:
+    if generated and (kv.kv_dtype != "model" or kv.compressed()) and samples == 1 and not forced:
         figures = _divergence(lm, settings, prompt_ids, generated, stop)
         if figures is None:
             cut_short.append("full_model")
+        elif kv.compressed() and len(logprobs) == len(generated):
+            yield compressed_run.kv_quality(lm, prompt_ids, generated, logprobs, int(figures["first_divergence"]))
     if cut_short:
         stop_reason = "stopped"
     loop.stop_reason, loop.cut_short = stop_reason, tuple(cut_short)

@@ -74,8 +74,8 @@ def quantize_keys(keys: torch.Tensor, bits: int, group: int) -> tuple[torch.Tens
 def dequantize_keys(codes: torch.Tensor, params: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """The inverse of ``quantize_keys`` (up to rounding): -> [b, h, t, d] in ``dtype``."""
     b, h, groups, _, d = params.shape
-    unpacked = unpack_codes(codes, bits).float().reshape(b, h, groups, -1, d)
-    return (unpacked * params[:, :, :, :1] + params[:, :, :, 1:]).reshape(b, h, -1, d).to(dtype)
+    unpacked = unpack_codes(codes, bits).float().reshape(b, h, groups, codes.shape[2] // max(groups, 1), d)
+    return (unpacked * params[:, :, :, :1] + params[:, :, :, 1:]).reshape(b, h, codes.shape[2], d).to(dtype)
 
 
 def quantize_values(values: torch.Tensor, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,5 +93,6 @@ def quantize_values(values: torch.Tensor, bits: int, group: int) -> tuple[torch.
 def dequantize_values(codes: torch.Tensor, params: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """The inverse of ``quantize_values``: -> [b, h, t, d] in ``dtype``."""
     b, h, t, groups, _ = params.shape
-    unpacked = unpack_codes(codes, bits).float().reshape(b, h, t, groups, -1)
-    return (unpacked * params[..., :1] + params[..., 1:]).reshape(b, h, t, -1).to(dtype)
+    d = codes.shape[-1] * 8 // bits
+    unpacked = unpack_codes(codes, bits).float().reshape(b, h, t, groups, d // groups)
+    return (unpacked * params[..., :1] + params[..., 1:]).reshape(b, h, t, d).to(dtype)
