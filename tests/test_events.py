@@ -72,6 +72,8 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
         (tiny_lm, RunSettings.from_flat(strategy="early-exit", max_new_tokens=3, exit_threshold=8.0)),
         (tiny_lm, RunSettings.from_flat(strategy="kv-cache", max_new_tokens=3, paged=True, block_size=2,
                                         batch_sweep="1,2")),
+        (tiny_lm, RunSettings.from_flat(strategy="kv-cache", max_new_tokens=3, kv_keep="sinks", kv_sinks=1,
+                                        kv_window=2, record_attention=True, compare_no_cache=False)),
         (tiny_lm, RunSettings.from_flat(max_new_tokens=3, quant="smoothquant", compare=True)),
         (tiny_lm, RunSettings.from_flat(strategy="contrastive", max_new_tokens=3)),
         (tiny_lm, RunSettings.from_flat(strategy="cascade", cascade_unit="response", cascade_threshold=1.0,
