@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, QPointF, QTimer
+from PySide6.QtCore import QObject, QPointF, QSize, QTimer
 from PySide6.QtWidgets import QLayout, QWidget
 
 
@@ -52,6 +52,24 @@ class TallEnough(QWidget):
             need = layout.totalHeightForWidth(event.size().width())
             if need != self.minimumHeight():
                 self.setMinimumHeight(need)
+
+
+class LeastHeight(QWidget):
+    """A scroll area's content that asks for the least height its layout needs at its width (wrapped texts whole,
+    every panel at its minimum height), where Qt's scroll area would take the preferred one: a dock that holds that
+    least height shows everything without a vertical scroll bar, the stretching panels sharing what is left; a
+    smaller dock scrolls."""
+
+    def hasHeightForWidth(self) -> bool:
+        return self.layout() is not None
+
+    def heightForWidth(self, width: int) -> int:
+        layout = self.layout()
+        return layout.totalMinimumHeightForWidth(width) if layout is not None else super().heightForWidth(width)
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        return QSize(hint.width(), self.heightForWidth(hint.width())) if self.layout() is not None else hint
 
 
 class ThrottledDraw(QObject):

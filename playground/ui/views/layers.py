@@ -163,7 +163,7 @@ class LayersView(FoldView):
         item.getViewBox().sigXRangeChanged.connect(self._fit_to_cells)
         item.getViewBox().sigResized.connect(self._fit_to_cells)
         self.heatmap.scene().sigMouseClicked.connect(self._heatmap_clicked)
-        self.heatmap.setMinimumHeight(260)
+        self.heatmap.setMinimumHeight(220)
 
     def _build_token_plot(self) -> None:
         """The selected token across the layers: entropy (left axis) and top-1 probability (right axis)."""
@@ -197,7 +197,7 @@ class LayersView(FoldView):
         self._prob_box.addItem(self._prob_curve)
         self._prob_box.setYRange(0, 1.05, padding=0)
         item.getViewBox().sigResized.connect(self._align_prob_box)
-        self.token_plot.setMinimumHeight(200)
+        self.token_plot.setMinimumHeight(165)
 
     def _align_prob_box(self) -> None:
         self._prob_box.setGeometry(self.token_plot.getPlotItem().getViewBox().sceneBoundingRect())

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
-    QWidget,
 )
 
 from playground.config import QuantSettings
@@ -40,9 +39,13 @@ from playground.state.quant import QuantState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import LeastHeight, static_plot
 from playground.ui.views.side_by_side import DIVERGE_BG, SideBySidePanes
 
+PLOT_HEIGHT = 110  # px: a plot's least height (title, axis, a readable curve)
+PANES_HEIGHT = 175  # px the two panes take at most; in a short dock (1280 x 800's) less, so the plots stay readable
+SHORT_PANES_HEIGHT = 138
+SHORT_DOCK = 600  # px: a view lower than this is a short dock
 KL_COLOR = "#0077BB"
 DISAGREE_COLOR = "#CC3311"
 BEFORE_COLOR = "#9E9E9E"
@@ -77,7 +80,7 @@ class QuantView(FoldView):
         self.panes = SideBySidePanes(self.panes_state, self._pane_figures, self)
 
         self.kl_plot = static_plot(self, "KL(reference ‖ quantized)", "generated token",
-                                   "KL (nats)", min_height=135)
+                                   "KL (nats)", min_height=PLOT_HEIGHT)
         self.kl_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KL_COLOR, pen=None)
         self.kl_plot.addItem(self.kl_bars)
         self.disagree = pg.ScatterPlotItem(symbol="x", size=11, pen=pg.mkPen(DISAGREE_COLOR, width=2), brush=None)
@@ -93,7 +96,9 @@ class QuantView(FoldView):
             f"<span style='color:{DIVERGE_BG}'>┆</span>&nbsp;free-running outputs&nbsp;diverge")
 
         self.error_plot = static_plot(self, "Layer error ‖W_q − W‖ / ‖W‖", "decoder layer",
-                                      "rel. error", min_height=135)
+                                      "rel. error", min_height=PLOT_HEIGHT)
+        for plot in (self.kl_plot, self.error_plot):  # "KL (nats) (x0.001)" was longer than a short plot's axis
+            plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
         self.error_curves: dict[str, pg.PlotDataItem] = {}  # by kind, made when a model first shows that kind
         self._legend_kinds: list[str] | None = None
         self.error_legend = rich_label(self)
@@ -102,20 +107,21 @@ class QuantView(FoldView):
         self.layer_choice.currentIndexChanged.connect(lambda _: self._draw_channels())
         self.channel_plot = static_plot(
             self, f"max |x|, <span style='color:{BEFORE_COLOR}'>before</span> / "
-            f"<span style='color:{AFTER_COLOR}'>after</span> scaling", "input channel", "max |x|", min_height=120)
+            f"<span style='color:{AFTER_COLOR}'>after</span> scaling", "input channel", "max |x|",
+            min_height=PLOT_HEIGHT - 30)
         self.before_curve = self.channel_plot.plot([], [], pen=pg.mkPen(BEFORE_COLOR, width=3))
         self.after_curve = self.channel_plot.plot([], [], pen=pg.mkPen(AFTER_COLOR, width=1))
         self.scale_plot = static_plot(self, "the method's per-channel scales s", "input channel", "scale",
-                                      min_height=90)
+                                      min_height=60)
         self.scale_curve = self.scale_plot.plot([], [], pen=pg.mkPen(SCALE_COLOR, width=1))
         self.channel_note = rich_label(self)
 
         self.table = QTableWidget(self)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        self.table.setMinimumHeight(110)
+        self.table.setMinimumHeight(80)  # its header and two rows (the reference and this run's method)
         self.table.verticalHeader().hide()
         self.table.setMaximumHeight(150)
-        self.panes.setMaximumHeight(175)
+        self.panes.setMaximumHeight(PANES_HEIGHT)
         self.figures = rich_label(self)
 
         grid = QGridLayout()
@@ -132,7 +138,7 @@ class QuantView(FoldView):
         grid.addWidget(self.channel_note, 1, 2)
         for column in range(3):
             grid.setColumnStretch(column, 1)
-        content = QWidget()
+        content = LeastHeight()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.header)
@@ -140,7 +146,9 @@ class QuantView(FoldView):
         layout.addWidget(self.figures)
         layout.addLayout(grid, 3)
         layout.addWidget(self.table, 1)
-        content.setMinimumSize(880, 650)  # three plots side by side down to 1280 x 800's dock
+        # Three plots side by side down to 1280 x 800's dock, and everything in its height (the minimum heights
+        # above sum to what that dock holds: it scrolls only in a smaller one).
+        content.setMinimumWidth(880)
         scroll = QScrollArea(self)
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)
@@ -150,6 +158,10 @@ class QuantView(FoldView):
         outer.addWidget(scroll)
         self._channels_of = None  # the QuantReady whose layers the combo lists
         self._start_drawing()
+
+    def resizeEvent(self, event) -> None:
+        self.panes.setMaximumHeight(PANES_HEIGHT if event.size().height() >= SHORT_DOCK else SHORT_PANES_HEIGHT)
+        super().resizeEvent(event)
 
     def wants_front(self, run: Run) -> bool:
         return run.settings.group(QuantSettings).compare
