@@ -16,10 +16,10 @@ from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, PrefillDone, RunFinished, RunStarted
 from playground.state import shade_fraction
 from playground.state.beam_tree import FINISHED, PRUNED, SURVIVING
-from playground.ui import beam_tree_items
-from playground.ui.beam_tree_items import CHUNK_STEPS, NODE_SIZE
-from playground.ui.beam_tree_panel import BeamTreePanel, chunk_of
 from playground.ui.style import SHADE_TICKS, configure_pyqtgraph, shade_for_prob
+from playground.ui.views.beam_tree import items as beam_tree_items
+from playground.ui.views.beam_tree.items import CHUNK_STEPS, NODE_SIZE
+from playground.ui.views.beam_tree.panel import BeamTreePanel, chunk_of
 
 
 @pytest.fixture(scope="module")

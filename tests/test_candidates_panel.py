@@ -12,9 +12,9 @@ import torch
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunStarted, TokenStep
-from playground.ui.candidates_panel import CandidatesPanel
 from playground.ui.style import configure_pyqtgraph, format_percent
-from playground.ui.token_view import token_tooltip_html
+from playground.ui.views.tokens.candidates import CandidatesPanel
+from playground.ui.views.tokens.tooltip import token_tooltip_html
 
 TEMPERATURE, TOP_K = 0.6, 4
 

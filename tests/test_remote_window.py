@@ -28,7 +28,7 @@ from playground.remote.source import RemoteSource
 from playground.state import flowing_token_text
 from playground.ui.main_window import MainWindow
 from playground.ui.style import shade_for_prob
-from playground.ui.token_view import NO_PROBS_BG, token_tooltip_html
+from playground.ui.views.tokens.tooltip import NO_PROBS_BG, token_tooltip_html
 
 pytestmark = pytest.mark.model
 RUN_TIMEOUT_MS = 30000

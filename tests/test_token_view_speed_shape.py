@@ -15,7 +15,8 @@ from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import TokenStep
 from playground.state import flowing_token_text
-from playground.ui.token_view import SPLIT_LINES, TokenView
+from playground.ui.marked_text import SPLIT_LINES
+from playground.ui.views.tokens.text import TokenView
 
 PROMPT = "Tell me a story."
 

@@ -12,11 +12,11 @@ from windows import let_go, open_window
 
 from playground.config import ModelSettings, RunSettings
 from playground.state import chart_rows, flowing_token_text
-from playground.ui.candidates_panel import MAX_ROWS
 from playground.ui.main_window import MainWindow
 from playground.ui.model_picker import recent_models
 from playground.ui.style import shade_for_prob
-from playground.ui.token_view import token_tooltip_html
+from playground.ui.views.tokens.candidates import MAX_ROWS
+from playground.ui.views.tokens.tooltip import token_tooltip_html
 
 RUN_TIMEOUT_MS = 20000
 

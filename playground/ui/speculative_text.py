@@ -18,8 +18,8 @@ from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
 from playground.state import flowing_token_text, visible_token_text
 from playground.state.speculative import ACCEPTED, FORCED, REJECTED, TARGET, Mark, SpeculativeState
+from playground.ui.marked_text import MarkedTextEdit
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, mono_font
-from playground.ui.token_view import MarkedTextEdit
 
 # One colour per meaning, everywhere in this view (Paul Tol's colour-blind-safe "vibrant" set): text, bars, labels.
 ACCEPTED_COLOR = "#009988"  # teal: a drafted token the target kept

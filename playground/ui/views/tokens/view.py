@@ -11,10 +11,11 @@ from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted, TokenNumbers, TokenStep
 from playground.state import Run, character_piece, most_interesting_step
-from playground.ui.candidates_panel import CandidatesPanel
-from playground.ui.token_view import TokenView, token_tooltip_html
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.tokens.candidates import CandidatesPanel
+from playground.ui.views.tokens.text import TokenView
+from playground.ui.views.tokens.tooltip import token_tooltip_html
 
 # While a run streams, the chart redraws at most this often: its repaint costs more than a token view update,
 # and on a 2-core CPU every GUI millisecond is taken from the model's threads.

@@ -24,7 +24,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSlider, QVBoxLa
 from playground.events import Event, RunFinished, RunStarted
 from playground.state import visible_token_text
 from playground.state.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree, RankedHypothesis, TreeNode
-from playground.ui.beam_tree_items import (
+from playground.ui.style import CHOSEN_COLOR, format_percent, rich_label, shade_for_prob
+from playground.ui.views.beam_tree.items import (
     BEST_COLOR,
     BEST_GROWTH,
     CHUNK_STEPS,
@@ -44,7 +45,6 @@ from playground.ui.beam_tree_items import (
     StepChunk,
     TokenLabels,
 )
-from playground.ui.style import CHOSEN_COLOR, format_percent, rich_label, shade_for_prob
 
 STEP_PX = 92  # the view shows as many steps as fit at this width (room for a label of ~10 characters)
 MIN_VISIBLE_STEPS = 6

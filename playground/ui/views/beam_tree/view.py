@@ -1,4 +1,4 @@
-"""The beam tree view: beam search's tree growing step by step (the drawing lives in ``beam_tree_panel``)."""
+"""The beam tree view: beam search's tree growing step by step (the drawing lives in ``panel`` and ``items``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from playground.events import BeamStep, Event
 from playground.state import Run
-from playground.ui.beam_tree_panel import BeamTreePanel
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.beam_tree.panel import BeamTreePanel
 
 
 @register_view

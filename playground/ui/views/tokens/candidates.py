@@ -29,7 +29,7 @@ from playground.ui.style import (
     format_percent,
     rich_label,
 )
-from playground.ui.token_view import rank_text
+from playground.ui.views.tokens.tooltip import rank_text
 
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
 LABEL_CHARS = 20

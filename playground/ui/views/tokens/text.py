@@ -1,0 +1,389 @@
+"""The tokens view's output: every token shaded by its probability (a legend says which distribution), with its
+alternatives on hover, the step under a click charted, and a right-click to branch.
+
+The text is kept short to lay out as it streams, as ``playground.ui.marked_text`` explains: the paragraph being
+written is split once it is SPLIT_LINES lines long, and a change of width lays the text out again from the steps.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from PySide6.QtCore import QPoint, QPointF, QRect, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QAction,
+    QColor,
+    QContextMenuEvent,
+    QKeyEvent,
+    QMouseEvent,
+    QPainter,
+    QPixmap,
+    QResizeEvent,
+    QTextCharFormat,
+    QTextCursor,
+)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QTextEdit,
+    QToolTip,
+    QVBoxLayout,
+    QWidget,
+)
+
+from playground.events import TokenStep
+from playground.state import Run, character_piece, flowing_token_text, shade_fraction, visible_token_text
+from playground.ui.marked_text import RELAYOUT_MS, shift_ranges, split_wrapped_paragraph
+from playground.ui.style import (
+    MARK_COLOR,
+    SHADE_TICKS,
+    format_percent,
+    mono_font,
+    shade_at,
+    shade_for_prob,
+    text_color_on,
+)
+from playground.ui.views.tokens.tooltip import (
+    NO_PROBS_BG,
+    NO_PROBS_FG,
+    NO_PROBS_TEXT,
+    has_probs,
+    is_remote_step,
+    token_tooltip_html,
+)
+
+# Which number shades a token; the legend says which one is in use.
+SHADE_RAW = "raw"
+SHADE_PROCESSED = "processed"
+SHADE_LABELS = {
+    SHADE_RAW: "raw model probability (before processors)",
+    SHADE_PROCESSED: "probability after processors (what was sampled from)",
+}
+
+
+def step_prob(step: TokenStep, mode: str) -> float:
+    return step.prob if mode == SHADE_PROCESSED else step.raw_prob
+
+
+class ShadeLegend(QWidget):
+    """A gradient bar with probability ticks, and which distribution the shading shows."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setMinimumHeight(34)
+        self.setMinimumWidth(260)
+        self._ramp_cache: QPixmap | None = None
+
+    def _ramp(self, width: int, height: int) -> QPixmap:
+        """The colour ramp, drawn once per width (a per-pixel loop on every repaint is slow)."""
+        if self._ramp_cache is None or self._ramp_cache.width() != width:
+            ramp = QPixmap(max(1, width), height)
+            ramp_painter = QPainter(ramp)
+            for x in range(width):
+                ramp_painter.setPen(shade_at(x / max(1, width - 1)))
+                ramp_painter.drawLine(x, 0, x, height)
+            ramp_painter.end()
+            self._ramp_cache = ramp
+        return self._ramp_cache
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        width = self.width() - 40
+        left, top, bar_h = 20, 2, 12
+        painter.drawPixmap(left, top, self._ramp(width, bar_h))
+        painter.setPen(QColor("#555555"))
+        painter.drawRect(left, top, width, bar_h)
+        painter.setPen(self.palette().windowText().color())
+        metrics = painter.fontMetrics()
+        for tick in SHADE_TICKS:
+            x = left + int(shade_fraction(tick) * (width - 1))
+            label = "≤0.1%" if tick == SHADE_TICKS[-1] else f"{tick * 100:g}%"
+            painter.drawLine(x, top + bar_h, x, top + bar_h + 3)
+            text_w = metrics.horizontalAdvance(label)
+            painter.drawText(max(0, min(self.width() - text_w, x - text_w // 2)), top + bar_h + 4 + metrics.ascent(),
+                             label)
+        painter.end()
+
+
+class TokenTextEdit(QTextEdit):
+    """The document of shaded tokens; knows which step sits under any point."""
+
+    step_clicked = Signal(int)
+    branch_requested = Signal(int, int)  # step, token id
+    step_key = Signal(int)  # -1 / +1 from the arrow keys
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setFont(mono_font(12))
+        self.setMouseTracking(True)
+        self.viewport().setMouseTracking(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.NoTextInteraction)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        # A scroll bar that appears as the text grows would change the width, and so where lines wrap.
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOn)
+        self.shade_mode = SHADE_RAW
+        self.steps: list[TokenStep] = []
+        self._starts: list[int] = []  # document position where each step's text starts
+        self._ends: list[int] = []
+        self._prompt_end = 0
+        self._prompt_text = ""
+        self._hovered: int | None = None
+        self._marked: int | None = None
+        self._split_width: float | None = None  # the text width the line splits were made for (None: no splits)
+        self._view_before_relayout: tuple[bool, int | None] = (True, None)  # following the end; top step
+        self._relayout_timer = QTimer(self)
+        self._relayout_timer.setSingleShot(True)
+        self._relayout_timer.setInterval(RELAYOUT_MS)
+        self._relayout_timer.timeout.connect(self._relayout)
+
+    # --- content ---------------------------------------------------------------------------------------
+    def clear_tokens(self, prompt_text: str = "") -> None:
+        self.clear()
+        self.steps.clear()
+        self._starts.clear()
+        self._ends.clear()
+        self._split_width = None
+        self._marked = None
+        self._prompt_text = prompt_text
+        cursor = QTextCursor(self.document())
+        if prompt_text:
+            fmt = QTextCharFormat()
+            fmt.setForeground(QColor("#777777"))
+            cursor.insertText(prompt_text, fmt)
+        self._prompt_end = cursor.position()
+
+    def append_steps(self, steps: list[TokenStep]) -> None:
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.beginEditBlock()  # one layout for the whole batch
+        for step in steps:
+            self._insert(cursor, step)
+        cursor.endEditBlock()
+        self._split_wrapped_line()
+        self.ensureCursorVisible_at_end()
+
+    def _split_wrapped_line(self) -> None:
+        """Keep the paragraph being written short (``split_wrapped_paragraph``), and the token ranges right."""
+        split = split_wrapped_paragraph(self.document(), self._prompt_end)
+        if split is None:
+            return
+        shift_ranges(self._starts, self._ends, split)  # the tokens it moved
+        self._split_width = self.document().textWidth()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        if self._split_width is not None and not self._relayout_timer.isActive():
+            bar = self.verticalScrollBar()  # where the reader was, before the new width moves the lines
+            self._view_before_relayout = (bar.value() >= bar.maximum() - 40, self.step_at(QPoint(4, 4)))
+        super().resizeEvent(event)
+        if self._split_width is not None and self.document().textWidth() != self._split_width:
+            self._relayout_timer.start()  # lines split for the old width would now end early or wrap twice
+
+    def _relayout(self) -> None:
+        """Lay the text out again for the current width, keeping the marked step and what was in view."""
+        if self._split_width is None or self.document().textWidth() == self._split_width:
+            return
+        at_end, top = self._view_before_relayout
+        steps, marked = list(self.steps), self._marked
+        self.clear_tokens(self._prompt_text)
+        self.append_steps(steps)
+        self.mark_step(marked)
+        bar = self.verticalScrollBar()
+        if at_end:
+            bar.setValue(bar.maximum())
+        elif top is not None and top < len(self._starts):
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(self._starts[top])
+            bar.setValue(bar.value() + self.cursorRect(cursor).top())
+
+    def _shade_format(self, step: TokenStep) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        if has_probs(step):
+            background = shade_for_prob(step_prob(step, self.shade_mode))
+            fmt.setBackground(background)
+            fmt.setForeground(text_color_on(background))
+        else:
+            fmt.setBackground(QColor(NO_PROBS_BG))
+            fmt.setForeground(QColor(NO_PROBS_FG))
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DotLine)
+        return fmt
+
+    def _insert(self, cursor: QTextCursor, step: TokenStep) -> None:
+        fmt = self._shade_format(step)
+        if step.forced:
+            fmt.setFontItalic(True)
+        # Newlines and empty deltas (a byte of a multi-byte character) still get a visible mark.
+        text = flowing_token_text(step.text) if step.text else "·"
+        self._starts.append(cursor.position())
+        cursor.insertText(text, fmt)
+        self._ends.append(cursor.position())
+        self.steps.append(step)
+
+    def reshade(self) -> None:
+        """Recolour every token (the shading mode changed); the text stays."""
+        cursor = QTextCursor(self.document())
+        for step, start, end in zip(self.steps, self._starts, self._ends, strict=True):
+            fmt = self._shade_format(step)
+            cursor.setPosition(start)
+            cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(fmt)
+
+    def ensureCursorVisible_at_end(self) -> None:
+        bar = self.verticalScrollBar()
+        if bar.value() >= bar.maximum() - 40:  # follow the stream unless the user scrolled up
+            bar.setValue(bar.maximum())
+
+    def mark_step(self, index: int | None) -> None:
+        """Outline the step shown in the chart."""
+        if index is None or not 0 <= index < len(self.steps):
+            self._marked = None
+            self.setExtraSelections([])
+            return
+        self._marked = index
+        selection = QTextEdit.ExtraSelection()
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._starts[index])
+        cursor.setPosition(self._ends[index], QTextCursor.MoveMode.KeepAnchor)
+        selection.cursor = cursor
+        # The same yellow as the chosen row's band in the chart: "this token is the step shown there".
+        fmt = QTextCharFormat()
+        fmt.setBackground(QColor(MARK_COLOR))
+        fmt.setForeground(QColor("#000000"))
+        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
+        fmt.setFontUnderline(True)
+        fmt.setFontWeight(700)
+        selection.format = fmt
+        self.setExtraSelections([selection])
+
+    def step_rect(self, index: int) -> QRect:
+        """Where step ``index``'s first character is drawn, in viewport coordinates (scrolled into view)."""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._starts[index])
+        self.setTextCursor(cursor)
+        self.ensureCursorVisible()
+        cursor.setPosition(self._starts[index] + 1)
+        return self.cursorRect(cursor)
+
+    # --- finding the step under the mouse ------------------------------------------------------------------
+    def step_at(self, point: QPoint) -> int | None:
+        doc_point = QPointF(point.x() + self.horizontalScrollBar().value(),
+                            point.y() + self.verticalScrollBar().value())
+        position = self.document().documentLayout().hitTest(doc_point, Qt.HitTestAccuracy.ExactHit)
+        if position < self._prompt_end:
+            return None
+        index = bisect.bisect_right(self._starts, position) - 1
+        if 0 <= index < len(self.steps) and position < self._ends[index]:
+            return index
+        return None
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        index = self.step_at(event.position().toPoint())
+        if index is None:
+            QToolTip.hideText()
+        elif index != self._hovered or not QToolTip.isVisible():
+            QToolTip.showText(event.globalPosition().toPoint(), token_tooltip_html(
+                self.steps[index], piece=character_piece(self.steps, index)), self)
+        self._hovered = index
+        super().mouseMoveEvent(event)
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        index = self.step_at(event.position().toPoint())
+        if index is not None and event.button() == Qt.MouseButton.LeftButton:
+            self.step_clicked.emit(index)
+        super().mousePressEvent(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() in (Qt.Key.Key_Left, Qt.Key.Key_Right):
+            self.step_key.emit(-1 if event.key() == Qt.Key.Key_Left else 1)
+            return
+        super().keyPressEvent(event)
+
+    def contextMenuEvent(self, event: QContextMenuEvent) -> None:
+        index = self.step_at(event.pos())
+        if index is None:
+            return
+        menu = self.alternatives_menu(index)
+        menu.exec(event.globalPos())
+
+    def alternatives_menu(self, index: int) -> QMenu:
+        step = self.steps[index]
+        menu = QMenu(self)
+        menu.addSection(f"Step {step.step}: continue with…")
+        for c in sorted(step.candidates, key=lambda c: c.raw_rank):
+            if c.token_id == step.token_id:
+                continue
+            label = visible_token_text(c.text).replace("&", "&&")  # a lone & would mark a shortcut key
+            kind = "server" if is_remote_step(step) else "raw"
+            action = QAction(f"{label}    {kind} {format_percent(c.raw_prob)}", menu)
+            action.triggered.connect(lambda _=False, tid=c.token_id: self.branch_requested.emit(step.step, tid))
+            menu.addAction(action)
+        return menu
+
+
+class TokenView(QWidget):
+    """Token document + legend + shading choice."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.text = TokenTextEdit(self)
+        self.legend = ShadeLegend(self)
+        self.mode = QComboBox(self)
+        self.mode.addItem("raw model", SHADE_RAW)
+        self.mode.addItem("after processors", SHADE_PROCESSED)
+        self.mode.setToolTip("Which distribution the token shading shows")
+        self.mode.currentIndexChanged.connect(self._mode_changed)
+        self.caption = QLabel(self)
+        self.caption.setWordWrap(True)
+        self.remote_note: str | None = None  # which distribution a server's numbers are (None: a local run)
+        self.mode_label = QLabel("Shade =", self)
+        legend_row = QHBoxLayout()
+        legend_row.addWidget(self.mode_label)
+        legend_row.addWidget(self.mode)
+        legend_row.addWidget(self.legend, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.text, 1)
+        layout.addLayout(legend_row)
+        layout.addWidget(self.caption)
+        self._update_caption()
+
+    def _mode_changed(self) -> None:
+        self.text.shade_mode = self.mode.currentData()
+        self.text.reshade()
+        self._update_caption()
+
+    def set_remote(self, label: str | None, note: str = "") -> None:
+        """A server's run (``label``: which distribution its numbers are) or a local one (None): a server sends one
+        number per token, so there is one shading to choose."""
+        self.remote_note = f"the server's probability ({label}): {note}" if label is not None else None
+        self.mode.setVisible(label is None)  # a server sends one probability per token: nothing to choose
+        self.mode_label.setText("Shade =" if label is None else "Shade = the server's probability")
+        self._update_caption()
+
+    def _update_caption(self) -> None:
+        if self.remote_note is not None:
+            self.caption.setText(
+                f"Token shade: {self.remote_note}; darker = less likely; grey, dotted = {NO_PROBS_TEXT}. "
+                "Italic = forced. Hover a token for the server's candidates; click it to chart that step (←/→ to "
+                "step); right-click to branch (the server continues from the text).")
+            return
+        self.caption.setText(
+            f"Token shade: probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = "
+            "less likely. Italic = forced. Hover a token for its alternatives; click it to chart that step "
+            "(←/→ to step); right-click to branch.")
+
+    def show_run(self, run: Run) -> None:
+        self.text.clear_tokens(run.started.prompt_text if run.started else "")
+        self.text.append_steps(run.steps)
+
+    def reset(self, prompt_text: str = "") -> None:
+        self.text.clear_tokens(prompt_text)
+
+    def append_steps(self, steps: list[TokenStep]) -> None:
+        self.text.append_steps(steps)
+
+    @property
+    def steps(self) -> list[TokenStep]:
+        return self.text.steps
