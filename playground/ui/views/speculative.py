@@ -38,9 +38,11 @@ from playground.ui.speculative_text import (
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import TextsInside, static_plot
+from playground.ui.views.drawing import LeastHeight, TextsInside, static_plot
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
+SHORT_DOCK = 600  # px: a view lower than this is a short dock (1280 x 800's is 531)
+PLOT_HEIGHT = 110  # px: a plot's least height (its title, axis labels and a readable chart)
 MAX_SLOTS = 17  # drafted tokens (k ≤ 16) + the target's own
 # A line's label to the left, under the line in the upper half of the plot and above it in the lower half (pyqtgraph
 # picks the first anchor in the upper half): inside the plot wherever the line lies.
@@ -108,7 +110,8 @@ class SpeculativeView(FoldView):
 
     def _build_timeline(self) -> None:
         """One stacked bar per round: accepted, then the target's own token, then the rejected drafts."""
-        self.timeline = static_plot(self, "Rounds", "round (click one to inspect it)", "tokens", min_height=120)
+        self.timeline = static_plot(self, "Rounds", "round (click one to inspect it)", "tokens",
+                                    min_height=PLOT_HEIGHT)
         self.timeline.getPlotItem().showGrid(y=True, alpha=0.2)
         self._band = pg.BarGraphItem(x=[], height=[], width=1.0, brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
         self.timeline_bars = {ACCEPTED: _bars(ACCEPTED_COLOR), TARGET: _bars(TARGET_COLOR),
@@ -122,7 +125,7 @@ class SpeculativeView(FoldView):
 
     def _build_round_plot(self) -> None:
         """The selected round: q next to p for each drafted token, then the target's own token's p."""
-        self.round_plot = static_plot(self, "Round", "", "probability", min_height=120)
+        self.round_plot = static_plot(self, "Round", "", "probability", min_height=PLOT_HEIGHT)
         self._q_bars = pg.BarGraphItem(x=[], height=[], width=0.36, brush=DRAFT_Q_COLOR, pen=pg.mkPen(None))
         self._p_bars = pg.BarGraphItem(x=[], height=[], width=0.36, brush=TARGET_COLOR, pen=pg.mkPen(None))
         self._draws = pg.ScatterPlotItem(symbol="t1", size=13, brush="#000000", pen=pg.mkPen("#FFFFFF", width=1))
@@ -139,7 +142,7 @@ class SpeculativeView(FoldView):
     def _build_figure_plots(self) -> None:
         """Acceptance by draft position, and the what-if curve of the expected speed-up against k."""
         self.positions_plot = static_plot(self, "Acceptance by draft position", "draft position in the round",
-                                          "accepted ÷ judged", min_height=150)
+                                          "accept rate", min_height=PLOT_HEIGHT)
         self._position_bars = _bars(ACCEPTED_COLOR)
         self._alpha_line = pg.InfiniteLine(angle=0, movable=False, pen=_dashed("#333333"), label="α",
                                            labelOpts={"position": 0.99, "color": "#333333", "anchors": INSIDE_LEFT,
@@ -148,7 +151,7 @@ class SpeculativeView(FoldView):
         self.positions_plot.addItem(self._alpha_line)
         self.positions_plot.setYRange(0, 1.05, padding=0)
         self.what_if_plot = static_plot(self, "What-if (estimate): speed-up against k",
-                                        "k (tokens drafted per round)", "speed-up ×", min_height=150)
+                                        "k (tokens drafted per round)", "speed-up ×", min_height=PLOT_HEIGHT)
         self._what_if_curve = pg.PlotDataItem([], [], pen=pg.mkPen(TARGET_COLOR, width=2), symbol="o",
                                               symbolSize=5, symbolBrush=TARGET_COLOR, symbolPen=None)
         self._plain_line = pg.InfiniteLine(pos=1.0, angle=0, movable=False,
@@ -173,7 +176,7 @@ class SpeculativeView(FoldView):
         left_layout.addWidget(self.text, 1)
         left_layout.addWidget(self.figures)
         right = QWidget()
-        right_layout = QVBoxLayout(right)
+        self._right = right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.addWidget(self.timeline, 3)
         right_layout.addWidget(self.round_plot, 4)
@@ -182,14 +185,16 @@ class SpeculativeView(FoldView):
         top.addWidget(left)
         top.addWidget(right)
         top.setSizes([520, 620])
-        what_if = QVBoxLayout()
+        self._what_if_box = what_if = QVBoxLayout()
         what_if.addWidget(self.what_if_plot, 1)
         what_if.addWidget(self.what_if_note)
-        bottom = QHBoxLayout()
+        self._bottom = bottom = QHBoxLayout()
         bottom.addWidget(self.positions_plot, 2)
         bottom.addLayout(what_if, 3)
-        # All in a scroll area: a small dock scrolls instead of squeezing the plots (or growing the window).
-        content = QWidget()
+        self._short = False  # a short dock: the what-if note beside its plot, the round note's first line only
+        # All in a scroll area: a dock lower than the panels' least heights scrolls instead of squeezing the plots
+        # (or growing the window); 1280 x 800's holds them (LeastHeight).
+        content = LeastHeight()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.header)
@@ -203,6 +208,26 @@ class SpeculativeView(FoldView):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
+
+    def resizeEvent(self, event) -> None:
+        self._arrange(event.size().height() < SHORT_DOCK)
+        super().resizeEvent(event)
+
+    def _arrange(self, short: bool) -> None:
+        """In a short dock (1280 x 800's) the what-if note stands beside its plot instead of under it, and the round
+        note keeps its figures line (how the drafts were judged goes to its tooltip): the plots keep their height."""
+        if short == self._short:
+            return
+        self._short = short
+        self._right.setStretch(0, 1 if short else 3)  # the rounds' timeline as tall as the round chart
+        self._right.setStretch(1, 1 if short else 4)
+        if short:
+            self._what_if_box.removeWidget(self.what_if_note)
+            self._bottom.addWidget(self.what_if_note, 2)
+        else:
+            self._bottom.removeWidget(self.what_if_note)
+            self._what_if_box.addWidget(self.what_if_note)
+        self._draw()
 
     # --- the view interface ---------------------------------------------------------------------------------
     def _forget(self) -> None:
@@ -352,7 +377,9 @@ class SpeculativeView(FoldView):
             item.setTitle(f"Round {index}: {r.accepted} of {n} drafts accepted", size="10pt")
         else:
             item.setTitle(f"Round {index}: nothing drafted, the target's own token", size="10pt")
-        self.round_note.setText(self._round_note(r))
+        parts = self._round_note(r)
+        self.round_note.setText(parts[0] if self._short else "<br>".join(parts))
+        self.round_note.setToolTip("<br>".join(parts[1:]) if self._short else "")
 
     def _show_verdict(self, slot: int, x: float, top: float, text: str, color: str) -> None:
         label = self._verdicts[slot]
@@ -360,7 +387,7 @@ class SpeculativeView(FoldView):
         label.setVisible(True)
         self._verdict_texts.place(label, x, top + 0.02)
 
-    def _round_note(self, r: SpeculativeRound) -> str:
+    def _round_note(self, r: SpeculativeRound) -> list[str]:
         state = self.state
         step = f"output steps {r.first_step}–{r.first_step + r.accepted}" if r.target_kind != "none" else \
             f"from output step {r.first_step}"
@@ -373,7 +400,7 @@ class SpeculativeView(FoldView):
         else:
             parts.append("Greedy: a draft is accepted iff it is the target's top token; no draw; drafts after the "
                          "first rejection are discarded unjudged")
-        return "<br>".join(parts)
+        return parts
 
     def _draw_positions(self) -> None:
         state = self.state
