@@ -52,12 +52,10 @@ def ban_repeated_ngrams(ids: torch.Tensor, logits: torch.Tensor, ngram_size: int
     windows = ids.unfold(1, ngram_size, 1)
     suffix = ids[:, seq_len - ngram_size + 1 :]
     matches = (windows[..., :-1] == suffix.unsqueeze(1)).all(dim=-1)  # [batch, n_windows]
-    vocab = logits.shape[-1]
-    # Non-matching windows write to a spare column past the vocabulary, which is dropped.
-    banned = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=logits.device)
-    banned.scatter_(1, torch.where(matches, windows[..., -1].clamp(max=vocab), vocab), True)
-    banned = banned[:, :vocab]
-    return logits.masked_fill(banned, float("-inf"))
+    rows, at = matches.nonzero(as_tuple=True)  # the matching windows: a few, against the whole vocabulary
+    out = logits.clone()
+    out[rows, windows[rows, at, -1]] = float("-inf")
+    return out
 
 
 def apply_temperature(ids: torch.Tensor, logits: torch.Tensor, temperature: float) -> torch.Tensor:

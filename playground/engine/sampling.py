@@ -133,7 +133,7 @@ def _choose(
     if forced_id is not None:
         token_id = forced_id
     elif sampling:
-        token_id = sample_next_token(analysis.processed_probs, run.generator)
+        token_id = analysis.draw(run.generator)
     else:
         token_id = int(analysis.processed_logits.argmax(dim=-1).item())
     analysis.token_id = token_id

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from playground.engine.processors import NamedTransform
+from playground.engine.samplers.chain import CompactLogits, Kept, Stage, run_chain, values_at
 from playground.events import Candidate, ProcessorEffect, TokenStep
 
 LN2 = math.log(2)
@@ -21,13 +22,24 @@ LN2 = math.log(2)
 class StepAnalysis:
     raw_logits: torch.Tensor  # [1, vocab]
     raw_logprobs: torch.Tensor  # [1, vocab]
-    stage_logits: list[tuple[str, torch.Tensor]]  # after each processor, [1, vocab] each
+    stage_logits: list[tuple[str, Stage]]  # after each processor: [1, vocab], or on the compact set after a cut
     processed_logits: torch.Tensor  # [1, vocab], after the whole pipeline
     processed_probs: torch.Tensor  # [1, vocab]
     top_ids: list[int]  # top candidates by raw probability
     token_id: int = -1  # set once the strategy has chosen
     mirostat_mu: float | None = None  # mirostat v2's cut at this step (set by a sampling run with mirostat on)
     extra: dict = field(default_factory=dict)
+    # The chain ran on a compact set after its first cut: the tokens still in play and their processed probabilities
+    # ([1, K]); None when it ran on the whole vocabulary.
+    kept: Kept | None = None
+    kept_probs: torch.Tensor | None = None
+
+    def draw(self, generator: torch.Generator) -> int:
+        """A token drawn from the processed distribution (on the compact set when there is one: a draw over the whole
+        vocabulary costs ~2 ms for its 49k exponentials)."""
+        if self.kept is not None and self.kept_probs is not None:
+            return int(self.kept.ids[torch.multinomial(self.kept_probs, num_samples=1, generator=generator)].item())
+        return int(torch.multinomial(self.processed_probs, num_samples=1, generator=generator).item())
 
     def to_event(
         self, *, step: int, text: str, forced: bool, step_ms: float, kv_bytes: int,
@@ -37,12 +49,13 @@ class StepAnalysis:
         shown = self.top_ids if chosen in self.top_ids else [*self.top_ids, chosen]
         index = torch.tensor(shown, device=self.raw_logits.device)
         # stages: [n_processors + 1, shown] logits of the shown tokens before/after each processor
-        stages = torch.stack([self.raw_logits[0, index]] + [s[0, index] for _, s in self.stage_logits])
+        stages = torch.stack([self.raw_logits[0, index]] + [values_at(s, index) for _, s in self.stage_logits])
         raw_logprobs = self.raw_logprobs[0, index]
         processed = self.processed_probs[0, index]
         raw_rank = int((self.raw_logits[0] > self.raw_logits[0, chosen]).sum().item()) + 1
         entropy = float(torch.special.entr(self.raw_logprobs.exp()).sum().item()) / LN2  # −Σ p ln p, 0 ln 0 = 0
-        processed_entropy = float(torch.special.entr(self.processed_probs).sum().item()) / LN2
+        kept_probs = self.kept_probs if self.kept_probs is not None else self.processed_probs
+        processed_entropy = float(torch.special.entr(kept_probs).sum().item()) / LN2
 
         stage_values = stages.tolist()
         logprob_values = raw_logprobs.tolist()
@@ -64,18 +77,25 @@ class StepAnalysis:
 
 
 def analyse_step(
-    pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, num_candidates: int
+    pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, num_candidates: int, *,
+    compact: bool = True,
 ) -> StepAnalysis:
-    """Run ``pipeline`` over ``logits`` ([1, vocab]) keeping every stage, and pick the raw top candidates."""
-    stage_logits = []
-    processed = logits
-    for transform in pipeline:
-        processed = transform.apply(ids, processed)
-        stage_logits.append((transform.name, processed))
+    """Run ``pipeline`` over ``logits`` ([1, vocab]) keeping every stage, and pick the raw top candidates.
+
+    ``compact``: the stages after the first cut run on the tokens still in play (``samplers.chain``: exact);
+    False runs every stage on the whole vocabulary (the reference the tests compare with)."""
+    stage_logits = run_chain(pipeline, ids, logits, compact=compact)
+    last = stage_logits[-1][1] if stage_logits else logits
     raw_logprobs = logits.log_softmax(dim=-1)
     top_ids = torch.topk(logits[0], min(num_candidates, logits.shape[-1])).indices.tolist()
+    if isinstance(last, CompactLogits):
+        kept_probs = last.probs()
+        processed_probs = torch.zeros_like(logits).index_copy_(1, last.kept.ids, kept_probs)
+        return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
+                            processed_logits=last.full(), processed_probs=processed_probs, top_ids=top_ids,
+                            kept=last.kept, kept_probs=kept_probs)
     return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
-                        processed_logits=processed, processed_probs=processed.softmax(dim=-1), top_ids=top_ids)
+                        processed_logits=last, processed_probs=last.softmax(dim=-1), top_ids=top_ids)
 
 
 def _processor_effects(

@@ -36,13 +36,21 @@ def resolve_logit_bias(entries: tuple[str, ...], tokenizer: Any, vocab_size: int
 
 
 def apply_sequence_bias(ids: torch.Tensor, logits: torch.Tensor, biases: SequenceBias) -> torch.Tensor:
-    """ids: [batch, seq]; logits: [batch, vocab]; ``biases``: (token sequence, bias) pairs."""
-    bias = torch.zeros_like(logits)
+    """ids: [batch, seq]; logits: [batch, vocab]; ``biases``: (token sequence, bias) pairs. Only the biased tokens'
+    logits are touched (summed on a [batch, n] tensor: a pass over the whole vocabulary costs more than all of it)."""
+    if not biases:
+        return logits
+    targets = sorted({sequence[-1] for sequence, _ in biases})
+    column = {token: j for j, token in enumerate(targets)}
+    bias = torch.zeros((logits.shape[0], len(targets)), dtype=logits.dtype, device=logits.device)
     for sequence, value in biases:
         *prefix, last = sequence
         if not prefix:
-            bias[:, last] += value
+            bias[:, column[last]] += value
         elif len(prefix) <= ids.shape[1]:
             ends_with = (ids[:, -len(prefix):] == torch.tensor(prefix, device=ids.device)).all(dim=-1)
-            bias[:, last] += torch.where(ends_with, value, 0.0).to(bias.dtype)
-    return logits + bias
+            bias[:, column[last]] += torch.where(ends_with, value, 0.0).to(bias.dtype)
+    index = torch.tensor(targets, device=logits.device)
+    out = logits.clone()
+    out[:, index] = logits[:, index] + bias
+    return out

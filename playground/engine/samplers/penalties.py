@@ -16,10 +16,14 @@ def apply_presence_frequency_penalties(ids: torch.Tensor, logits: torch.Tensor, 
                                        frequency: float) -> torch.Tensor:
     """OpenAI's definition: ``logit − count·frequency − (count > 0)·presence`` for each token's count in ``ids``.
 
-    ids: [batch, seq]; logits: [batch, vocab]."""
-    counts = torch.zeros_like(logits).scatter_add(1, ids, torch.ones(ids.shape, dtype=logits.dtype,
-                                                                      device=logits.device))
-    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+    ids: [batch, seq]; logits: [batch, vocab]. Only the tokens in ``ids`` change (the same arithmetic on them as on
+    the whole vocabulary, without a pass over it)."""
+    out = logits.clone()
+    for row in range(ids.shape[0]):
+        tokens, counts = torch.unique(ids[row], return_counts=True)  # [n] each
+        counts = counts.to(logits.dtype)
+        out[row, tokens] = logits[row, tokens] - counts * frequency - presence
+    return out
 
 
 def dry_match_lengths(tokens: list[int], breakers: frozenset[int]) -> dict[int, int]:
