@@ -14,6 +14,7 @@ from typing import Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -27,9 +28,14 @@ from PySide6.QtWidgets import (
 
 from playground.config import GROUPS, Row, RunSettings, SettingsGroup, rows
 from playground.config.catalog import STRATEGIES
+from playground.ui.sampler_form import LogitBiasEditor, SamplerChainList
 
 STOP_SEPARATOR = "|"
 SECTIONS = {"generation": "Generation", "sampling": "Sampling (sample only)", "penalties": "Penalties"}
+# Settings of a section that get a box of their own (its title), below the section's: (section, title, names).
+# The chain's order is a sampling setting (its row's section): a greedy run keeps transformers' order.
+OWN_BOXES = {"chain": ("sampling", "Sampler chain (the order; sample only)", ("samplers",)),
+             "guidance": ("penalties", "Guidance (classifier-free)", ("guidance_scale", "negative_prompt"))}
 INT_LIMIT = 2**31 - 1
 
 
@@ -64,9 +70,40 @@ def _limits(row: Row) -> tuple[float, float]:
     return low, high
 
 
+def _chain_binding(row: Row) -> Binding:
+    chain = SamplerChainList()
+    return Binding(row, chain, chain.text, chain.set_text)
+
+
+def _bias_binding(row: Row) -> Binding:
+    editor = LogitBiasEditor(row.spec.help)
+    return Binding(row, editor, editor.entries, lambda v: editor.set_entries(tuple(v)))
+
+
+# Settings whose widget is more than a table row makes (the chain's order, entries whose spaces matter).
+CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_binding, "logit_bias": _bias_binding}
+
+
+def _change_signal(widget: QWidget) -> Any:
+    """The signal a binding's widget sends when the user changes its value."""
+    if isinstance(widget, SamplerChainList):
+        return widget.order_changed
+    if isinstance(widget, LogitBiasEditor):
+        return widget.changed
+    if isinstance(widget, QCheckBox):
+        return widget.toggled
+    if isinstance(widget, QComboBox):
+        return widget.currentTextChanged
+    if isinstance(widget, QAbstractSpinBox):
+        return widget.valueChanged
+    return widget.textChanged
+
+
 def make_binding(row: Row) -> Binding:
     """The widget for one table row: spin boxes for numbers, a combo for choices, a check box, a line edit."""
     spec = row.spec
+    if row.name in CUSTOM_BINDINGS:
+        return CUSTOM_BINDINGS[row.name](row)
     if row.type is bool:
         box = QCheckBox(spec.label)
         return Binding(row, box, box.isChecked, box.setChecked)
@@ -100,6 +137,7 @@ class RunControls(QWidget):
     """Every option of ``RunSettings`` and of each registered settings group, except the prompt."""
 
     strategy_changed = Signal(str)
+    settings_changed = Signal()  # any value of the form changed (the user's edit or a preset put in)
 
     def __init__(self, settings: RunSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -116,12 +154,21 @@ class RunControls(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        own = {name for _, _, names in OWN_BOXES.values() for name in names}
+        self.box_sections: dict[str, str] = {}  # an own box's name -> the section that enables it
         for section, title in SECTIONS.items():
             bindings = [make_binding(r) for r in rows(RunSettings) if r.spec.form and r.spec.section == section]
             extra = [("strategy", self.strategy)] if section == "generation" else []
-            self.boxes[section] = self._box(title, bindings, extra)
+            self.boxes[section] = self._box(title, [b for b in bindings if b.row.name not in own], extra)
             self._shared.update({b.row.name: b for b in bindings})
             layout.addWidget(self.boxes[section])
+            for name, (box_section, box_title, names) in OWN_BOXES.items():
+                if box_section == section:
+                    self.boxes[name] = self._box(box_title, [b for b in bindings if b.row.name in names], [])
+                    self.box_sections[name] = section
+                    layout.addWidget(self.boxes[name])
+        self.chain: SamplerChainList = self.widgets["samplers"]  # type: ignore[assignment]
+        self.logit_bias: LogitBiasEditor = self.widgets["logit_bias"]  # type: ignore[assignment]
         for group in GROUPS.values():
             bindings = [make_binding(r) for r in rows(group) if r.spec.form]
             self.boxes[group.name] = self._box(f"{group.title} ({group.name} only)", bindings, [])
@@ -129,6 +176,10 @@ class RunControls(QWidget):
             layout.addWidget(self.boxes[group.name])
         layout.addStretch(1)
         self.strategy.currentTextChanged.connect(self._strategy_changed)
+        for bindings in (self._shared, *self._groups.values()):
+            for b in bindings.values():
+                _change_signal(b.widget).connect(self._values_changed)
+        self._setting = False
         self.set_run_settings(settings or RunSettings())
         self._strategy_changed(self.strategy.currentText())
 
@@ -139,8 +190,12 @@ class RunControls(QWidget):
         for label, widget in extra:
             form.addRow(label, widget)
         for b in bindings:
-            b.widget.setToolTip(b.row.spec.help)
             self.widgets[b.row.name] = b.widget
+            if isinstance(b.widget, SamplerChainList):
+                form.addRow(b.widget)  # the box's title names it; the list wants the width
+                continue
+            if not isinstance(b.widget, LogitBiasEditor):  # its editor has its own tooltip
+                b.widget.setToolTip(b.row.spec.help)
             if isinstance(b.widget, QCheckBox):
                 form.addRow(b.widget)
             else:
@@ -158,9 +213,28 @@ class RunControls(QWidget):
         sections, groups = self._active(strategy)
         for section in SECTIONS:
             self.boxes[section].setEnabled(section in sections)
+        for name, section in self.box_sections.items():
+            self.boxes[name].setEnabled(section in sections)
         for group in GROUPS.values():
             self.boxes[group.name].setEnabled(group in groups)
+        self._show_chain()
         self.strategy_changed.emit(strategy)
+
+    def _values_changed(self) -> None:
+        self._show_chain()
+        if not self._setting:
+            self.settings_changed.emit()
+
+    def _show_chain(self) -> None:
+        """The chain list marks which samplers these settings switch on and which the strategy skips."""
+        if not hasattr(self, "_setting"):
+            return  # still building the form
+        sections, _ = self._active(self.strategy.currentText())
+        self.chain.show_settings(self.run_settings(""), sampling="sampling" in sections)
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """The loaded model's tokenizer (None: a server's or none), for what the logit-bias entries resolve to."""
+        self.logit_bias.set_tokenizer(tokenizer)
 
     def limit_to_model(self, blocked_strategies: dict[str, str], blocked_groups: dict[str, str]) -> None:
         """Grey out what the loaded model cannot run (strategy name or settings group -> why), with the reason
@@ -193,11 +267,17 @@ class RunControls(QWidget):
         return RunSettings(prompt=prompt, strategy=strategy, groups=groups, **values)
 
     def set_run_settings(self, s: RunSettings) -> None:
-        self.strategy.setCurrentText(s.strategy)
-        for name, b in self._shared.items():
-            b.set(getattr(s, name))
-        for group, bindings in self._groups.items():
-            values = s.group(group)
-            for f in dataclasses.fields(values):
-                if f.name in bindings:
-                    bindings[f.name].set(getattr(values, f.name))
+        self._setting = True
+        try:
+            self.strategy.setCurrentText(s.strategy)
+            for name, b in self._shared.items():
+                b.set(getattr(s, name))
+            for group, bindings in self._groups.items():
+                values = s.group(group)
+                for f in dataclasses.fields(values):
+                    if f.name in bindings:
+                        bindings[f.name].set(getattr(values, f.name))
+        finally:
+            self._setting = False
+        self._show_chain()
+        self.settings_changed.emit()

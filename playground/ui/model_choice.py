@@ -67,6 +67,7 @@ class ModelChoice:
         self.status.show_model(labels.name, labels.device, labels.dtype)
         self.status.show_family(labels.family, labels.family_details)
         self.controls.limit_to_model(labels.blocked_strategies, labels.blocked_groups)
+        self.controls.set_tokenizer(source.tokenizer())
         self._update_buttons()
 
     def load_model(self, spec: ModelSettings | None = None) -> None:

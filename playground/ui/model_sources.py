@@ -66,6 +66,10 @@ class ModelSource(ABC):
         """Continue ``run`` from ``step`` with ``token_id``: the plan, None when there is nothing to continue, or
         ``ConfigError`` saying why this source cannot continue it."""
 
+    def tokenizer(self) -> Any:
+        """The tokenizer words are read with here (the form shows what a logit bias resolves to), or None."""
+        return None
+
 
 class LocalModel(ModelSource):
     def __init__(self, lm: LoadedModel) -> None:
@@ -74,6 +78,9 @@ class LocalModel(ModelSource):
     @property
     def name(self) -> str:
         return self.lm.name
+
+    def tokenizer(self) -> Any:
+        return self.lm.tokenizer
 
     def labels(self) -> SourceLabels:
         support = model_support(self.lm.model)
