@@ -57,10 +57,24 @@ from playground.ui.views.tokens.tooltip import (
 # Which number shades a token; the legend says which one is in use.
 SHADE_RAW = "raw"
 SHADE_PROCESSED = "processed"
+SHADE_RANK = "rank"
 SHADE_LABELS = {
     SHADE_RAW: "raw model probability (before processors)",
     SHADE_PROCESSED: "probability after processors (what was sampled from)",
+    SHADE_RANK: "rank of the chosen token under the raw model distribution, in buckets (as GLTR colours it)",
 }
+# GLTR's rank buckets (here top 1 / 10 / 100 / the rest): (highest rank in the bucket, colour, the legend's words).
+RANK_BUCKETS: tuple[tuple[float, str, str], ...] = (
+    (1, "#A6DBA0", "top 1"),
+    (10, "#B7D7F0", "top 10"),
+    (100, "#F4A582", "top 100"),
+    (float("inf"), "#B88AD6", "rest"),
+)
+
+
+def rank_bucket(rank: int) -> int:
+    """Which of ``RANK_BUCKETS`` a raw rank (1 = top) falls in."""
+    return next(i for i, (top, _, _) in enumerate(RANK_BUCKETS) if rank <= top)
 
 
 def step_prob(step: TokenStep, mode: str) -> float:
@@ -75,6 +89,23 @@ class ShadeLegend(QWidget):
         self.setMinimumHeight(34)
         self.setMinimumWidth(260)
         self._ramp_cache: QPixmap | None = None
+        self.ranks = False  # the rank buckets' swatches instead of the probability ramp
+
+    def show_ranks(self, ranks: bool) -> None:
+        self.ranks = ranks
+        self.update()
+
+    def _paint_buckets(self, painter: QPainter) -> None:
+        """One swatch per rank bucket, with its words, across the width."""
+        metrics = painter.fontMetrics()
+        cell = (self.width() - 40) / len(RANK_BUCKETS)
+        for i, (_, color, words) in enumerate(RANK_BUCKETS):
+            x = 20 + int(i * cell)
+            painter.fillRect(x, 2, int(cell) - 6, 12, QColor(color))
+            painter.setPen(QColor("#555555"))
+            painter.drawRect(x, 2, int(cell) - 6, 12)
+            painter.setPen(self.palette().windowText().color())
+            painter.drawText(x, 2 + 12 + 4 + metrics.ascent(), words)
 
     def _ramp(self, width: int, height: int) -> QPixmap:
         """The colour ramp, drawn once per width (a per-pixel loop on every repaint is slow)."""
@@ -90,6 +121,10 @@ class ShadeLegend(QWidget):
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
+        if self.ranks:
+            self._paint_buckets(painter)
+            painter.end()
+            return
         width = self.width() - 40
         left, top, bar_h = 20, 2, 12
         painter.drawPixmap(left, top, self._ramp(width, bar_h))
@@ -200,7 +235,11 @@ class TokenTextEdit(QTextEdit):
 
     def _shade_format(self, step: TokenStep) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        if has_probs(step):
+        if has_probs(step) and self.shade_mode == SHADE_RANK:
+            background = QColor(RANK_BUCKETS[rank_bucket(step.raw_rank)][1])
+            fmt.setBackground(background)
+            fmt.setForeground(QColor("#000000"))
+        elif has_probs(step):
             background = shade_for_prob(step_prob(step, self.shade_mode))
             fmt.setBackground(background)
             fmt.setForeground(text_color_on(background))
@@ -332,6 +371,7 @@ class TokenView(QWidget):
         self.mode = QComboBox(self)
         self.mode.addItem("raw model", SHADE_RAW)
         self.mode.addItem("after processors", SHADE_PROCESSED)
+        self.mode.addItem("rank (GLTR)", SHADE_RANK)
         self.mode.setToolTip("Which distribution the token shading shows")
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.caption = QLabel(self)
@@ -351,6 +391,7 @@ class TokenView(QWidget):
 
     def _mode_changed(self) -> None:
         self.text.shade_mode = self.mode.currentData()
+        self.legend.show_ranks(self.text.shade_mode == SHADE_RANK)
         self.text.reshade()
         self._update_caption()
 
@@ -358,6 +399,8 @@ class TokenView(QWidget):
         """A server's run (``label``: which distribution its numbers are) or a local one (None): a server sends one
         number per token, so there is one shading to choose."""
         self.remote_note = f"the server's probability ({label}): {note}" if label is not None else None
+        if label is not None and self.mode.currentIndex() != 0:
+            self.mode.setCurrentIndex(0)  # the server's one number
         self.mode.setVisible(label is None)  # a server sends one probability per token: nothing to choose
         self.mode_label.setText("Shade =" if label is None else "Shade = the server's probability")
         self._update_caption()
@@ -369,9 +412,10 @@ class TokenView(QWidget):
                 "Italic = forced. Hover a token for the server's candidates; click it to chart that step (←/→ to "
                 "step); right-click to branch (the server continues from the text).")
             return
+        what = (f"{SHADE_LABELS[SHADE_RANK]}: green = the model's top choice" if self.text.shade_mode == SHADE_RANK
+                else f"probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = less likely")
         self.caption.setText(
-            f"Token shade: probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = "
-            "less likely. Italic = forced. Hover a token for its alternatives; click it to chart that step "
+            f"Token shade: {what}. Italic = forced. Hover a token for its alternatives; click it to chart that step "
             "(←/→ to step); right-click to branch.")
 
     def show_run(self, run: Run) -> None:
