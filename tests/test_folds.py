@@ -240,15 +240,17 @@ def test_quant_fold_steps_agreement_and_layer_errors():
     assert state.running_agreement() == pytest.approx(2 / 4)
     assert state.apply(PaneToken(pane=0, step=0, token_id=1, text="", prob=1.0, step_ms=1.0)) is False  # not ours
     # GPT-2's two c_proj kinds stay apart; a layer without a kind is NaN there; names without a layer are left out
-    errors = (LayerError("layers.0.attn.c_proj", 0.1), LayerError("layers.0.mlp.c_proj", 0.2),
-              LayerError("layers.1.attn.c_proj", 0.3), LayerError("layers.1.q_proj", 0.4), LayerError("lm_head", 1.0),
+    errors = (LayerError("lm_head", 1.0), LayerError("layers.0.attn.c_proj", 0.1),
+              LayerError("layers.0.mlp.c_proj", 0.2), LayerError("layers.1.attn.c_proj", 0.3),
+              LayerError("layers.1.q_proj", 0.4), LayerError("layers.1.mlp.down_proj", 0.5),
               LayerError("layers.2", 9.0))
     ready = QuantReady(method="rtn-int4", group_size=32, stored="", reference_dtype="float32",
                        reference_weight_bytes=4, weight_bytes=1, seconds=0.0, cached=False, note="",
                        layer_errors=errors)
     state.apply(ready)
     kinds, series = state.layer_errors_by_layer()
-    assert kinds == ["attn.c_proj", "mlp.c_proj", "q_proj"]
+    assert kinds == ["attn.c_proj", "mlp.c_proj", "q_proj", "down_proj"]  # a unique last part names its kind
+    np.testing.assert_array_equal(series["down_proj"], [np.nan, 0.5])
     np.testing.assert_array_equal(series["attn.c_proj"], [0.1, 0.3])
     np.testing.assert_array_equal(series["mlp.c_proj"], [0.2, np.nan])
     np.testing.assert_array_equal(series["q_proj"], [np.nan, 0.4])
