@@ -22,7 +22,7 @@ class HeatmapPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.plot = static_plot(self, "Attention of the selected token, per layer", "position (prompt, then output)",
-                                "layer", min_height=260)
+                                "layer", min_height=160)
         item = self.plot.getPlotItem()
         self.image = pg.ImageItem(axisOrder="row-major")
         item.addItem(self.image)
@@ -66,10 +66,11 @@ class LayerProfilePanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.plot = static_plot(self, "Weight of the clicked position, per layer", "layer", "weight",
-                                min_height=180)
+        self.plot = static_plot(self, "Clicked position, per layer", "layer", "weight",
+                                min_height=160)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=(80, 160, 255))
         self.plot.getPlotItem().addItem(self.bars)
+        self.plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.plot)

@@ -20,10 +20,11 @@ def _bucket_label(low: int, high: int) -> str:
 class SummaryPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.plot = static_plot(self, "Attention against distance (mean over the run)", "query − key distance",
-                                "share of attention", min_height=180)
+        self.plot = static_plot(self, "Attention vs distance (%, run mean)", "query − key distance",
+                                "%", min_height=160)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=(230, 140, 60))
         self.plot.getPlotItem().addItem(self.bars)
+        self.plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
         self.text = rich_label(self)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -34,7 +35,7 @@ class SummaryPanel(QWidget):
         profile = s.distance_profile()
         used = int(np.nonzero(profile)[0].max()) + 1 if profile.any() else 0
         x = np.arange(used)
-        self.bars.setOpts(x=x, height=profile[:used])
+        self.bars.setOpts(x=x, height=100 * profile[:used])
         axis = self.plot.getPlotItem().getAxis("bottom")
         axis.setTicks([[(float(i), _bucket_label(DISTANCE_EDGES[i], DISTANCE_EDGES[i + 1])) for i in range(used)]])
         if used:

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from playground.events.attention import AttentionRow
 from playground.state.attention import AttentionState
@@ -56,12 +66,20 @@ class AttentionView(FoldView):
         grid.addWidget(self.summary, 1, 1)
         grid.setColumnStretch(0, 1)
         grid.setColumnStretch(1, 1)
-        layout = QVBoxLayout(self)
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.header)
         layout.addLayout(controls)
         layout.addLayout(grid, 1)
         layout.addWidget(self.text)
+        scroll = QScrollArea(self)  # a small dock scrolls instead of squeezing the plots
+        scroll.setWidget(content)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
         self.step_box.valueChanged.connect(self._step_chosen)
         self.head_box.currentIndexChanged.connect(lambda _: self._draw())
         self.heatmap.position_clicked.connect(self._position_clicked)
