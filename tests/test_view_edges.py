@@ -50,6 +50,7 @@ VIEW_RUNS: dict[str, str] = {
     "speculative": "speculative --draft prompt-lookup --draft-k 10 --prompt-lookup-ngram 1 --baseline-tokens 8",
     "layers": "early-exit --compare-full --exit-threshold 0.5",
     "kv": "kv-cache --paged --samples 4 --compare-no-cache --batch-sweep 1,4,16",
+    "attention": "kv-cache --record-attention --kv-keep sinks --kv-sinks 2 --kv-window 8",
     "cascade": "cascade --cheap layers --cheap-layers 1 --cascade-compare",
     "contrastive": "contrastive --contrast-baseline 8",
     "compare": "compare --pane greedy --pane 'sample --temperature 1.4 --seed 5' "
