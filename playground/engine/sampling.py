@@ -20,8 +20,13 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import TokenTextCache
-from playground.events import Event
+from playground.events import Event, TokenStep
 from playground.models.loaded import LoadedModel
+
+# Step mode ("you are the sampler"): called before each step's token is committed with the step as it would be
+# recorded with the strategy's own choice (its candidates, ``token_id`` the sampler's pick); returns the token to
+# take (a different one is recorded as forced) or None to end the run "stopped".
+Chooser = Callable[[TokenStep], "int | None"]
 
 
 def sample_next_token(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -34,9 +39,11 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 def run_sampling(
-    lm: LoadedModel, settings: RunSettings, should_stop: Callable[[], bool] | None = None
+    lm: LoadedModel, settings: RunSettings, should_stop: Callable[[], bool] | None = None,
+    chooser: Chooser | None = None,
 ) -> Iterator[Event]:
-    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events.
+    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events; ``chooser``: the
+    user picks each token (step mode).
 
     Settings are checked before the first event (``ConfigError``); the events come from the returned generator.
     """
@@ -51,7 +58,7 @@ def run_sampling(
                               vocab_size=lm.model.config.vocab_size, run=run)
     negative = _negative_context(lm, settings, prompt_ids) if any(t.name == "guidance" for t in pipeline) else None
     return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop), lens,
-                   pipeline, run, negative)
+                   pipeline, run, negative, chooser)
 
 
 class NegativeContext:
@@ -84,7 +91,7 @@ def _negative_context(lm: LoadedModel, settings: RunSettings, prompt_ids: list[i
 
 def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
             record: RunRecorder, lens: LensRecorder | None, pipeline: tuple[NamedTransform, ...], run: SamplerRun,
-            negative: NegativeContext | None) -> Iterator[Event]:
+            negative: NegativeContext | None, chooser: Chooser | None = None) -> Iterator[Event]:
     sampling = settings.strategy == "sample"
     token_text = TokenTextCache(lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
@@ -98,11 +105,20 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
             logits = loop.logits  # the prefill's
         if negative is not None:
             run.negative_logits = negative.next_logits(loop.ids.last)
-        analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, run, forced)
+        ask = None
+        if chooser is not None and forced is None:
+            def ask(a: StepAnalysis) -> int | None:
+                return chooser(a.to_event(step=index, text=token_text(a.token_id), forced=False, step_ms=0.0,
+                                          kv_bytes=0, token_text=token_text))
+        analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, run, forced, ask)
+        if analysis is None:  # the user ended the run instead of choosing
+            return Picked([], lambda texts, ms: [], stopped=True)
         layer_step = lens.step_event(index) if lens is not None else None
+        chose_other = analysis.extra.get("chosen_by_user", False)
 
         def events(texts: list[str], step_ms: float) -> list[Event]:
-            token = analysis.to_event(step=index, text=texts[0], forced=forced is not None, step_ms=step_ms,
+            token = analysis.to_event(step=index, text=texts[0], forced=forced is not None or chose_other,
+                                      step_ms=step_ms,
                                       kv_bytes=kv_cache_bytes(loop.cache), token_text=token_text)
             return [layer_step, token] if layer_step is not None else [token]
 
@@ -126,8 +142,10 @@ def _lens_recorder(lm: LoadedModel, settings: RunSettings) -> LensRecorder | Non
 def _choose(
     pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, settings: RunSettings,
     sampling: bool, run: SamplerRun, forced_id: int | None,
-) -> StepAnalysis:
-    """Run the processors, pick the token (forced, argmax or a draw) and record what each processor did."""
+    ask: Callable[[StepAnalysis], int | None] | None = None,
+) -> StepAnalysis | None:
+    """Run the processors, pick the token (forced, argmax or a draw) and record what each processor did; ``ask``
+    (step mode) is shown the strategy's pick and returns the token taken, or None to stop (then None)."""
     mu = run.mirostat.mu if run.mirostat is not None else None  # the cut this step's mirostat applies
     analysis = analyse_step(pipeline, ids, logits, settings.num_candidates)
     if forced_id is not None:
@@ -137,6 +155,12 @@ def _choose(
     else:
         token_id = int(analysis.processed_logits.argmax(dim=-1).item())
     analysis.token_id = token_id
+    if ask is not None:
+        taken = ask(analysis)
+        if taken is None:
+            return None
+        analysis.extra["chosen_by_user"] = taken != token_id
+        analysis.token_id = token_id = taken
     analysis.mirostat_mu = mu
     if run.mirostat is not None:
         run.chose(float(analysis.processed_probs[0, token_id].item()))

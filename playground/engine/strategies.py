@@ -30,13 +30,15 @@ def load_runner(name: str) -> Runner:
 
 
 def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
-                 progress: Callable[[str, float], None] | None = None) -> Iterator[Event]:
+                 progress: Callable[[str, float], None] | None = None, chooser: Callable | None = None
+                 ) -> Iterator[Event]:
     """Validate the settings and run the chosen strategy as a generator of events.
 
     ``should_stop`` is polled before each step (and between prefill chunks); when it returns True the run ends
     with a ``RunFinished`` whose ``stop_reason`` is ``"stopped"``. With ``--quant METHOD`` the strategy runs on the
     model's quantized copy, built (or taken from the cache) before the generator is returned, reporting
-    ``progress(message, fraction)``; its ``QuantReady`` follows the run's ``RunStarted``.
+    ``progress(message, fraction)``; its ``QuantReady`` follows the run's ``RunStarted``. ``chooser``: step mode,
+    the user picks each token (``engine.sampling.Chooser``), for a runner that takes one (greedy and sampling).
     """
     strategy = get_strategy(settings.strategy)
     settings.validate()
@@ -50,14 +52,24 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
             module, _, function = shared.wrapper.partition(":")
             wrap = getattr(importlib.import_module(module), function)
             return wrap(runner, lm, settings, should_stop, progress)
-    return call_runner(runner, lm, settings, should_stop, progress)
+    return call_runner(runner, lm, settings, should_stop, progress, chooser)
+
+
+def takes_chooser(strategy: str) -> bool:
+    """Whether the strategy's runner lets the user pick its tokens (step mode)."""
+    return "chooser" in inspect.signature(load_runner(strategy)).parameters
 
 
 def call_runner(runner: Runner, lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None,
-                progress: Callable[[str, float], None] | None) -> Iterator[Event]:
+                progress: Callable[[str, float], None] | None, chooser: Callable | None = None) -> Iterator[Event]:
     """``runner(lm, settings, should_stop)``, and ``progress`` for a runner that builds something before its
-    generator is returned (a drafter's, amateur's or cheap model's quantized copy) and takes it."""
-    if progress is not None and "progress" in inspect.signature(runner).parameters:
-        return runner(lm, settings, should_stop, progress=progress)
-    return runner(lm, settings, should_stop)
+    generator is returned (a drafter's, amateur's or cheap model's quantized copy) and takes it; ``chooser`` for
+    one that takes it (step mode)."""
+    extra: dict = {}
+    parameters = inspect.signature(runner).parameters
+    if progress is not None and "progress" in parameters:
+        extra["progress"] = progress
+    if chooser is not None and "chooser" in parameters:
+        extra["chooser"] = chooser
+    return runner(lm, settings, should_stop, **extra)
 
