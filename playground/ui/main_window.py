@@ -22,7 +22,7 @@ from typing import Any
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QPlainTextEdit, QPushButton
+from PySide6.QtWidgets import QCheckBox, QDockWidget, QMainWindow, QPlainTextEdit, QPushButton
 
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.config.plugins import load_capabilities
@@ -45,7 +45,7 @@ from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.base import View
 from playground.ui.window_layout import ViewDock
 from playground.ui.window_menus import add_file_menu, add_view_menu
-from playground.ui.worker import GeneratorJob
+from playground.ui.worker import GeneratorJob, StepChooser
 
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
@@ -81,6 +81,11 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.generate_button.setDefault(True)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("End the run before its next token (or the prompt's next chunk)")
+        self.step_mode = QCheckBox("Step mode")
+        self.step_mode.setToolTip("You are the sampler: the run (greedy or sample, on a model loaded here) waits "
+                                  "before each token for you to pick one in the tokens view (↑/↓, Enter; Space "
+                                  "takes the sampler's; Esc stops); Run on lets it go on by itself")
+        self.step_chooser: StepChooser | None = None  # the running run's, in step mode
         self.banner = MessageBanner()
         self.runs_list = RunsList()
         self.status = RunStatusBar()
@@ -88,6 +93,9 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.views, self.docks = window_layout.view_docks(self)
         for view in self.views.values():
             view.branch_requested.connect(self.branch)
+            if hasattr(view, "ask_choice"):  # a view that lets the user pick a waiting step's token
+                view.choice_made.connect(self._answer_choice)
+                view.run_on_requested.connect(self._run_on)
         self.run_views = RunViews(self.views, self.docks, self.status)
         self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
         self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)
@@ -98,6 +106,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         # --- wiring -------------------------------------------------------------------------------------
         self.generate_button.clicked.connect(self.generate)
         self.stop_button.clicked.connect(self.stop)
+        self.step_mode.toggled.connect(self._step_mode_toggled)
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.generate)
         self.picker.load_requested.connect(self.load_model)
         self.picker.fetch_requested.connect(self.fetch_default_model)
@@ -108,7 +117,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
 
     # --- layout (playground.ui.window_layout, window_state) -----------------------------------------------
     def _build_layout(self) -> None:
-        centre = window_layout.prompt_area(self.banner, self.prompt, self.generate_button, self.stop_button)
+        centre = window_layout.prompt_area(self.banner, self.prompt, self.generate_button, self.stop_button,
+                                           self.step_mode)
         window_layout.prepare_docking(self, centre)
         self.settings_dock = window_layout.titled_dock(self, "Settings", "settings",
                                                        window_layout.settings_panel(self.picker, self.controls))
@@ -171,9 +181,21 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         run = self.session.start_run(settings, branch)
         self._running_run = run
         self._list_and_show(run)
+        chooser = None
+        if self.step_mode.isChecked():
+            if source.takes_chooser(settings):
+                chooser = StepChooser(self)
+                chooser.asked.connect(self._choice_asked)
+            else:
+                self.banner.show_info(f"Step mode picks tokens of greedy and sample runs on a model loaded here: "
+                                      f"this {settings.strategy} run goes on by itself.")
+        self.step_chooser = chooser
 
         def body(should_stop, progress) -> Iterator[Any]:
-            return source.run(settings, should_stop, progress, plan)
+            if chooser is None:
+                return source.run(settings, should_stop, progress, plan)
+            chooser.should_stop = should_stop
+            return source.run(settings, should_stop, progress, plan, chooser=chooser)
 
         self.status.showMessage("Generating…")
         self._start_job(body, JobKind.RUN)
@@ -183,6 +205,31 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         if self.job is not None:
             self.job.stop()
             self.status.showMessage("Stopping…")
+
+    # --- step mode ("you are the sampler") -----------------------------------------------------------------
+    def _choice_asked(self, step: Any) -> None:
+        """The running run waits for the user's pick: its events so far are drawn, then the picking view asks."""
+        if self.job is not None:
+            self.job.drain()
+        if self.step_chooser is None or self.sender() is not self.step_chooser:
+            return  # a run that has ended since
+        for view in self.shown_views():
+            if hasattr(view, "ask_choice"):
+                view.ask_choice(step)
+                self.status.showMessage(f"Step {step.step}: your pick (Enter), the sampler's (Space) or Esc")
+                return
+
+    def _answer_choice(self, token_id: Any) -> None:
+        if self.step_chooser is not None:
+            self.step_chooser.answer(token_id)
+
+    def _run_on(self) -> None:
+        """The run goes on by itself (the waiting step takes the sampler's choice)."""
+        self.step_mode.setChecked(False)
+
+    def _step_mode_toggled(self, on: bool) -> None:
+        if self.step_chooser is not None:
+            self.step_chooser.set_active(on)
 
     def branch(self, step: int, token_id: int) -> None:
         """Continue the selected run from ``step`` with ``token_id`` instead of what it chose."""
@@ -253,6 +300,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
     def _run_ended(self, job: GeneratorJob | None) -> None:
         """The run job has ended (finished, stopped or failed): its run's views draw its end."""
         ended, self._running_run = self._running_run, None
+        self.step_chooser = None
         self.session.end_live()
         if ended is not None:
             self.runs_list.update_run(ended)

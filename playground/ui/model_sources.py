@@ -57,9 +57,14 @@ class ModelSource(ABC):
         """The run's up-front checks (``ConfigError``), before a run exists."""
 
     @abstractmethod
-    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None
-            ) -> Iterator[Any]:
-        """The run's events (called on the worker thread); ``plan`` is what ``branch`` returned for it."""
+    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None,
+            chooser: Any = None) -> Iterator[Any]:
+        """The run's events (called on the worker thread); ``plan`` is what ``branch`` returned for it; ``chooser``:
+        step mode, the user picks each token (where ``takes_chooser``)."""
+
+    def takes_chooser(self, settings: RunSettings) -> bool:
+        """Whether a run of ``settings`` here lets the user pick its tokens (step mode)."""
+        return False
 
     @abstractmethod
     def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
@@ -93,11 +98,19 @@ class LocalModel(ModelSource):
         get_strategy(settings.strategy)
         settings.validate()
 
-    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None
-            ) -> Iterator[Any]:
+    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None,
+            chooser: Any = None) -> Iterator[Any]:
         from playground.engine.strategies import run_strategy
 
-        return run_strategy(self.lm, settings, should_stop, progress)  # progress: building a quantized copy
+        # progress: building a quantized copy
+        return run_strategy(self.lm, settings, should_stop, progress, chooser=chooser)
+
+    def takes_chooser(self, settings: RunSettings) -> bool:
+        from playground.config.catalog import SHARED
+        from playground.engine.strategies import takes_chooser
+
+        wrapped = any(s.wrapper and settings.group(s.group).active() for s in SHARED)  # --quant passes none on
+        return not wrapped and takes_chooser(settings.strategy)
 
     def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
         if is_remote_run(run):  # a server's run: only that server can continue it (its message says so)
@@ -131,8 +144,8 @@ class ServerModel(ModelSource):
     def check(self, settings: RunSettings) -> None:
         check_remote_run(self.source, settings, None)
 
-    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None
-            ) -> Iterator[Any]:
+    def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None,
+            chooser: Any = None) -> Iterator[Any]:
         from playground.remote.decode import run_remote
 
         # The runner polls should_stop every 50 ms, even while the server is silent.

@@ -76,11 +76,14 @@ def titled_dock(window: QMainWindow, title: str, name: str, widget: QWidget) -> 
 
 
 def prompt_area(banner: QWidget, prompt: QPlainTextEdit, generate_button: QPushButton,
-                stop_button: QPushButton) -> QWidget:
-    """The window's centre: the message banner over the prompt, with Generate and Stop beside it."""
+                stop_button: QPushButton, *extra: QWidget) -> QWidget:
+    """The window's centre: the message banner over the prompt, with Generate and Stop (and ``extra``) beside it."""
     buttons = QVBoxLayout()
+    buttons.setSpacing(2)
     buttons.addWidget(generate_button)
     buttons.addWidget(stop_button)
+    for widget in extra:
+        buttons.addWidget(widget)
     buttons.addStretch(1)
     prompt_row = QHBoxLayout()
     prompt_row.addWidget(prompt, 1)

@@ -200,6 +200,10 @@ class GeneratorJob(QObject):
             self._on_thread_finished()
         return ended
 
+    def drain(self) -> None:
+        """Deliver what the job has yielded so far now (before the next frame)."""
+        self._drain()
+
     def _drain(self) -> None:
         batch: list[Any] = []
         while True:
@@ -234,3 +238,58 @@ class GeneratorJob(QObject):
         if self.error is not None:
             self.failed.emit(self.error)
         self.finished.emit()
+
+
+class StepChooser(QObject):
+    """Step mode ("you are the sampler"): the engine's ``chooser`` for one run, called on the worker thread before
+    each token is committed. While ``active`` it hands the step to the GUI (``asked``, delivered on the GUI thread)
+    and blocks until the GUI ``answer``s with a token, or None to end the run; Stop (the job's stop check, polled
+    every ``POLL_S``) ends the wait with None, so the run ends "stopped" with its final event. Not active (Run on):
+    the strategy's own choice, at once."""
+
+    asked = Signal(object)  # the step as it would be recorded with the strategy's own choice (a TokenStep)
+    POLL_S = 0.05
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+        self._active = threading.Event()
+        self._active.set()
+        self.should_stop: StopCheck = lambda: False  # the job's, set by the job's body before the run starts
+        self.waiting = False  # a step is waiting for the GUI's answer
+
+    @property
+    def active(self) -> bool:
+        return self._active.is_set()
+
+    def set_active(self, active: bool) -> None:
+        """Any thread. Off: the run goes on by itself (a step waiting now is answered by the GUI's Run on)."""
+        if active:
+            self._active.set()
+        else:
+            self._active.clear()
+
+    def answer(self, token_id: int | None) -> None:
+        """The GUI's answer to the waiting step: the token to take, or None to stop the run."""
+        self._answers.put(token_id)
+
+    def __call__(self, step: Any) -> int | None:  # runs on the worker thread
+        if not self._active.is_set():
+            return step.token_id
+        while True:  # an answer left over from a step that Stop ended is never taken for a new one
+            try:
+                self._answers.get_nowait()
+            except queue.Empty:
+                break
+        self.waiting = True
+        self.asked.emit(step)
+        try:
+            while True:
+                if self.should_stop():
+                    return None
+                try:
+                    return self._answers.get(timeout=self.POLL_S)
+                except queue.Empty:
+                    continue
+        finally:
+            self.waiting = False

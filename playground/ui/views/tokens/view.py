@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
-from PySide6.QtCore import QPoint, Qt, QTimer
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
 
@@ -14,6 +15,7 @@ from playground.state import Run, character_piece, most_interesting_step
 from playground.ui.views import register_view
 from playground.ui.views.base import View
 from playground.ui.views.tokens.candidates import CandidatesPanel
+from playground.ui.views.tokens.step_choice import StepChoiceBar
 from playground.ui.views.tokens.text import TokenView
 from playground.ui.views.tokens.tooltip import token_tooltip_html
 
@@ -36,12 +38,16 @@ class TokensView(View):
     title = "Tokens"
     consumes = (TokenStep,)
     data_formats = ("csv",)
+    # Step mode: the user's pick for the waiting step (a token id, None = stop), and Run on.
+    choice_made = Signal(object)
+    run_on_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.run: Run | None = None
         self.token_view = TokenView()
         self.chart = CandidatesPanel()
+        self.step_bar = StepChoiceBar()
         self.chart_index: int | None = None  # step shown in the chart
         self.follow_live = True  # the chart follows the newest step until the user picks one
         self._new_steps: list[TokenStep] = []
@@ -64,15 +70,20 @@ class TokensView(View):
         split.setSizes([600, 520])
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.step_bar)
         layout.addWidget(split)
 
         self.token_view.text.step_clicked.connect(lambda i: self.show_chart_step(i, follow=False))
         self.token_view.text.step_key.connect(self.step_chart)
         self.token_view.text.branch_requested.connect(self.branch_requested)
-        self.chart.branch_requested.connect(self.branch_requested)
+        self.chart.branch_requested.connect(self._chart_pick)
+        self.step_bar.moved.connect(self._show_waiting)
+        self.step_bar.chosen.connect(self._chosen)
+        self.step_bar.run_on.connect(self.run_on_requested)
 
     # --- the view interface ---------------------------------------------------------------------------------
     def reset(self) -> None:
+        self.step_bar.cancel()
         self.run = None
         self._new_steps.clear()
         self.chart_index = None
@@ -109,6 +120,7 @@ class TokensView(View):
             self._show_live_step()
 
     def end(self, run: Run) -> None:
+        self.step_bar.cancel()
         self.flush()
         if self.follow_live and run.steps:
             # Done: show the most telling step rather than the trailing EOS.
@@ -120,6 +132,34 @@ class TokensView(View):
         """A server's run says which distribution its numbers are (one number per token); a local run has two."""
         self.token_view.set_remote(numbers.distribution, numbers.note)
         self.chart.set_remote(numbers.distribution, numbers.note)
+
+    # --- step mode ------------------------------------------------------------------------------------------
+    def ask_choice(self, step: TokenStep) -> None:
+        """The run waits for the user to pick step ``step.step``'s token (``step``: as the strategy would record
+        it with its own choice): the chart shows its candidates, the bar takes the keys."""
+        self.flush()
+        self.follow_live = False
+        self.step_bar.ask(step)
+
+    def _show_waiting(self, token_id: int) -> None:
+        step = self.step_bar.step
+        if step is None:
+            return
+        total = (len(self.run.steps) if self.run is not None else step.step) + 1
+        self.chart.show_step(dataclasses.replace(step, token_id=token_id), total, None)
+        self.chart_index = None
+        self.token_view.text.mark_step(None)
+
+    def _chart_pick(self, step: int, token_id: int) -> None:
+        waiting = self.step_bar.step
+        if waiting is not None and step == waiting.step:
+            self.step_bar.take(token_id)
+        else:
+            self.branch_requested.emit(step, token_id)
+
+    def _chosen(self, token_id: object) -> None:
+        self.follow_live = True
+        self.choice_made.emit(token_id)
 
     # --- the chart ------------------------------------------------------------------------------------------
     def show_chart_step(self, index: int, follow: bool = False) -> None:
