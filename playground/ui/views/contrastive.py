@@ -44,9 +44,14 @@ from playground.state.contrastive import AlphaReplay, ContrastiveState, StepReco
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, PROCESSED_COLOR, RAW_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import TallEnough, TextsInside, clear_bars, static_plot
+from playground.ui.views.drawing import LeastHeight, TallEnough, TextsInside, clear_bars, static_plot
 
 LIVE_DRAW_MS = 200
+SHORT_DOCK = 600  # px: a view lower than this is a short dock (1280 x 800's is 531)
+CHART_HEIGHT, SHORT_CHART_HEIGHT = 280, 235  # the three candidate panels' least height
+STRIP_HEIGHT, SHORT_STRIP_HEIGHT = 110, 90  # the steps strip's
+PANEL_LABELS = ("expert log p", "amateur log p", "score")
+SHORT_PANEL_LABELS = ("expert", "amateur", "score")
 EXPERT_COLOR = RAW_COLOR  # the expert's own distribution: the raw model output, blue as everywhere
 AMATEUR_COLOR = "#009988"  # Tol's teal
 CONTRAST_COLOR = PROCESSED_COLOR  # the scores the token was chosen from: orange, as "processed" everywhere
@@ -149,14 +154,14 @@ class ContrastiveView(FoldView):
         """Three panels over the same candidates, each on its own scale: the expert's log p (with the cut), the
         amateur's log p, and the contrast score."""
         self.chart = pg.GraphicsLayoutWidget(self)
-        self.chart.setMinimumHeight(280)
+        self.chart.setMinimumHeight(CHART_HEIGHT)
         self.panels: list[pg.PlotItem] = []
         self._shades: list[pg.BarGraphItem] = []
         self._bands: list[pg.BarGraphItem] = []
         self.expert_bars, self.amateur_bars, self.contrast_bars = (_bars(c) for c in (EXPERT_COLOR, AMATEUR_COLOR,
                                                                                       CONTRAST_COLOR))
-        rows = ((self.expert_bars, "expert log p", EXPERT_COLOR), (self.amateur_bars, "amateur log p", AMATEUR_COLOR),
-                (self.contrast_bars, "score", CONTRAST_COLOR))
+        rows = ((self.expert_bars, PANEL_LABELS[0], EXPERT_COLOR), (self.amateur_bars, PANEL_LABELS[1], AMATEUR_COLOR),
+                (self.contrast_bars, PANEL_LABELS[2], CONTRAST_COLOR))
         for row, (bars, label, color) in enumerate(rows):
             panel = self.chart.addPlot(row=row, col=0)
             panel.setMenuEnabled(False)
@@ -197,7 +202,7 @@ class ContrastiveView(FoldView):
 
     def _build_strip(self) -> None:
         self.strip = static_plot(self, "Steps", "generated token (hover to see a step, click to keep it)", "",
-                                 min_height=110)
+                                 min_height=STRIP_HEIGHT)
         item = self.strip.getPlotItem()
         item.setMouseEnabled(x=True, y=False)  # long runs: drag or wheel along the steps
         self._strip_band = pg.BarGraphItem(x=[], height=[], width=1.0, brush=MARK_COLOR, pen=pg.mkPen(None))
@@ -234,33 +239,66 @@ class ContrastiveView(FoldView):
         controls.addWidget(self.alpha_box)
         controls.addWidget(self.alpha_reset)
         controls.addStretch(1)
+        self._what_if = what_if = TallEnough()  # the what-if α and its note: under the step panel, or the chart
+        what_if_layout = QVBoxLayout(what_if)
+        what_if_layout.setContentsMargins(0, 0, 0, 0)
+        what_if_layout.addLayout(controls)
+        what_if_layout.addWidget(self.what_if_note)
         right = TallEnough()
-        right_layout = QVBoxLayout(right)
+        self._right = right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.addWidget(self.step_panel, 1)
-        right_layout.addLayout(controls)
-        right_layout.addWidget(self.what_if_note)
+        right_layout.addWidget(what_if)
+        self._short = False
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.chart)
         split.addWidget(right)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         split.setSizes([680, 480])
-        content = QWidget()
+        content = LeastHeight()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
         for widget in (self.header, self.explanation, self.legend):
             layout.addWidget(widget)
         layout.addWidget(split, 3)
-        layout.addWidget(self.strip, 1)
+        self._bottom = bottom = QHBoxLayout()
+        bottom.addWidget(self.strip, 2)
+        layout.addLayout(bottom, 1)
         layout.addWidget(self.figures)
-        scroll = QScrollArea(self)  # a small dock scrolls instead of squeezing the plots
+        scroll = QScrollArea(self)  # a dock lower than the panels' least heights scrolls instead of squeezing them
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
+
+    def resizeEvent(self, event) -> None:
+        self._arrange(event.size().height() < SHORT_DOCK)
+        super().resizeEvent(event)
+
+    def _arrange(self, short: bool) -> None:
+        """In a short dock (1280 x 800's) the what-if α and its note stand beside the steps strip rather than under
+        the step panel, and the chart and the strip take their least heights: nothing scrolls."""
+        if short == self._short:
+            return
+        self._short = short
+        (self._right if short else self._bottom).removeWidget(self._what_if)
+        if short:
+            self._bottom.addWidget(self._what_if, 1)  # the strip keeps two thirds: its title is long
+        else:
+            self._right.addWidget(self._what_if)
+        self.chart.setMinimumHeight(SHORT_CHART_HEIGHT if short else CHART_HEIGHT)
+        # a short panel's axis holds "expert" (the legend above says log p), not "expert log p"
+        for panel, label, color in zip(self.panels, SHORT_PANEL_LABELS if short else PANEL_LABELS,
+                                       (EXPERT_COLOR, AMATEUR_COLOR, CONTRAST_COLOR), strict=True):
+            panel.setLabel("left", label, color=color)
+        self._draw()
+        self.strip.setMinimumHeight(SHORT_STRIP_HEIGHT if short else STRIP_HEIGHT)
+        # the method in one line: under the header, or (short) on hover over the header
+        self.explanation.setVisible(not short)
+        self.header.setToolTip(self.explanation.text() if short else "")
 
     # --- the view interface ---------------------------------------------------------------------------------
     def _forget(self) -> None:
@@ -464,7 +502,7 @@ class ContrastiveView(FoldView):
                                                   for x, c in zip(xs, shown, strict=True)]])
         top_panel.setXRange(-0.6, max(n, 4) - 0.4, padding=0)
         verdict = "changed" if s.changed else "kept"  # short: a narrow chart is at least as wide as its title
-        top_panel.setTitle(f"Step {index}: {verdict} the expert's choice · {s.plausible_count} plausible at "
+        top_panel.setTitle(f"Step {index}: {verdict} the choice · {s.plausible_count} plausible at "
                            f"α = {record.alpha:g}", size="10pt")
         self.step_panel.setText(self._step_html(record, index, alpha, inside))
 
@@ -500,8 +538,10 @@ class ContrastiveView(FoldView):
                  f"<th style='color:{EXPERT_COLOR}'>p expert</th><th style='color:{AMATEUR_COLOR}'>p amateur</th>"
                  f"<th style='color:{CONTRAST_COLOR}'>score</th><th>chosen from</th></tr>{''.join(rows)}</table>")
         timing = f"amateur {s.amateur_ms:.2f} ms · contrast maths {s.contrast_ms:.2f} ms"
-        return (f"{head}<br>{cut} · {count}<br>{table}<i>score in nats; “chosen from”: the softmax of the scores "
-                f"over the plausible set</i><br>{timing}")
+        note = "score in nats; “chosen from”: the softmax of the scores over the plausible set"
+        self.step_panel.setToolTip(f"{note}<br>{timing}" if self._short else "")  # short: footnote, timing on hover
+        return (f"{head}<br>{cut} · {count}<br>{table}" if self._short
+                else f"{head}<br>{cut} · {count}<br>{table}<i>{note}</i><br>{timing}")
 
     def _what_if_html(self) -> str:
         replay, state = self.replay, self.state
@@ -512,10 +552,12 @@ class ContrastiveView(FoldView):
         unknown = (f" · <b>{replay.unknown}</b> unknown (the cut lets in tokens the run did not record)"
                    if replay.unknown else "")
         differs = "" if sampled else f" · differs from the run's choice at <b>{replay.differences}</b>"
+        caveat = ("First-order: a changed token would change every later step's context; the amateur's own "
+                  "settings need a new run.")
+        self.what_if_note.setToolTip(caveat if self._short else "")  # a short dock: the caveat on hover
         return (f"<i>What-if, nothing regenerated</i>: at α = {replay.alpha:g}, {pick} differs from the expert's top "
-                f"token at <b>{replay.changes}</b> of {replay.known} steps{differs}{unknown}. <i>First-order: a "
-                "changed token would change every later step's context; the amateur's own settings need a new "
-                "run.</i>")
+                f"token at <b>{replay.changes}</b> of {replay.known} steps{differs}{unknown}."
+                + ("" if self._short else f" <i>{caveat}</i>"))
 
     def _draw_texts(self) -> None:
         state = self.state

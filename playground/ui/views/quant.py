@@ -80,7 +80,7 @@ class QuantView(FoldView):
         self.panes = SideBySidePanes(self.panes_state, self._pane_figures, self)
 
         self.kl_plot = static_plot(self, "KL(reference ‖ quantized)", "generated token",
-                                   "KL (nats)", min_height=PLOT_HEIGHT)
+                                   "nats", min_height=PLOT_HEIGHT)
         self.kl_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KL_COLOR, pen=None)
         self.kl_plot.addItem(self.kl_bars)
         self.disagree = pg.ScatterPlotItem(symbol="x", size=11, pen=pg.mkPen(DISAGREE_COLOR, width=2), brush=None)
@@ -96,7 +96,7 @@ class QuantView(FoldView):
             f"<span style='color:{DIVERGE_BG}'>┆</span>&nbsp;free-running outputs&nbsp;diverge")
 
         self.error_plot = static_plot(self, "Layer error ‖W_q − W‖ / ‖W‖", "decoder layer",
-                                      "rel. error", min_height=PLOT_HEIGHT)
+                                      "ratio", min_height=PLOT_HEIGHT)
         for plot in (self.kl_plot, self.error_plot):  # "KL (nats) (x0.001)" was longer than a short plot's axis
             plot.getPlotItem().getAxis("left").enableAutoSIPrefix(False)
         self.error_curves: dict[str, pg.PlotDataItem] = {}  # by kind, made when a model first shows that kind
@@ -107,8 +107,8 @@ class QuantView(FoldView):
         self.layer_choice.currentIndexChanged.connect(lambda _: self._draw_channels())
         self.channel_plot = static_plot(
             self, f"max |x|, <span style='color:{BEFORE_COLOR}'>before</span> / "
-            f"<span style='color:{AFTER_COLOR}'>after</span> scaling", "input channel", "max |x|",
-            min_height=PLOT_HEIGHT - 30)
+            f"<span style='color:{AFTER_COLOR}'>after</span> scaling", "input channel", "|x|",
+            min_height=PLOT_HEIGHT - 20)
         self.before_curve = self.channel_plot.plot([], [], pen=pg.mkPen(BEFORE_COLOR, width=3))
         self.after_curve = self.channel_plot.plot([], [], pen=pg.mkPen(AFTER_COLOR, width=1))
         self.scale_plot = static_plot(self, "the method's per-channel scales s", "input channel", "scale",
@@ -148,7 +148,7 @@ class QuantView(FoldView):
         layout.addWidget(self.table, 1)
         # Three plots side by side down to 1280 x 800's dock, and everything in its height (the minimum heights
         # above sum to what that dock holds: it scrolls only in a smaller one).
-        content.setMinimumWidth(880)
+        content.setMinimumWidth(820)
         scroll = QScrollArea(self)
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)

@@ -223,9 +223,13 @@ class SpeculativeView(FoldView):
         self._right.setStretch(1, 1 if short else 4)
         if short:
             self._what_if_box.removeWidget(self.what_if_note)
-            self._bottom.addWidget(self.what_if_note, 2)
+            self._bottom.setStretch(0, 5)  # positions, what-if, its note: 5 : 7 : 5
+            self._bottom.setStretch(1, 7)
+            self._bottom.addWidget(self.what_if_note, 5)
         else:
             self._bottom.removeWidget(self.what_if_note)
+            self._bottom.setStretch(0, 2)
+            self._bottom.setStretch(1, 3)
             self._what_if_box.addWidget(self.what_if_note)
         self._draw()
 
@@ -315,8 +319,8 @@ class SpeculativeView(FoldView):
         self._k_line.setValue(state.draft_k)
         self._k_line.setVisible(state.draft_k > 0)
         self.timeline.getPlotItem().setTitle(
-            f"Rounds: tokens of each round, stacked (dashed: k = {state.draft_k} drafted)" if state.draft_k
-            else "Rounds: tokens of each round, stacked", size="10pt")
+            f"Rounds: tokens, stacked (dashed: k = {state.draft_k} drafted)" if state.draft_k
+            else "Rounds: tokens, stacked", size="10pt")
         selected = self.selected_round
         if selected is None:
             self._band.setOpts(x=[], height=[])
