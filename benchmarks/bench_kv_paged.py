@@ -86,7 +86,7 @@ def main() -> None:
         "contiguous (DynamicCache)": lambda: DynamicCache(config=config),
         f"paged, {args.block_size}-token blocks": lambda: PagedCache(config, block_size=args.block_size),
         "quantized int8": lambda: QuantizedKVCache(config, kv_dtype="int8"),
-        "quantized int4": lambda: QuantizedKVCache(config, kv_dtype="int4"),
+        "quantized int4-per-token": lambda: QuantizedKVCache(config, kv_dtype="int4"),
     }
     for make in caches.values():  # warm-up
         greedy(lm, prompt_ids, 4, make())

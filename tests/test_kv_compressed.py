@@ -49,7 +49,7 @@ def of_type(events, cls):
 @pytest.mark.parametrize("options", [
     {"kv_keep": "sinks", "kv_sinks": 4, "kv_window": 40},
     {"kv_keep": "h2o", "kv_window": 4, "kv_budget": 40},
-    {"kv_dtype": "kivi-int2", "kivi_group": 8, "kivi_residual": 40},
+    {"kv_dtype": "int2", "kivi_group": 8, "kivi_residual": 40},
 ], ids=["sinks", "h2o", "kivi"])
 def test_a_budget_that_holds_everything_is_the_full_cache(lm, options):
     events = run(lm, **options)
@@ -176,7 +176,7 @@ def decode_per_head(lm, keep_rule, n=NEW) -> list[int]:
 
 def test_kivi_holds_its_layout_counted_by_hand(lm):
     group, residual, bits = 2, 4, 4
-    events = run(lm, kv_dtype="kivi-int4", kivi_group=group, kivi_residual=residual)
+    events = run(lm, kv_dtype="int4", kivi_group=group, kivi_residual=residual)
     config = lm.model.config
     d = config.hidden_size // config.num_attention_heads
     heads = config.num_key_value_heads
@@ -192,7 +192,7 @@ def test_kivi_holds_its_layout_counted_by_hand(lm):
 
 
 def test_kivi_int2_reads_keys_close_to_the_full_ones(lm):
-    events = run(lm, kv_dtype="kivi-int2", kivi_group=2, kivi_residual=2)
+    events = run(lm, kv_dtype="int2", kivi_group=2, kivi_residual=2)
     quality = of_type(events, KVQuality)[0]
     assert len(quality.kl) == NEW and quality.mean_kl > 0  # something was quantized, and it is measured
 
@@ -200,8 +200,10 @@ def test_kivi_int2_reads_keys_close_to_the_full_ones(lm):
 @pytest.mark.parametrize("options, why", [
     ({"kv_keep": "sinks", "kv_dtype": "int4"}, "combine it with --kv-dtype model"),
     ({"kv_keep": "h2o", "kv_window": 8, "kv_budget": 8}, "smaller than the budget"),
-    ({"kv_dtype": "kivi-int4", "kivi_group": 4, "kivi_residual": 6}, "multiple of --kivi-group"),
+    ({"kv_dtype": "int4", "kivi_group": 4, "kivi_residual": 6}, "multiple of --kivi-group"),
     ({"kv_keep": "sinks", "paged": True}, "drop --paged"),
+    ({"kv_dtype": "int4", "paged": True}, "use --kv-dtype int4-per-token or int8 with --paged"),
+    ({"kv_dtype": "int2", "samples": 2}, "holds one sequence"),
 ])
 def test_settings_that_cannot_work_are_refused(tiny_lm, options, why):
     with pytest.raises(ConfigError, match=why):

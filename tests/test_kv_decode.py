@@ -98,7 +98,7 @@ def test_no_cache_holds_nothing_and_recomputes(tiny_lm):
 def test_a_quantized_cache_holds_fewer_bytes(tiny_lm):
     plain = of_type(run(tiny_lm), KVStep)[-1].total_bytes
     int8 = of_type(run(tiny_lm, kv_dtype="int8"), KVStep)[-1].total_bytes
-    int4 = of_type(run(tiny_lm, kv_dtype="int4"), KVStep)[-1].total_bytes
+    int4 = of_type(run(tiny_lm, kv_dtype="int4-per-token"), KVStep)[-1].total_bytes
     head_dim = tiny_lm.model.config.hidden_size // tiny_lm.model.config.num_attention_heads
     # Per head and token: head_dim codes of 1 byte (int8) or half a byte (int4), plus a float32 step and offset.
     assert int8 == plain * (head_dim + 8) // (4 * head_dim)
@@ -173,7 +173,7 @@ def test_beams_on_a_paged_cache_share_blocks_and_keep_their_own_tokens(tiny_lm):
         assert step.total_bytes == step.blocks.blocks_allocated * block * per_token < step.formula_bytes
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", ["int8", "int4-per-token", "int4"])
 def test_a_quantized_cache_reports_where_it_leaves_full_precision(tiny_lm, dtype):
     events = run(tiny_lm, kv_dtype=dtype, max_new_tokens=30)
     _, full = reference(tiny_lm, 30)

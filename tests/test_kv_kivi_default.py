@@ -34,13 +34,13 @@ def test_kivi_int4_keeps_the_full_caches_greedy_output_where_per_token_int4_does
     ids = encode_prompt(default_lm, RunSettings())[0]
     full, full_lp = greedy(model, ids, DynamicCache(config=model.config))
     results = {}
-    for name, make in {"int4": lambda: QuantizedKVCache(model.config, "int4"),
-                       "kivi-int4": lambda: kivi_cache(model.config, "kivi-int4", group=32, residual=32)}.items():
+    for name, make in {"int4-per-token": lambda: QuantizedKVCache(model.config, "int4"),
+                       "int4": lambda: kivi_cache(model.config, "int4", group=32, residual=32)}.items():
         out, _ = greedy(model, ids, make())
         _, lp = greedy(model, ids, make(), forced=full)
         kl = float((full_lp.exp() * (full_lp - lp)).sum(-1).mean())
         results[name] = (first_divergence(out, full), kl)
     assert len(ids) > 32  # KIVI quantized part of the prompt: the comparison is not of two full caches
-    assert 0 <= results["int4"][0] <= 5
-    assert results["kivi-int4"][0] == -1  # no divergence within NEW tokens
-    assert results["kivi-int4"][1] < results["int4"][1] / 5
+    assert 0 <= results["int4-per-token"][0] <= 5
+    assert results["int4"][0] == -1  # KIVI: no divergence within NEW tokens
+    assert results["int4"][1] < results["int4-per-token"][1] / 5

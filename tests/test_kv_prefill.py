@@ -22,7 +22,7 @@ HOLDERS = {  # the KV lab's holders, as its options name them
     "paged, 1-token blocks": "--paged --block-size 1",
     "paged int8": "--paged --kv-dtype int8",
     "int8": "--kv-dtype int8",
-    "int4": "--kv-dtype int4",
+    "int4 per-token": "--kv-dtype int4-per-token",
 }
 LONG_PROMPT = " ".join(["one two three four"] * 40)  # ~600 tokens of the tiny tokenizer: three chunks of 256
 

@@ -4,6 +4,7 @@ and the measurements a KV-cache run makes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from playground.config.catalog import Strategy, register_strategy
 from playground.config.groups import SettingsGroup, register_group
@@ -11,7 +12,14 @@ from playground.config.table import setting
 from playground.events import TokenStep
 from playground.events.kv import KVStep
 
-KV_DTYPES = ("model", "kivi-int4", "kivi-int2", "int8", "int4")
+KV_DTYPES = ("model", "int4", "int2", "int8", "int4-per-token")
+KIVI_BITS = {"int4": 4, "int2": 2}  # the quantized dtypes KIVI holds (keys per channel, values per token)
+PER_TOKEN_DTYPES = {"int8": "int8", "int4-per-token": "int4"}  # per-token codes: the per-token cache's own names
+RENAMED_KV_DTYPES = {"kivi-int4": "int4", "kivi-int2": "int2"}  # names saved runs may hold
+# Every field a KV group had before the KIVI dtypes came: a saved run's group with all of them and no "kivi_group"
+# was written then, when "int4" meant per-token codes (a preset's hand-written group names only what it changes).
+FIELDS_BEFORE_KIVI = frozenset({"no_cache", "paged", "block_size", "kv_dtype", "attn", "samples",
+                                "compare_no_cache", "batch_sweep"})
 KV_KEEP = ("all", "sinks", "h2o")
 ATTENTIONS = ("model", "sdpa", "eager")
 
@@ -28,10 +36,11 @@ class KVSettings(SettingsGroup):
     paged: bool = setting(False, "paged cache", "hold the cache as fixed-size blocks with a block table, as vLLM's "
                           "PagedAttention does, instead of one growing tensor per layer")
     block_size: int = setting(16, "block size", "paged cache: tokens per block", minimum=1, maximum=256)
-    kv_dtype: str = setting("model", "KV dtype", "store keys and values in the model's dtype; quantized as KIVI does "
-                            "(kivi-int4, kivi-int2: keys per channel in groups of tokens, values per token, the newest "
-                            "tokens in full precision); or int8 / int4 with per-token scales (for comparison: int4 "
-                            "per-token keys lose their outlier channels)", choices=KV_DTYPES)
+    kv_dtype: str = setting("model", "KV dtype", "store keys and values in the model's dtype; int4 / int2: quantized "
+                            "as KIVI does (keys per channel in groups of tokens, values per token, the newest tokens "
+                            "in full precision); int8 / int4-per-token: every key and value vector with its own "
+                            "scale (the paged cache's codes; int4 per-token keys lose their outlier channels)",
+                            choices=KV_DTYPES)
     kivi_group: int = setting(32, "KIVI group", "KIVI: tokens per key group (each channel of a group gets its own "
                               "scale) and channels per value group", minimum=2, maximum=256)
     kivi_residual: int = setting(32, "KIVI residual", "KIVI: the newest tokens kept in full precision (a multiple "
@@ -71,9 +80,24 @@ class KVSettings(SettingsGroup):
                 "h2o": f" · keep {self.kv_budget} (H2O, {self.kv_window} newest)"}[self.kv_keep]
         return f"{holder} · KV {self.kv_dtype}{keep} · {attention}{samples}"
 
+    @classmethod
+    def from_plain_dict(cls, plain: dict[str, Any]) -> tuple[KVSettings, list[str]]:
+        """Saved runs' older names: kivi-int4 / kivi-int2 are int4 / int2, and a group saved before KIVI came
+        (every field of then, none of KIVI's) meant per-token codes by int4."""
+        dtype = plain.get("kv_dtype")
+        if dtype in RENAMED_KV_DTYPES:
+            plain = {**plain, "kv_dtype": RENAMED_KV_DTYPES[dtype]}
+        elif dtype == "int4" and set(plain) >= FIELDS_BEFORE_KIVI and "kivi_group" not in plain:
+            plain = {**plain, "kv_dtype": "int4-per-token"}
+        return super().from_plain_dict(plain)
+
+    def kivi(self) -> bool:
+        """Whether the cache is KIVI's (int4, int2)."""
+        return self.kv_dtype in KIVI_BITS
+
     def compressed(self) -> bool:
         """Whether the cache keeps less than every position in the model's dtype (quality measured after)."""
-        return self.kv_keep != "all" or self.kv_dtype.startswith("kivi")
+        return self.kv_keep != "all" or self.kivi()
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         try:
@@ -89,13 +113,16 @@ class KVSettings(SettingsGroup):
             (sweep_ok, why),
             (not (self.kv_keep != "all" and self.kv_dtype != "model"), "--kv-keep evicts positions of a cache in the "
              "model's dtype: combine it with --kv-dtype model"),
-            (not ((self.kv_keep != "all" or self.kv_dtype.startswith("kivi")) and (self.paged or self.no_cache or
-                                                                                  self.samples > 1)),
-             "--kv-keep and the KIVI dtypes are contiguous caches of one sequence: drop --paged, --no-cache and "
-             "--samples"),
+            (not (self.kivi() and self.paged), f"--paged stores each token's keys and values with their own scale "
+             f"in its blocks, and KIVI's keys are quantized per channel over groups of tokens that would straddle "
+             f"blocks: use --kv-dtype int4-per-token or int8 with --paged, or --kv-dtype {self.kv_dtype} without it"),
+            (not (self.kv_keep != "all" and (self.paged or self.no_cache or self.samples > 1)),
+             "--kv-keep evicts from a contiguous cache of one sequence: drop --paged, --no-cache and --samples"),
+            (not (self.kivi() and self.samples > 1), f"--kv-dtype {self.kv_dtype} (KIVI) holds one sequence: drop "
+             "--samples, or use --kv-dtype int4-per-token or int8 for parallel samples"),
             (not (self.kv_keep == "h2o" and self.kv_window >= self.kv_budget), "--kv-keep h2o keeps --kv-window "
              "recent positions inside --kv-budget: the window must be smaller than the budget"),
-            (not (self.kv_dtype.startswith("kivi") and self.kivi_residual % self.kivi_group),
+            (not (self.kivi() and self.kivi_residual % self.kivi_group),
              "--kivi-residual must be a multiple of --kivi-group (keys are quantized a group of tokens at a time)"),
         ]
 

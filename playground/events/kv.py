@@ -19,7 +19,7 @@ class KVStarted:
     type: ClassVar[str] = "kv_start"
     holder: str  # "contiguous" | "paged" | "none"
     block_size: int  # paged: tokens per block (0 otherwise)
-    kv_dtype: str  # "model" | "int8" | "int4"
+    kv_dtype: str  # "model" | "int4" | "int2" (KIVI) | "int8" | "int4-per-token" (per-token codes)
     attn: str  # "sdpa" | "eager"
     layers: int
     kv_heads: int
@@ -37,6 +37,15 @@ class KVStarted:
     budget: int = 0  # h2o: positions kept per layer and head
     kivi_group: int = 0  # KIVI dtypes: tokens per key group
     kivi_residual: int = 0  # KIVI dtypes: newest tokens in full precision
+
+    def __post_init__(self) -> None:
+        # Saved runs' older names: "kivi-int4" / "kivi-int2" were KIVI's; "int4" without a KIVI group was the
+        # per-token cache's, before KIVI took the name.
+        renamed = {"kivi-int4": "int4", "kivi-int2": "int2"}.get(self.kv_dtype)
+        if renamed is None and self.kv_dtype == "int4" and self.kivi_group == 0:
+            renamed = "int4-per-token"
+        if renamed is not None:
+            object.__setattr__(self, "kv_dtype", renamed)
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,14 @@ class KIVILayer(CacheLayerMixin):
         self.key_tail, self.value_tail = key_tail, value_tail
         return keys, values
 
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: every stored part's rows in the order of ``beam_idx`` (codes, scales and tails alike)."""
+        if not self.is_initialized:
+            return
+        index = beam_idx.to(self.device)
+        for name in ("key_codes", "key_params", "value_codes", "value_params", "key_tail", "value_tail"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
+
     @property
     def held(self) -> int:
         return self.cumulative_length

@@ -1,7 +1,8 @@
 """The ``kv-cache`` strategy: greedy decoding that measures its KV cache after every step.
 
 The cache is held as one growing tensor per layer (transformers' DynamicCache), as fixed-size blocks with a block
-table (``--paged``), quantized (``--kv-dtype int8|int4``), or not at all (``--no-cache``: the whole sequence is
+table (``--paged``), quantized (``--kv-dtype int4|int2``: KIVI's; ``int8|int4-per-token``: per-token codes,
+contiguous or paged), or not at all (``--no-cache``: the whole sequence is
 recomputed every step). Every step yields a ``KVStep`` (per-layer bytes measured from the tensors, the formula,
 process memory, the block tables) before its ``token`` event; the prefill and the decode phase each get a
 ``KVPhase`` on the roofline of this machine's measured ceilings; with and without cache latency and a batch sweep
@@ -20,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from playground.config import ConfigError, KVSettings, RunSettings
+from playground.config.kv import PER_TOKEN_DTYPES
 from playground.engine.baseline import plain_greedy
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import sync_device
@@ -40,7 +42,7 @@ from playground.models.anatomy import family_name, kv_layout
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
-ELEMENT_BYTES = {"int8": 1.0, "int4": 0.5, "kivi-int4": 0.5, "kivi-int2": 0.25}
+ELEMENT_BYTES = {"int8": 1.0, "int4-per-token": 0.5, "int4": 0.5, "int2": 0.25}
 
 
 def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
@@ -62,11 +64,12 @@ def new_cache(lm: LoadedModel, kv: KVSettings) -> object | None:
     if kv.paged:
         from playground.engine.kv.paged import PagedCache
 
-        return PagedCache(lm.model.config, block_size=kv.block_size, kv_dtype=kv.kv_dtype)
+        return PagedCache(lm.model.config, block_size=kv.block_size,
+                          kv_dtype=PER_TOKEN_DTYPES.get(kv.kv_dtype, "model"))
     if kv.kv_dtype != "model":
         from playground.engine.kv.quantized import QuantizedKVCache
 
-        return QuantizedKVCache(lm.model.config, kv_dtype=kv.kv_dtype)
+        return QuantizedKVCache(lm.model.config, kv_dtype=PER_TOKEN_DTYPES[kv.kv_dtype])
     return DynamicCache(config=lm.model.config)
 
 
@@ -123,8 +126,7 @@ def kv_started(lm: LoadedModel, kv: KVSettings, max_length: int) -> KVStarted:
         peak_bytes_per_s=ceilings.peak_bytes_per_s, sequences=kv.samples, keep=kv.kv_keep,
         sinks=kv.kv_sinks if kv.kv_keep == "sinks" else 0, window=kv.kv_window if kv.kv_keep != "all" else 0,
         budget=kv.kv_budget if kv.kv_keep == "h2o" else 0,
-        kivi_group=kv.kivi_group if kv.kv_dtype.startswith("kivi") else 0,
-        kivi_residual=kv.kivi_residual if kv.kv_dtype.startswith("kivi") else 0)
+        kivi_group=kv.kivi_group if kv.kivi() else 0, kivi_residual=kv.kivi_residual if kv.kivi() else 0)
 
 
 def kv_step(lm: LoadedModel, cache: object | None, step: int, tokens: int, start: KVStarted,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-KIVI_BITS = {"kivi-int4": 4, "kivi-int2": 2}
+KIVI_BITS = {"int4": 4, "int2": 2}  # by --kv-dtype
 PARAMS_BYTES = 8  # step and offset, float32, per quantization group
 
 

@@ -175,7 +175,11 @@ class KVView(FoldView):
         if kv_dtype == "model":
             model = f" ({html.escape(self.state.model_dtype)})" if self.state.model_dtype else ""
             return f"keys and values in the model's dtype{model}"
-        return f"keys and values quantized to {html.escape(kv_dtype)}"
+        started = self.state.started
+        if started is not None and started.kivi_group > 0:
+            return (f"KIVI {html.escape(kv_dtype)}: keys per channel ({started.kivi_group}-token groups), values per "
+                    f"token, the newest {started.kivi_residual} in full precision")
+        return f"keys and values quantized to {html.escape(kv_dtype)} (a scale per token)"
 
     def _figures_html(self) -> str:
         s = self.state
