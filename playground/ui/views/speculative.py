@@ -223,7 +223,7 @@ class SpeculativeView(FoldView):
         self._right.setStretch(1, 1 if short else 4)
         if short:
             self._what_if_box.removeWidget(self.what_if_note)
-            self._bottom.setStretch(0, 5)  # positions, what-if, its note: 5 : 7 : 5
+            self._bottom.setStretch(0, 6)  # positions, what-if, its note: 6 : 7 : 5
             self._bottom.setStretch(1, 7)
             self._bottom.addWidget(self.what_if_note, 5)
         else:
