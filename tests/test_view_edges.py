@@ -59,6 +59,7 @@ VIEW_RUNS: dict[str, str] = {
     "compare": "compare --pane greedy --pane 'sample --temperature 1.4 --seed 5' "
                "--pane 'sample --temperature 0.8 --top-p 0.9 --seed 5' --pane 'beam --num-beams 2' --log-likelihood",
     "quant": "greedy --quant rtn-int4 --compare",
+    "track": "sample --temperature 0.8 --top-k 8",
 }
 
 

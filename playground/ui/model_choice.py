@@ -68,6 +68,9 @@ class ModelChoice:
         self.status.show_family(labels.family, labels.family_details)
         self.controls.limit_to_model(labels.blocked_strategies, labels.blocked_groups)
         self.controls.set_tokenizer(source.tokenizer())
+        for view in self.views.values():
+            if hasattr(view, "set_tokenizer"):  # a view that reads typed words (the track view)
+                view.set_tokenizer(source.tokenizer())
         self._update_buttons()
 
     def load_model(self, spec: ModelSettings | None = None) -> None:
