@@ -44,6 +44,9 @@ STOP_CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "early-exit": ("early-exit --compare-full --exit-threshold 0.5", ("full_model",), 1),
     "layer-skip": ("layer-skip --skip-threshold 0.5 --compare-full", ("full_model",), 1),
     "kv-cache": ("kv-cache --paged --samples 2 --compare-no-cache --batch-sweep 1,2", ("no_cache", "batch_sweep"), 1),
+    # A cache that keeps less, with the attention view's recording: its quality pass is end-of-run work too.
+    "kv compressed": ("kv-cache --kv-keep h2o --kv-budget 12 --kv-window 4 --record-attention",
+                      ("no_cache", "full_model"), 1),
     "compare": ("compare --pane greedy --pane 'sample --temperature 0.8' --log-likelihood", ("log_likelihood",), 1),
     "contrastive": ("contrastive --contrast-baseline 8", ("baseline",), 1),
     "cascade": ("cascade --cheap layers --cheap-layers 1 --cascade-compare", ("full_model",), 1),
