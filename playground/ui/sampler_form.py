@@ -65,7 +65,6 @@ class SamplerChainList(QWidget):
         self.list.setToolTip("The order the samplers run in, top first: drag a row or use ↑/↓; untick a row to leave "
                              "it out of the order. Green = on with these settings; grey = off; pale = this strategy "
                              "skips it (greedy uses only the penalties, DRY, logit bias and guidance).")
-        self.list.setMinimumHeight(210)
         self.list.model().rowsMoved.connect(lambda *_: self._changed())
         self.list.itemChanged.connect(lambda _item: self._changed())
         self.up = QPushButton("↑")
@@ -94,6 +93,8 @@ class SamplerChainList(QWidget):
         self._settings: Any = None
         self._sampling = True
         self.set_order(DEFAULT_ORDER)
+        # Every row in view, without a scroll bar: the order reads at a glance.
+        self.list.setMinimumHeight(self.list.sizeHintForRow(0) * self.list.count() + 2 * self.list.frameWidth() + 4)
 
     # --- the order ------------------------------------------------------------------------------------------
     def order(self) -> tuple[str, ...]:
