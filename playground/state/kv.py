@@ -2,8 +2,8 @@
 
 Per step (one ``KVStep`` each): the cache's measured bytes in total and per layer, what the formula says they
 should be, the process's memory, and the tokens held; the position of the prefill among the steps; the paged
-cache's latest block tables; the two phases on the roofline; and the with/without-cache comparison and the batch
-sweep when the run measured them.
+cache's latest block tables; the positions a cache that keeps less has evicted (sinks, H2O) or holds quantized (KIVI);
+the two phases on the roofline; and the with/without-cache comparison and the batch sweep when the run measured them.
 
 Per-step series are NumPy arrays that grow with capacity doubling (the layers × steps matrix by whole columns), so
 folding an event costs time proportional to that event: a view can refresh often on a long run.
@@ -18,6 +18,8 @@ from playground.events.kv import KVBlocks, KVCompare, KVPhase, KVStarted, KVStep
 from playground.state.run_end import RunEnd
 
 FIRST_CAPACITY = 64  # steps reserved before the first one; doubled when full
+# What a position of a cache that keeps less holds (``KVState.position_map``).
+FULL, EVICTED, QUANTIZED = 0, 1, 2
 
 
 class _Growing:
@@ -65,6 +67,7 @@ class KVState(RunEnd):
         self.phases: dict[str, KVPhase] = {}
         self.compare: KVCompare | None = None
         self.sweep: KVSweep | None = None
+        self.evicted: set[int] = set()  # positions no layer or head holds any more (evicting caches)
         self._steps = _Growing()
         self._tokens = _Growing()
         self._total = _Growing()
@@ -117,9 +120,9 @@ class KVState(RunEnd):
         self._reserved.append(step.device_reserved_bytes)
         self._layers.append(step.layer_bytes)
         self.last = step
+        self.evicted.update(step.evicted)
         if step.blocks is not None:
             self.blocks = step.blocks
-
 
     # --- reading ----------------------------------------------------------------------------------------------
 
@@ -196,6 +199,29 @@ class KVState(RunEnd):
         size = started.block_size
         return [0 if not table else max(0, min(size, last.tokens - (len(table) - 1) * size))
                 for table in blocks.tables]
+
+    def position_map(self) -> list[tuple[str, np.ndarray]]:
+        """A contiguous cache that keeps less, after the latest step: per row (its name, per position fed so far
+        ``FULL``, ``EVICTED`` or ``QUANTIZED``). Sinks and H2O: one row, a position evicted once no layer or head holds
+        it (H2O's heads keep different positions). KIVI: keys and values, quantized past its full-precision residual
+        (``kivi_counts``: whole blocks of ``residual`` keys, every value older than the newest ``residual``); its
+        sliding-window layers (if any) stay in the model's dtype. Empty for every other cache."""
+        started, last = self.started, self.last
+        if started is None or last is None or started.holder != "contiguous":
+            return []
+        if started.keep != "all":
+            fed = max((self.prompt_tokens or 0) + last.step, last.tokens, max(self.evicted, default=-1) + 1)
+            row = np.full(fed, FULL, dtype=np.int8)
+            row[sorted(self.evicted)] = EVICTED
+            return [("positions", row)]
+        residual = started.kivi_residual
+        if started.kivi_group <= 0 or residual <= 0:
+            return []
+        fed = last.tokens
+        keys, values = np.full(fed, FULL, dtype=np.int8), np.full(fed, FULL, dtype=np.int8)
+        keys[: fed // residual * residual] = QUANTIZED
+        values[: max(0, fed - residual)] = QUANTIZED
+        return [("keys", keys), ("values", values)]
 
     def compare_ratio(self) -> tuple[float, float] | None:
         """Without ÷ with the cache: for the last token, and over all tokens (total time ÷ total time)."""

@@ -1,5 +1,6 @@
 """The KV view's block map: the paged cache's block table, one row per sequence, one cell per block (shared blocks in
-their own colour, the last block filled as far as it is used); for a contiguous cache, what reserving
+their own colour, the last block filled as far as it is used); for a cache that keeps less, its positions (evicted
+by sinks + window or H2O, quantized or in full precision under KIVI); for any other contiguous cache, what reserving
 ``max_length`` up front would hold."""
 
 from __future__ import annotations
@@ -10,26 +11,38 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
-from playground.state.kv import KVState
+from playground.state.kv import EVICTED, QUANTIZED, KVState
 from playground.ui.style import format_percent
-from playground.ui.views.drawing import static_plot
-from playground.ui.views.kv.panel import FREE_COLOR, SHARED_COLOR, TOTAL_COLOR, Panel, format_mb
+from playground.ui.views.drawing import clear_bars, static_plot
+from playground.ui.views.kv.panel import (
+    EVICTED_COLOR,
+    FREE_COLOR,
+    QUANTIZED_COLOR,
+    SHARED_COLOR,
+    TOTAL_COLOR,
+    Panel,
+    format_mb,
+)
 
 MIN_LABEL_CELL_PX = 22  # block ids are written in cells at least this wide
+BLOCKS_TITLE = "Paged cache: each sequence's block table"
+POSITION_COLORS = {EVICTED: EVICTED_COLOR, QUANTIZED: QUANTIZED_COLOR}  # held in full: TOTAL_COLOR
 
 
 class BlockPanel(Panel):
     """The block map."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        plot = static_plot(parent, "Paged cache: each sequence's block table", "position in the block table",
-                           "sequence", min_height=200)
+        plot = static_plot(parent, BLOCKS_TITLE, "position in the block table", "sequence", min_height=200)
         item = plot.getPlotItem()
         item.invertY(True)  # sequence 0 on top
         self.cells = pg.BarGraphItem(x0=[], y0=[], width=[], height=[], pen=pg.mkPen("#FFFFFF", width=1))
         self.fill = pg.BarGraphItem(x0=[], y0=[], width=[], height=[], pen=pg.mkPen("#FFFFFF", width=1))
+        # A cache that keeps less: runs of positions of one kind, one bar each (x0 = first position, width = count).
+        self.spans = pg.BarGraphItem(x0=[], y0=[], width=[], height=[], pen=None)
         item.addItem(self.cells)
         item.addItem(self.fill)
+        item.addItem(self.spans)
         self.labels: list[pg.TextItem] = []
         self.ids: list[int] = []  # per cell, in the order of the bars
         super().__init__(plot, parent)
@@ -37,6 +50,13 @@ class BlockPanel(Panel):
 
     def draw(self, s: KVState) -> None:
         started, blocks = s.started, s.blocks
+        rows = s.position_map()
+        if rows:
+            self._set_cells([], [], [], [], [])
+            self._draw_positions(s, rows)
+            return
+        clear_bars(self.spans)
+        self._title(BLOCKS_TITLE, "position in the block table", "sequence")
         if blocks is None or started is None or started.holder != "paged":
             self._set_cells([], [], [], [], [])
             self.show_note(no_blocks_note(s))
@@ -75,6 +95,54 @@ class BlockPanel(Panel):
                    f"<b>{blocks.blocks_allocated}</b> blocks of {started.block_size} tokens allocated "
                    f"({blocks.slots_allocated} slots), {blocks.slots_used} used, <b>{free} free</b> · fragmentation "
                    f"<b>{format_percent(blocks.fragmentation)}</b> · {len(shared)} shared")
+        self.show_plot(caption)
+
+    def _title(self, title: str, bottom: str, left: str) -> None:
+        item = self.plot.getPlotItem()
+        item.setTitle(title, size="10pt")
+        item.setLabel("bottom", bottom)
+        item.setLabel("left", left)
+
+    def _draw_positions(self, s: KVState, rows: list[tuple[str, np.ndarray]]) -> None:
+        """Each row's runs of one kind as bars: held in full, evicted, quantized."""
+        started = s.started
+        kivi = started.keep == "all"
+        self._title("KIVI: which keys and values are quantized" if kivi else
+                    "Which positions the cache still holds", "position (prompt and output)", "")
+        x0, y0, width, brushes = [], [], [], []
+        for row, (_name, kinds) in enumerate(rows):
+            for first, count, kind in runs(kinds):
+                x0.append(float(first))
+                y0.append(row + 0.1)
+                width.append(float(count))
+                brushes.append(pg.mkBrush(POSITION_COLORS.get(kind, TOTAL_COLOR)))
+        self.spans.setOpts(x0=np.asarray(x0), y0=np.asarray(y0), width=np.asarray(width),
+                           height=np.full(len(x0), 0.8), brushes=brushes)
+        fed = max(len(kinds) for _name, kinds in rows)
+        item = self.plot.getPlotItem()
+        item.setXRange(0, max(fed, 1), padding=0.01)
+        item.setYRange(-0.05, max(len(rows), 3) + 0.05, padding=0)
+        item.getAxis("left").setTicks([[(row + 0.5, name) for row, (name, _kinds) in enumerate(rows)]])
+        item.getAxis("bottom").setTicks(None)
+        if kivi:
+            keys, values = (int((kinds == QUANTIZED).sum()) for _name, kinds in rows)
+            caption = (f"KIVI {started.kv_dtype}: keys quantized per channel {started.kivi_residual} at a time "
+                       f"(groups of {started.kivi_group} tokens), values per token once older than the newest "
+                       f"{started.kivi_residual}.<br>"
+                       f"<span style='color:{QUANTIZED_COLOR}'>■</span> quantized &nbsp; "
+                       f"<span style='color:{TOTAL_COLOR}'>■</span> full precision<br>"
+                       f"{fed} positions · keys <b>{keys}</b> quantized, {fed - keys} full · values <b>{values}</b> "
+                       f"quantized, {fed - values} full")
+        else:
+            kinds = rows[0][1]
+            evicted = int((kinds == EVICTED).sum())
+            rule = (f"the first {started.sinks} (sinks) and the newest {started.window}" if started.keep == "sinks"
+                    else f"{started.budget} per layer and head: the newest {started.window} and the most attended")
+            caption = (f"{'StreamingLLM' if started.keep == 'sinks' else 'H2O'} keeps {rule}; a position is "
+                       "evicted once no layer or head holds it.<br>"
+                       f"<span style='color:{TOTAL_COLOR}'>■</span> held &nbsp; "
+                       f"<span style='color:{EVICTED_COLOR}'>■</span> evicted<br>"
+                       f"{fed} positions fed · <b>{fed - evicted}</b> held · <b>{evicted}</b> evicted")
         self.show_plot(caption)
 
     def _set_cells(self, x0: list[float], y0: list[float], brushes: list[str], ids: list[int],
@@ -131,3 +199,13 @@ def no_blocks_note(s: KVState) -> str:
                   if reserved and s.last is not None else "") + "." if reserved else "")
     return ("<b>Contiguous cache: no blocks</b><br>This run kept one growing tensor per layer, not fixed-size "
             f"blocks (switch on “paged cache” to see a block table).<br>{reserve}")
+
+
+def runs(kinds: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first position, count, kind) of each run of equal kinds, in order."""
+    if kinds.size == 0:
+        return []
+    edges = np.flatnonzero(np.diff(kinds)) + 1
+    starts = np.concatenate(([0], edges))
+    ends = np.concatenate((edges, [kinds.size]))
+    return [(int(a), int(b - a), int(kinds[a])) for a, b in zip(starts, ends, strict=True)]
