@@ -1,11 +1,15 @@
 """Named demos shipped in ``resources/presets/``: a prompt, a strategy and its settings, and the view to show.
 
 A preset file is JSON: ``{"title", "description", "view", "settings"}`` where ``settings`` is what a trace's
-``start`` event holds (``RunSettings.as_plain_dict``); the file's name is the preset's name.
+``start`` event holds (``RunSettings.as_plain_dict``); the file's name is the preset's name. A long prompt can come
+from shipped text files: ``"prompt_from": {"files": ["calibration/calibration.txt", ...], "chars": 9600}`` (paths
+under ``resources/``, joined by blank lines, cut to ``chars`` at a word's end) comes before the settings' own
+prompt, which then says what to do with the text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +17,8 @@ from pathlib import Path
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import get_strategy
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "resources" / "presets"
+RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
+PRESETS_DIR = RESOURCES_DIR / "presets"
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,25 @@ def load_preset(name: str, folder: Path = PRESETS_DIR) -> Preset:
         if unknown:
             raise ValueError(f"unknown settings {', '.join(unknown)}")
         get_strategy(settings.strategy)
+        if "prompt_from" in plain:
+            text = prompt_from_files(plain["prompt_from"])
+            settings = dataclasses.replace(settings, prompt=f"{text}\n\n{settings.prompt}" if settings.prompt
+                                           else text)
         preset = Preset(name, plain["title"], plain["description"], plain["view"], settings.validate())
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, OSError) as error:
         raise ConfigError(f"preset {path} is broken: {error}") from error
     return preset
 
 
 def all_presets(folder: Path = PRESETS_DIR) -> list[Preset]:
     return [load_preset(name, folder) for name in preset_names(folder)]
+
+
+def prompt_from_files(spec: dict) -> str:
+    """The text of ``spec["files"]`` (under resources/, joined by blank lines), cut to ``spec["chars"]`` characters
+    at the end of a word when given."""
+    text = "\n\n".join((RESOURCES_DIR / name).read_text(encoding="utf-8").strip() for name in spec["files"])
+    chars = spec.get("chars")
+    if chars is not None and len(text) > chars:
+        text = text[:chars].rsplit(None, 1)[0]
+    return text

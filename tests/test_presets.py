@@ -17,7 +17,7 @@ EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
     "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked", "speculative-prompt-lookup",
     "logit-lens", "early-exit", "kv-cache-paged", "contrastive-early-layer", "quant-lab-int4", "compare-strategies",
-    "cascade",
+    "cascade", "kv-long-context",
 }
 
 
