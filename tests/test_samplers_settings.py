@@ -18,6 +18,8 @@ MIROSTAT_HINT = "; 0 turns it off; 2 is mirostat v2 (v1 is not available)"
 
 # Each ranged sampler setting's refusal, written out; test_config.py runs these with the other shared settings.
 SAMPLER_REFUSED = [
+    ({"record_candidates": -1}, "record_candidates must be in [0, 4096] (got -1)"),
+    ({"record_candidates": 4097}, "record_candidates must be in [0, 4096] (got 4097)"),
     ({"typical_p": 0.0}, "typical_p must be in (0, 1] (got 0); 1 turns it off"),
     ({"typical_p": 1.01}, "typical_p must be in (0, 1] (got 1.01); 1 turns it off"),
     ({"typical_p": NAN}, "typical_p must be a finite number (got nan); 1 turns it off"),
@@ -98,7 +100,7 @@ SAMPLER_PLAIN_DEFAULTS = {
     "xtc_threshold": 0.1, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "mirostat": 0, "mirostat_tau": 5.0,
     "mirostat_eta": 0.1, "samplers": "", "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
     "dry_base": 1.75, "dry_allowed_length": 2, "dry_sequence_breakers": ["\n", ":", '"', "*"], "logit_bias": [],
-    "guidance_scale": 1.0, "negative_prompt": "",
+    "guidance_scale": 1.0, "negative_prompt": "", "record_candidates": 256,
 }
 SAMPLER_FLOATS = {name for values, _ in SAMPLER_REFUSED for name, v in values.items() if isinstance(v, float)}
 

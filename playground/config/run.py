@@ -48,6 +48,10 @@ class RunSettings:
                                   minimum=1, widget_maximum=100_000, section="generation")
     num_candidates: int = setting(10, "candidates", "top candidates recorded per step (by raw probability) for "
                                   "hover and chart", minimum=1, maximum=100, section="generation")
+    record_candidates: int = setting(256, "recorded raw candidates", "the likeliest raw tokens saved per step (ids "
+                                     "and log-probabilities, ~2 KB a step at 256) so that other sampler settings "
+                                     "can be tried on the finished run (what-if); 0 = none", minimum=0,
+                                     maximum=4096, section="generation")
     stop_strings: tuple[str, ...] = setting((), "stop strings", r"stop when the output contains one of these "
                                             r"(separate with |, \n = newline)", flag="--stop", section="generation")
     temperature: float = setting(1.0, "temperature", "divide logits by this before sampling: <1 sharper, "

@@ -147,7 +147,7 @@ def _choose(
     """Run the processors, pick the token (forced, argmax or a draw) and record what each processor did; ``ask``
     (step mode) is shown the strategy's pick and returns the token taken, or None to stop (then None)."""
     mu = run.mirostat.mu if run.mirostat is not None else None  # the cut this step's mirostat applies
-    analysis = analyse_step(pipeline, ids, logits, settings.num_candidates)
+    analysis = analyse_step(pipeline, ids, logits, settings.num_candidates, record=settings.record_candidates)
     if forced_id is not None:
         token_id = forced_id
     elif sampling:

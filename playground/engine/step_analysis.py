@@ -5,6 +5,7 @@ Computed on the model's device with a handful of reductions, converted to plain 
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch
 from playground.engine.processors import NamedTransform
 from playground.engine.samplers.chain import CompactLogits, Kept, Stage, run_chain, values_at
 from playground.events import Candidate, ProcessorEffect, TokenStep
+from playground.events.run import RawCandidates
 
 LN2 = math.log(2)
 
@@ -33,6 +35,7 @@ class StepAnalysis:
     # ([1, K]); None when it ran on the whole vocabulary.
     kept: Kept | None = None
     kept_probs: torch.Tensor | None = None
+    raw_top: RawCandidates | None = None  # the likeliest raw tokens, packed for the what-if (``record`` > 0)
 
     def draw(self, generator: torch.Generator) -> int:
         """A token drawn from the processed distribution (on the compact set when there is one: a draw over the whole
@@ -73,29 +76,52 @@ class StepAnalysis:
             entropy=entropy, processed_entropy=processed_entropy, candidates=candidates,
             shown_raw_mass=sum(math.exp(lp) for lp in logprob_values[: len(self.top_ids)]),
             effects=effects, forced=forced, step_ms=step_ms, kv_cache_bytes=kv_bytes, mirostat_mu=self.mirostat_mu,
+            raw_top=self.raw_top,
         )
 
 
 def analyse_step(
     pipeline: tuple[NamedTransform, ...], ids: torch.Tensor, logits: torch.Tensor, num_candidates: int, *,
-    compact: bool = True,
+    compact: bool = True, record: int = 0,
 ) -> StepAnalysis:
     """Run ``pipeline`` over ``logits`` ([1, vocab]) keeping every stage, and pick the raw top candidates.
 
     ``compact``: the stages after the first cut run on the tokens still in play (``samplers.chain``: exact);
-    False runs every stage on the whole vocabulary (the reference the tests compare with)."""
+    False runs every stage on the whole vocabulary (the reference the tests compare with). ``record``: how many of
+    the likeliest raw tokens to pack into the step for the what-if (``RunSettings.record_candidates``)."""
     stage_logits = run_chain(pipeline, ids, logits, compact=compact)
     last = stage_logits[-1][1] if stage_logits else logits
     raw_logprobs = logits.log_softmax(dim=-1)
-    top_ids = torch.topk(logits[0], min(num_candidates, logits.shape[-1])).indices.tolist()
+    vocab = logits.shape[-1]
+    top = torch.topk(logits[0], min(max(num_candidates, record), vocab))  # by raw rank
+    top_ids = top.indices[:num_candidates].tolist()
+    raw_top = pack_raw_candidates(top.indices[:record], raw_logprobs[0], logits[0]) if record > 0 else None
     if isinstance(last, CompactLogits):
         kept_probs = last.probs()
         processed_probs = torch.zeros_like(logits).index_copy_(1, last.kept.ids, kept_probs)
         return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
                             processed_logits=last.full(), processed_probs=processed_probs, top_ids=top_ids,
-                            kept=last.kept, kept_probs=kept_probs)
+                            kept=last.kept, kept_probs=kept_probs, raw_top=raw_top)
     return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
-                        processed_logits=last, processed_probs=last.softmax(dim=-1), top_ids=top_ids)
+                        processed_logits=last, processed_probs=last.softmax(dim=-1), top_ids=top_ids,
+                        raw_top=raw_top)
+
+
+LOGPROB_STEP = 1024  # the packed log-probabilities' resolution: 1/1024 nat
+
+
+def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_logits: torch.Tensor) -> RawCandidates:
+    """``top_ids`` ([n], by raw rank) with their raw log-probabilities ([vocab]) packed as ``RawCandidates`` says."""
+    vocab = raw_logprobs.shape[0]
+    logprobs = raw_logprobs[top_ids].double()
+    tail = max(0.0, 1.0 - float(logprobs.exp().sum()))
+    id_bytes = 2 if vocab <= 2**16 else 4
+    ids = top_ids.cpu().numpy().astype(f"<u{id_bytes}")
+    quantised = (-logprobs * LOGPROB_STEP).round().clamp(0, 2**16 - 1).cpu().numpy().astype("<u2")
+    lse = float(torch.logsumexp(raw_logits.double(), dim=-1))
+    return RawCandidates(ids=base64.b64encode(ids.tobytes()).decode("ascii"),
+                         logprobs=base64.b64encode(quantised.tobytes()).decode("ascii"), logsumexp=lse,
+                         tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes)
 
 
 def _processor_effects(

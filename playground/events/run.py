@@ -48,6 +48,25 @@ class TokenNumbers:
 
 
 @dataclass(frozen=True)
+class RawCandidates:
+    """A step's likeliest raw tokens, kept so that other sampler settings can be tried on a finished run (the
+    what-if, ``playground.state.what_if``), packed small: ~2 KB a step for 256 tokens of a vocabulary under 65,536.
+
+    ``ids``: base64 of the token ids, little-endian unsigned integers of ``id_bytes`` bytes each, by raw rank;
+    ``logprobs``: base64 of little-endian uint16 ``q``, the raw log-probability being ``-q / 1024`` nats (a
+    probability within 0.05 %; 65535 means ``-64`` or less); ``logsumexp``: the raw logits' log-sum-exp, so that
+    ``logit = logprob + logsumexp`` (the repetition penalty reads the logits' signs); ``tail_mass``: the raw
+    probability of every token not listed; ``vocab_size``: how many tokens there are in all."""
+
+    ids: str
+    logprobs: str
+    logsumexp: float
+    tail_mass: float
+    vocab_size: int
+    id_bytes: int = 2
+
+
+@dataclass(frozen=True)
 class RunStarted:
     """First event of every run: what is being decoded, with what."""
 
@@ -118,6 +137,9 @@ class TokenStep:
     kv_cache_bytes: int  # measured size of the KV cache after this step
     # Mirostat v2's surprise cut mu (bits) that this step applied; None without mirostat (and in older saved runs).
     mirostat_mu: float | None = None
+    # The likeliest raw tokens of this step (``--record-candidates``), for the what-if; None when not recorded (and in
+    # older saved runs).
+    raw_top: RawCandidates | None = None
 
     # What the numbers are, for views that must not guess from the event's class (a server's steps override
     # these as fields): whether the step has probabilities at all, and whether ``prob`` is a second distribution
