@@ -15,7 +15,7 @@ import html
 import math
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QGridLayout, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QScrollArea, QTabWidget, QVBoxLayout, QWidget
 
 from playground.events.kv import KVStep
 from playground.state import Run
@@ -23,6 +23,7 @@ from playground.state.kv import KVState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import LeastHeight
 from playground.ui.views.kv.blocks import BlockPanel
 from playground.ui.views.kv.latency import LatencyPanel
 from playground.ui.views.kv.layers import LayerPanel
@@ -31,7 +32,10 @@ from playground.ui.views.kv.roofline import RooflinePanel
 from playground.ui.views.kv.size import SizePanel
 from playground.ui.views.kv.sweep import SweepPanel
 
-THREE_COLUMNS_PX = 1060  # the panels sit in three columns from this width of the view, else in two
+THREE_COLUMNS_PX = 1100  # the panels sit in three columns from this width of the view, else in two (at 1062 px
+# three columns cut the block map's title and the sweep's right axis)
+SHORT_DOCK = 850  # px: two columns' three rows need about this; a lower dock pages them, two panels a page
+PAGES = ("size and layers", "blocks and latency", "roofline and batch sweep")  # the tabs, in the grid's order
 EXPLANATION = ("Each token's keys and values are kept for every layer, so later tokens attend to them instead of "
                "recomputing them: the cache grows by the same bytes per token (2 × layers × KV heads × head dim × "
                "bytes per element) while the weights stay fixed.")
@@ -73,15 +77,27 @@ class KVView(FoldView):
         grid.setContentsMargins(0, 0, 0, 0)
         grid.setHorizontalSpacing(8)
         self._columns = 0
+        self._paged = False
+        self.pages = QTabWidget(self)  # a short dock: the panels two a page (the grid holds none then)
+        self._page_rows: list[QHBoxLayout] = []
+        for title in PAGES:
+            page = LeastHeight()  # the tab asks its pages' least heights too
+            row = QHBoxLayout(page)
+            row.setContentsMargins(0, 2, 0, 0)
+            row.setSpacing(8)
+            self._page_rows.append(row)
+            self.pages.addTab(page, title)
+        self.pages.hide()
         self._arrange(3)
-        content = QWidget()
+        content = LeastHeight()
         layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.header)
         layout.addWidget(self.explanation)
         layout.addLayout(grid, 1)
+        layout.addWidget(self.pages, 1)
         layout.addWidget(self.figures)
-        scroll = QScrollArea(self)  # a small dock scrolls instead of squeezing the plots
+        scroll = QScrollArea(self)  # a dock lower than the panels' least heights scrolls instead of squeezing them
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
@@ -91,18 +107,26 @@ class KVView(FoldView):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
 
-    def _arrange(self, columns: int) -> None:
+    def _arrange(self, columns: int, paged: bool = False) -> None:
         """The six panels in three columns (two rows), or in two columns (three rows) in a narrow dock, where three
-        would cut their plots' titles and labels."""
-        if columns == self._columns:
+        would cut their plots' titles and labels; in a dock both narrow and short (1280 x 800's), two columns of one
+        row on three tabs, so that nothing scrolls."""
+        paged = paged and columns == 2
+        if columns == self._columns and paged == self._paged:
             return
-        self._columns = columns
+        self._columns, self._paged = columns, paged
         for panel in self._panels():
             self._grid.removeWidget(panel)
+            for row in self._page_rows:
+                row.removeWidget(panel)
         for index, panel in enumerate(self._panels()):
-            self._grid.addWidget(panel, index // columns, index % columns)
+            if paged:
+                self._page_rows[index // 2].addWidget(panel, 1)
+            else:
+                self._grid.addWidget(panel, index // columns, index % columns)
         for column, stretch in enumerate((4, 3, 3) if columns == 3 else (1, 1, 0)):
             self._grid.setColumnStretch(column, stretch)
+        self.pages.setVisible(paged)
 
     def _panels(self) -> tuple:
         """In the grid's order; each draws itself from the state."""
@@ -110,7 +134,7 @@ class KVView(FoldView):
                 self.sweep_panel)
 
     def resizeEvent(self, event) -> None:
-        self._arrange(3 if event.size().width() >= THREE_COLUMNS_PX else 2)
+        self._arrange(3 if event.size().width() >= THREE_COLUMNS_PX else 2, event.size().height() < SHORT_DOCK)
         super().resizeEvent(event)
 
         super().resizeEvent(event)
