@@ -132,6 +132,32 @@ def test_details_and_refusals(tiny_lm, built):
         "smoothquant α=0.6"
 
 
+def test_labels_details_and_the_build_reporter_say_what_was_made(tiny_lm, model_folder, built):
+    """Labels name the method with its group where the method is groupwise; a small model's detail names the model
+    as loaded with its parameter count; a first-layers copy's config says its layers and the model's own is
+    untouched; the build reporter prefixes its reports and clamps their fractions to 0..1."""
+    assert variants.label(QuantizedCopy("rtn-int4", 64)) == "rtn-int4 g64"
+    assert variants.label(QuantizedCopy("awq", 128, calibration_tokens=64)) == "awq g128"
+    assert variants.label(QuantizedCopy("rtn-int8")) == "rtn-int8" and variants.label(SmallModel("/x/y")) == "/x/y"
+    assert variants.label(FirstLayers(3)) == "first 3 layers"
+    small = variant(tiny_lm, SmallModel(str(model_folder)))
+    count = sum(p.numel() for p in small.model.parameters())
+    assert variants.detail(small, "the target") == f"{small.loaded.name} ({count / 1e6:.0f}M parameters)"
+    assert small.loaded.name != str(model_folder)  # the name as loaded, not the path asked for
+    first = variant(tiny_lm, FirstLayers(1))
+    assert first.model.config.num_hidden_layers == 1 and tiny_lm.model.config.num_hidden_layers == 2
+    types = getattr(tiny_lm.model.config, "layer_types", None)
+    if isinstance(types, list):
+        assert first.model.config.layer_types == types[:1] and len(tiny_lm.model.config.layer_types) == 2
+    assert first.model.model.config is first.model.config.get_text_config(decoder=True)
+    reports: list[tuple[str, float]] = []
+    say = variants.build_reporter("rtn-int4 g32", "tiny", lambda m, f: reports.append((m, f)), None)
+    say("a", -0.5)
+    say("b", 0.25)
+    say("c", 1.5)
+    assert reports == [("rtn-int4 g32: a", 0.0), ("rtn-int4 g32: b", 0.25), ("rtn-int4 g32: c", 1.0)]
+
+
 def test_a_small_model_is_loaded_once_and_shares_the_tokenizer(tiny_lm, model_folder, built):
     small = variant(tiny_lm, SmallModel(str(model_folder)))
     assert variant(tiny_lm, SmallModel(str(model_folder))) is small and small.loaded is not None
