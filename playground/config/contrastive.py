@@ -12,7 +12,7 @@ from playground.config.table import setting
 from playground.events import TokenStep
 from playground.events.contrastive import ContrastStep
 
-AMATEURS = ("layer", "quantized", "model")
+AMATEURS = ("layer", "dola", "quantized", "model")
 
 
 @register_group
@@ -25,7 +25,9 @@ class ContrastiveSettings(SettingsGroup):
     amateur: str = setting(
         "layer", "amateur", "whose mistakes are subtracted: layer = an early layer of the expert itself (its output "
         "through the final norm and LM head, from the same forward pass, as DoLa contrasts layers); quantized = the "
-        "expert's quantized copy; model = a separate smaller model with the same tokenizer", choices=AMATEURS)
+        "expert's quantized copy; model = a separate smaller model with the same tokenizer; dola = DoLa (Chuang et al. "
+        "2023): per token, the layer of --dola-layers whose lens differs most from the final layer (Jensen-Shannon "
+        "divergence)", choices=AMATEURS)
     alpha: float = setting(0.1, "plausibility α", "only tokens with p_expert ≥ α × the expert's top probability "
                            "may be chosen (the plausibility cut); 0 = every token the expert allows, 1 = only "
                            "the expert's top token (plain greedy)", minimum=0.0, maximum=1.0, step=0.01,
@@ -37,6 +39,14 @@ class ContrastiveSettings(SettingsGroup):
                                  "amateur (1-based, below the last layer); 0 = half way up (where DoLa's bucket of "
                                  "early layers ends)",
                                  minimum=0, maximum=512, off_text="½ of the layers")
+    dola_layers: str = setting("low", "DoLa layers", "dola amateur: the candidate premature layers, numbered as "
+                               "output_hidden_states (0 = the embeddings, j = layer j's output): low = the even "
+                               "layers of the lower half, high = the even layers of the upper half (the paper's "
+                               "buckets; a model with tied embeddings starts at 2), or a list such as 2,6,10")
+    dola_repetition_penalty: float = setting(1.2, "DoLa repetition penalty", "dola amateur: the contrast scores of "
+                                             "tokens already in the text are divided by this (multiplied when "
+                                             "negative), as the paper recommends (1.2); 1 = off",
+                                             minimum=1.0, widget_maximum=3.0, step=0.05)
     amateur_quant: str = setting("rtn-int4", "amateur quantization", "quantized amateur: the expert's copy with "
                                  "int4 weights (group 32), also an int4 LM head, or int8 per-channel weights",
                                  choices=QUICK_COPIES)
@@ -55,6 +65,7 @@ class ContrastiveSettings(SettingsGroup):
 
     def summary(self) -> str:
         amateur = {"layer": f"layer {self.amateur_layer or '½ up'}", "quantized": self.amateur_quant,
+                   "dola": f"DoLa {self.dola_layers} θ={self.dola_repetition_penalty:g}",
                    "model": self.amateur_model or "?"}[self.amateur]
         temperature = f" T={self.amateur_temperature:g}" if self.amateur_temperature != 1.0 else ""
         mode = " · sampled" if self.contrast_sample else ""
@@ -62,7 +73,17 @@ class ContrastiveSettings(SettingsGroup):
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.amateur != "model" or bool(self.amateur_model.strip()),
-                 "the model amateur needs --amateur-model PATH (a smaller model with the expert's tokenizer)")]
+                 "the model amateur needs --amateur-model PATH (a smaller model with the expert's tokenizer)"),
+                (dola_layers_valid(self.dola_layers),
+                 f"dola_layers must be low, high or layer numbers such as 2,6,10 (got {self.dola_layers!r})")]
+
+
+def dola_layers_valid(text: str) -> bool:
+    text = text.strip()
+    if text in ("low", "high"):
+        return True
+    parts = [p.strip() for p in text.split(",")]
+    return bool(parts) and all(p.isdigit() for p in parts)
 
 
 register_strategy(Strategy(

@@ -19,7 +19,7 @@ class ContrastiveStarted:
     """Right after ``start``: the amateur and the rule, described once for the view."""
 
     type: ClassVar[str] = "contrast_start"
-    amateur: str  # "layer" | "quantized" | "model"
+    amateur: str  # "layer" | "dola" | "quantized" | "model"
     detail: str  # e.g. "layer 10 of 30 (final norm + LM head on its output)"
     amateur_layer: int  # layer amateur: 1-based layer of the expert; 0 otherwise
     layers: int  # decoder layers of the expert
@@ -27,6 +27,8 @@ class ContrastiveStarted:
     amateur_temperature: float
     do_sample: bool  # drawn from the normalised scores (else: the highest score)
     expert_top: int  # each step records the expert's top ``expert_top`` tokens (and the contrast's best)
+    dola_layers: tuple[int, ...] = ()  # DoLa: the candidate premature layers (0 = embeddings, j = layer j's output)
+    dola_penalty: float = 1.0  # DoLa: the repetition penalty on the contrast scores (1 = none)
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,5 @@ class ContrastStep:
     contrast_token_id: int  # the contrast's choice before any forcing (= token_id unless forced)
     amateur_ms: float  # time of the amateur's part of the step (its forward pass or LM-head product)
     contrast_ms: float  # time of the contrast maths (cut, scores, choice)
+    premature_layer: int = -1  # DoLa: the layer contrasted with at this step (the largest JSD); -1 otherwise
+    layer_jsd: tuple[float, ...] = ()  # DoLa: JSD(final || layer) in nats of each of ``dola_layers``, in order

@@ -3,6 +3,7 @@
 - ``LayerAmateur``: an early layer of the expert itself (DoLa's contrast of layers): a forward hook keeps that layer's
   output at the newest position during the expert's own pass, and the final norm and LM head turn it into logits
   (the logit lens of ``playground.engine.layers.lens``). No second forward pass, no second KV cache.
+- ``DolaAmateur`` (in ``dola``): DoLa's premature layer, chosen per token among candidate layers.
 - ``ModelAmateur``: a separate causal LM over the same token ids with its own KV cache: a smaller model of the
   expert's family, or the expert's quantized copy.
 """
@@ -41,14 +42,15 @@ class Amateur:
         """Wraps the expert's forward pass of a step (the layer amateur listens to it)."""
         return nullcontext()
 
-    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """The amateur's raw logits [vocab] for the token after ``ids`` [1, n] (the expert has just read them)."""
+    def next_logits(self, ids: torch.Tensor, expert_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The amateur's raw logits [vocab] for the token after ``ids`` [1, n] (the expert has just read them and
+        given ``expert_logits`` [vocab], its raw logits: DoLa picks its layer by them)."""
         start = time.perf_counter()
-        logits = self._next_logits(ids)
+        logits = self._next_logits(ids, expert_logits)
         self.ms = (time.perf_counter() - start) * 1000
         return logits
 
-    def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+    def _next_logits(self, ids: torch.Tensor, expert_logits: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -65,7 +67,7 @@ class LayerAmateur(Amateur):
     def expert_pass(self) -> AbstractContextManager:
         return _Tap(self)
 
-    def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+    def _next_logits(self, ids: torch.Tensor, expert_logits: torch.Tensor | None = None) -> torch.Tensor:
         assert self.hidden is not None, "the expert's pass did not reach the amateur layer"
         return self.stack.lens_logits(self.hidden)[0]  # norm + LM head in the model's precision: [vocab]
 
@@ -111,7 +113,7 @@ class ModelAmateur(Amateur):
                 yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])
         return (time.perf_counter() - start) * 1000
 
-    def _next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+    def _next_logits(self, ids: torch.Tensor, expert_logits: torch.Tensor | None = None) -> torch.Tensor:
         feed = ids[:, self.cache.get_seq_length() :]  # what it has not read: the prompt at first, then one token
         out = self.model(input_ids=feed, cache=self.cache, use_cache=True, **self._extra)
         return out.logits[0, -1]

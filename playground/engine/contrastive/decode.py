@@ -18,6 +18,7 @@ import torch
 from playground.config import ConfigError, ContrastiveSettings, RunSettings
 from playground.engine.baseline import plain_greedy
 from playground.engine.contrastive.amateurs import Amateur, LayerAmateur, ModelAmateur
+from playground.engine.contrastive.dola import DolaAmateur, candidate_layers
 from playground.engine.contrastive.record import choose, step_events
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv_cache import kv_cache_bytes
@@ -66,6 +67,10 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
             raise ConfigError(f"amateur_layer must be between 1 and {stack.count - 1} for this {stack.count}-layer "
                               f"model (got {layer}; the last layer is the expert itself)")
         return LayerAmateur(stack, layer)
+    if settings.amateur == "dola":
+        stack = LayerStack.of(lm.model)
+        tied = bool(getattr(lm.model.config.get_text_config(), "tie_word_embeddings", False))
+        return DolaAmateur(stack, candidate_layers(settings.dola_layers, stack.count, tied))
     if settings.amateur == "quantized":
         made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), progress, should_stop)
         return ModelAmateur("quantized", made.model, detail(made, "the expert"))
@@ -81,6 +86,11 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
     return ModelAmateur("model", made.model, detail(made, "the expert"))
 
 
+def dola_of(amateur: Amateur) -> tuple[int, tuple[float, ...]]:
+    """The step's premature layer and each candidate's JSD (DoLa), or (-1, ())."""
+    return (amateur.chosen, amateur.jsd) if isinstance(amateur, DolaAmateur) else (-1, ())
+
+
 def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSettings, amateur: Amateur,
             prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
     penalties = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer, part="penalties")
@@ -88,6 +98,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
     sampler = (build_pipeline(settings, sampling=True, tokenizer=lm.tokenizer, part="sampler")
                if contrastive.contrast_sample else ())
     generator = make_generator(lm.device, settings.seed)
+    penalty = contrastive.dola_repetition_penalty if isinstance(amateur, DolaAmateur) else 1.0
     token_text = TokenTextCache(lm.tokenizer)
     forced = settings.forced_token_ids
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
@@ -100,13 +111,14 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
         ids = loop.ids.view
         with amateur.expert_pass():
             logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[0, -1].float()
-        amateur_logits = amateur.next_logits(ids)
+        amateur_logits = amateur.next_logits(ids, logits)
         start = time.perf_counter()
-        choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator)
+        choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator, penalty)
         contrast_ms = (time.perf_counter() - start) * 1000
         token_id = forced_id if forced_id is not None else choice.token_id
         contrast_event, analysis = step_events(choice, token_id, index, forced_id is not None,
-                                               settings.num_candidates, token_text, amateur.ms, contrast_ms)
+                                               settings.num_candidates, token_text, amateur.ms, contrast_ms,
+                                               *dola_of(amateur))
         changed += contrast_event.changed
         plausible_total += contrast_event.plausible_count
         amateur_ms += amateur.ms
@@ -122,7 +134,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
     yield ContrastiveStarted(amateur=amateur.kind, detail=amateur.detail, amateur_layer=amateur.layer,
                              layers=layer_count(lm.model), alpha=contrastive.alpha,
                              amateur_temperature=contrastive.amateur_temperature,
-                             do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates)
+                             do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates,
+                             dola_layers=amateur.candidates if isinstance(amateur, DolaAmateur) else (),
+                             dola_penalty=penalty)
     with torch.inference_mode():
         # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
         if (yield from loop.prefill(defer=1)):

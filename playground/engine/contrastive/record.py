@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from playground.config import ContrastiveSettings
+from playground.engine.contrastive.dola import penalise_repeats
 from playground.engine.contrastive.scores import Contrast, contrast
 from playground.engine.processors import NamedTransform
 from playground.engine.sampling import sample_next_token
@@ -30,14 +31,16 @@ class Choice:
 
 def choose(logits: torch.Tensor, amateur_logits: torch.Tensor, ids: torch.Tensor,
            penalties: tuple[NamedTransform, ...], sampler: tuple[NamedTransform, ...],
-           settings: ContrastiveSettings, generator: torch.Generator) -> Choice:
-    """``logits`` [vocab] the expert's raw logits, ``amateur_logits`` [vocab_a], ``ids`` [1, n] the text so far."""
+           settings: ContrastiveSettings, generator: torch.Generator, score_penalty: float = 1.0) -> Choice:
+    """``logits`` [vocab] the expert's raw logits, ``amateur_logits`` [vocab_a], ``ids`` [1, n] the text so far;
+    ``score_penalty``: DoLa's repetition penalty on the contrast scores (1 = none)."""
     stages = []
     expert = logits[None]  # [1, vocab]
     for transform in penalties:
         expert = transform.apply(ids, expert)
         stages.append((transform.name, expert))
     result = contrast(expert[0], amateur_logits, settings.alpha, settings.amateur_temperature)
+    result.scores = penalise_repeats(result.scores, ids, score_penalty)
     processed = result.scores[None]
     stages.append((PLAUSIBILITY, processed))
     for transform in sampler:
@@ -60,7 +63,8 @@ def recorded_ids(choice: Choice, token_id: int, top: int) -> tuple[list[int], in
 
 
 def step_events(choice: Choice, token_id: int, step: int, forced: bool, top: int, token_text: Callable[[int], str],
-                amateur_ms: float, contrast_ms: float) -> tuple[ContrastStep, StepAnalysis]:
+                amateur_ms: float, contrast_ms: float, premature_layer: int = -1,
+                layer_jsd: tuple[float, ...] = ()) -> tuple[ContrastStep, StepAnalysis]:
     """The step's ``ContrastStep`` and the analysis its ``TokenStep`` is made from (``token_id``: the token the
     text continues with, forced or the contrast's)."""
     c = choice.contrast
@@ -78,7 +82,8 @@ def step_events(choice: Choice, token_id: int, step: int, forced: bool, top: int
         step=step, candidates=tuple(candidates), cut_logprob=c.cut_logprob, plausible_count=plausible,
         token_id=token_id, text=token_text(token_id), expert_token_id=choice.expert_token_id,
         expert_text=token_text(choice.expert_token_id), changed=choice.token_id != choice.expert_token_id,
-        forced=forced, contrast_token_id=choice.token_id, amateur_ms=amateur_ms, contrast_ms=contrast_ms)
+        forced=forced, contrast_token_id=choice.token_id, amateur_ms=amateur_ms, contrast_ms=contrast_ms,
+        premature_layer=premature_layer, layer_jsd=layer_jsd)
     raw = choice.raw[None]
     penalised = choice.stages[0][0] != PLAUSIBILITY  # without penalties the expert's log-probs are the raw ones
     raw_logprobs = raw.log_softmax(dim=-1) if penalised else c.expert_logprobs[None]
