@@ -244,8 +244,10 @@ SMALL_MODEL_CASES = {  # a run that loads a separate small model (the folder in 
 }
 
 
-@pytest.mark.parametrize("stop_at", [1, 2, 3], ids=["before-the-tokenizer", "before-the-weights", "before-the-move"])
-@pytest.mark.parametrize("name", list(SMALL_MODEL_CASES))
+@pytest.mark.parametrize(("name", "stop_at"), [("drafter", 1), ("drafter", 2), ("drafter", 3), ("amateur", 2),
+                                              ("cheap model", 3)],
+                         ids=["drafter-before-the-tokenizer", "drafter-before-the-weights", "drafter-before-the-move",
+                              "amateur-before-the-weights", "cheap-model-before-the-move"])
 def test_stop_during_a_small_models_load_ends_the_run_stopped(tiny_lm, model_folder, built, monkeypatch, name,
                                                               stop_at):
     """Stop during the load of a separate small model is seen at the load's next phase, not at the run's first
