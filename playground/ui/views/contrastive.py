@@ -6,6 +6,8 @@
   banded and starred, the expert's own top token marked. A side panel lists the numbers.
 - A strip of every step, steps where the contrast changed the expert's choice highlighted; hover a step to see it,
   click to keep it.
+- DoLa runs (``--amateur dola``): a plot beside the strip of every step's premature layer (a dot) over the JSD of
+  each candidate layer from the final layer (colour), and the step's JSDs in the side panel.
 - A what-if α (display-only): the cut and the choices re-derived from the recorded scores, nothing regenerated
   (a second row of the strip). The amateur (kind, layer, temperature) changes the scores themselves: the settings
   form runs again with it.
@@ -145,6 +147,7 @@ class ContrastiveView(FoldView):
         self.what_if_note = rich_label(self)
         self._build_chart()
         self._build_strip()
+        self._build_dola()
         self._build_controls()
         self._build_layout()
         self._start_drawing()
@@ -217,6 +220,20 @@ class ContrastiveView(FoldView):
         self.strip.scene().sigMouseClicked.connect(self._strip_clicked)
         self.strip.scene().sigMouseMoved.connect(self._strip_hovered)
 
+    def _build_dola(self) -> None:
+        """DoLa's choice per step: the JSD of each candidate layer from the final layer as an image (rows: the
+        candidate layers, columns: the steps) and the chosen premature layer as a dot on its row."""
+        self.dola_plot = static_plot(self, "DoLa", "generated token", "layer", min_height=SHORT_STRIP_HEIGHT)
+        item = self.dola_plot.getPlotItem()
+        item.getAxis("left").setWidth(34)
+        item.setXLink(self.strip.getPlotItem())
+        self._dola_image = pg.ImageItem(axisOrder="row-major")
+        self._dola_image.setColorMap(pg.colormap.get("viridis"))
+        self._dola_dots = pg.ScatterPlotItem(size=6, brush=pg.mkBrush("#FFFFFF"), pen=pg.mkPen("#EE3377", width=1.5))
+        item.addItem(self._dola_image)
+        item.addItem(self._dola_dots)
+        self.dola_plot.setVisible(False)
+
     def _build_controls(self) -> None:
         self.alpha_box = QDoubleSpinBox(self)
         self.alpha_box.setRange(0.0, 1.0)
@@ -264,6 +281,7 @@ class ContrastiveView(FoldView):
         layout.addWidget(split, 3)
         self._bottom = bottom = QHBoxLayout()
         bottom.addWidget(self.strip, 2)
+        bottom.addWidget(self.dola_plot, 2)
         layout.addLayout(bottom, 1)
         layout.addWidget(self.figures)
         scroll = QScrollArea(self)  # a dock lower than the panels' least heights scrolls instead of squeezing them
@@ -384,6 +402,7 @@ class ContrastiveView(FoldView):
 
     # --- drawing --------------------------------------------------------------------------------------------
     def _draw(self) -> None:
+        self._draw_dola()
         self._draw_what_if()
         self._draw_step()
         self._draw_texts()
@@ -416,6 +435,39 @@ class ContrastiveView(FoldView):
                       else "Steps", size="10pt")
         self._strip_ticks()
         self._draw_strip_band()
+
+    def dola_rows(self) -> tuple[tuple[int, ...], np.ndarray, list[int]]:
+        """DoLa's candidate layers, the JSD image [layers, steps] (nats) and each step's chosen row (empty when the
+        run is not DoLa)."""
+        started = self.state.started
+        layers = started.dola_layers if started is not None else ()
+        steps = [r.contrast for r in self.state.steps if r.contrast.layer_jsd]
+        if not layers or not steps:
+            return layers, np.zeros((len(layers), 0)), []
+        image = np.array([s.layer_jsd for s in steps], dtype=float).T  # [layers, steps]
+        return layers, image, [layers.index(s.premature_layer) for s in steps]
+
+    def _draw_dola(self) -> None:
+        layers, image, rows = self.dola_rows()
+        self.dola_plot.setVisible(bool(layers))
+        if not layers:
+            return
+        item = self.dola_plot.getPlotItem()
+        n = image.shape[1]
+        if n:
+            self._dola_image.setImage(image, levels=(0.0, max(float(image.max()), 1e-9)))
+            self._dola_image.setRect(-0.5, -0.5, n, len(layers))
+        else:
+            self._dola_image.clear()
+        self._dola_dots.setData(x=np.arange(n, dtype=float), y=np.array(rows, dtype=float))
+        every = max(1, math.ceil(len(layers) / 4))  # a short plot has room for about four labels
+        item.getAxis("left").setTicks([[(i, str(layer)) for i, layer in enumerate(layers) if i % every == 0]])
+        item.setYRange(-0.5, len(layers) - 0.5, padding=0)
+        chosen = [layers[r] for r in rows]
+        common = max(set(chosen), key=chosen.count) if chosen else None
+        top = f" · colour: JSD, 0 to {image.max():.2g} nats" if n else ""
+        most = f" (layer {common}: {chosen.count(common)} of {n})" if common is not None else ""
+        item.setTitle(f"DoLa: ● premature layer{most}{top}", size="10pt")
 
     def _strip_ticks(self) -> None:
         """Token texts under the steps: every one when they fit, else every k-th (at the strip's current size)."""
@@ -517,6 +569,11 @@ class ContrastiveView(FoldView):
                     f"<b style='color:{CHANGED_COLOR}'>changed</b>")
         else:
             head = f"<b>Step {index}</b>: chose “{text}”, the expert's own top token too"
+        if s.layer_jsd and self.state.started is not None:
+            pairs = zip(self.state.started.dola_layers, s.layer_jsd, strict=False)
+            jsd = ", ".join(f"<b>{j}</b>: {d:.3g}" if j == s.premature_layer else f"{j}: {d:.3g}" for j, d in pairs)
+            head += (f"<br>DoLa: amateur = layer <b>{s.premature_layer}</b>, the largest JSD from the last layer "
+                     f"(nats, by layer: {jsd})")
         cut_p = math.exp(record.expert_max) * alpha
         what = "" if abs(alpha - record.alpha) < 1e-12 else " (what-if)"
         cut = (f"Cut at α = {alpha:g}{what}: p<sub>expert</sub> ≥ {alpha:g} × "

@@ -1,0 +1,68 @@
+"""The contrastive view's DoLa plot, read back from its items against the paper's formula computed in the test from
+``output_hidden_states`` (a tiny Llama): the image holds each candidate layer's JSD per step, the dots sit on the
+chosen layer's row, the axis names the layers; a run from a saved trace draws the same; other amateurs draw none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_dola import PROMPT, reference_step
+
+from playground.config import RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events import RunFinished
+from playground.events.contrastive import ContrastStep
+from playground.state import Run
+from playground.tiny_models import build_tiny_lm
+from playground.traces import read_trace, write_trace
+from playground.ui.style import configure_pyqtgraph
+from playground.ui.views.contrastive import ContrastiveView
+
+LAYERS = (0, 1, 2, 3)
+
+
+@pytest.fixture
+def view(qtbot) -> ContrastiveView:
+    configure_pyqtgraph()
+    v = ContrastiveView()
+    qtbot.addWidget(v)
+    v.resize(1280, 760)
+    v.show()
+    return v
+
+
+def test_the_dola_plot_draws_the_formulas_layers_and_divergences(view, tmp_path):
+    lm = build_tiny_lm(seed=3, layers=4)
+    events = list(run_strategy(lm, RunSettings.from_flat(strategy="contrastive", prompt=PROMPT, amateur="dola",
+                                                         dola_layers="0,1,2,3", max_new_tokens=8)))
+    done = events[-1]
+    assert isinstance(done, RunFinished)
+    prompt = list(events[0].prompt_token_ids)
+    expected_rows, expected_jsd = [], []
+    for step in range(len(done.token_ids)):
+        layer, jsd, *_ = reference_step(lm.model, prompt + list(done.token_ids[:step]), LAYERS, 0.1, 1.2)
+        expected_rows.append(LAYERS.index(layer))
+        expected_jsd.append(jsd)
+    write_trace(events, tmp_path / "run.jsonl")
+    for source in (events, read_trace(tmp_path / "run.jsonl").events):
+        view.show_run(Run.from_events(list(source)))
+        assert view.dola_plot.isVisible()
+        image = view._dola_image.image  # [layers, steps]
+        assert image.shape == (4, 8)
+        np.testing.assert_allclose(image.T, np.array(expected_jsd), atol=1e-5)
+        xs, ys = view._dola_dots.getData()
+        assert list(xs) == list(range(8)) and list(ys) == expected_rows
+        ticks = [label for _, label in view.dola_plot.getPlotItem().getAxis("left")._tickLevels[0]]
+        assert ticks == ["0", "1", "2", "3"]
+        view.select_step(3)
+        assert f"amateur = layer <b>{LAYERS[expected_rows[3]]}</b>" in view.step_panel.text()
+    shot = view.grab()
+    assert not shot.isNull()
+
+
+def test_other_amateurs_draw_no_dola_plot(view, tiny_lm):
+    events = list(run_strategy(tiny_lm, RunSettings.from_flat(strategy="contrastive", prompt=PROMPT,
+                                                              max_new_tokens=3)))
+    assert all(e.premature_layer == -1 for e in events if isinstance(e, ContrastStep))
+    view.show_run(Run.from_events(events))
+    assert not view.dola_plot.isVisible()
