@@ -17,7 +17,7 @@ EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
     "temperature-low", "temperature-high", "top-k-flat-vs-peaked", "top-p-flat-vs-peaked", "speculative-prompt-lookup",
     "logit-lens", "early-exit", "kv-cache-paged", "contrastive-early-layer", "quant-lab-int4", "compare-strategies",
-    "cascade", "kv-long-context",
+    "cascade", "kv-long-context", "dola-vs-layer",
 }
 
 
@@ -208,3 +208,49 @@ def test_the_side_by_side_preset_ranks_beam_above_hot_sampling(default_lm):
     # Beam search finds likelier text than greedy; a temperature of 1.4 wanders into unlikely text.
     assert beam.figures["mean_logprob"] >= greedy.figures["mean_logprob"] > hot.figures["mean_logprob"]
     assert nucleus.figures["mean_logprob"] > hot.figures["mean_logprob"] and min(per_token) == per_token[1]
+
+
+EXPECTED.update({"xtc-cliche", "dry-loop"})  # the samplers' presets (below)
+CLICHE = "In the heart of"
+
+
+def _finished(lm, settings) -> RunFinished:
+    events = list(run_strategy(lm, settings))
+    assert isinstance(events[-1], RunFinished)
+    return events[-1]
+
+
+@pytest.mark.model
+def test_xtc_breaks_the_cliche_that_greedy_and_plain_sampling_write(default_lm):
+    preset = load_preset("xtc-cliche").settings
+    greedy = _finished(default_lm, preset.replace(strategy="greedy", max_new_tokens=5))
+    assert greedy.text.startswith(CLICHE)
+    plain = _finished(default_lm, preset.replace(xtc_probability=0.0, max_new_tokens=5))
+    assert plain.text.startswith(CLICHE)  # the same seed without XTC
+    for seed in range(3):
+        steps = [e for e in run_strategy(default_lm, preset.replace(seed=seed, max_new_tokens=8))
+                 if isinstance(e, TokenStep)]
+        text = "".join(s.text for s in steps)
+        assert CLICHE not in text, text
+        # Where XTC cut, every candidate at least 10 % likely (processed before it) but one is gone, the raw top first.
+        cut_steps = [s for s in steps if any(c.cut_by == "xtc" for c in s.candidates)]
+        assert cut_steps and all(s.candidates[0].cut_by == "xtc" and s.token_id != s.candidates[0].token_id
+                                 for s in cut_steps)
+
+
+@pytest.mark.model
+def test_dry_stops_the_list_loop_that_a_mild_repetition_penalty_does_not(default_lm):
+    preset = load_preset("dry-loop").settings
+
+    def repeated_lines(text: str) -> int:
+        lines = [line.strip().split(". ", 1)[-1] for line in text.splitlines() if line.strip()]  # "8. x" -> "x"
+        return max(Counter(lines).values())
+
+    penalised = _finished(default_lm, preset.replace(dry_multiplier=0.0, repetition_penalty=1.05))
+    assert repeated_lines(penalised.text) >= 3, penalised.text
+    events = list(run_strategy(default_lm, preset.replace(max_new_tokens=50)))  # greedy repeats by token 30
+    fixed = events[-1]
+    assert isinstance(fixed, RunFinished) and repeated_lines(fixed.text) == 1, fixed.text
+    assert len(fixed.text.splitlines()) >= 7  # still a list, not an early stop
+    assert any(effect.name == "dry" and effect.reweighted for e in events if isinstance(e, TokenStep)
+               for effect in e.effects)
