@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_dola import PROMPT, reference_step
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -16,7 +17,6 @@ from playground.tiny_models import build_tiny_lm
 from playground.traces import read_trace, write_trace
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.contrastive import ContrastiveView
-from test_dola import PROMPT, reference_step
 
 LAYERS = (0, 1, 2, 3)
 
