@@ -28,8 +28,8 @@ from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSplitter, QToolTip, 
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeStep
 from playground.state import Run, flowing_token_text, visible_token_text
 from playground.state.cascade import DISCARDED, CascadeState, Mark
+from playground.ui.marked_text import MarkedTextEdit
 from playground.ui.style import format_percent, mono_font, rich_label
-from playground.ui.token_view import MarkedTextEdit
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
 from playground.ui.views.drawing import static_plot
@@ -311,11 +311,11 @@ class CascadeView(FoldView):
         self.escalation_marks.setData(x=[float(x) for x in points], y=[1.06] * len(points))
         item = self.strip.getPlotItem()
         if state.per_response:
-            title = ("The cheap model's response: its probability for each token it chose (dotted: their mean, "
-                     "compared with the dashed threshold)")
+            title = ("The cheap model's response: its p for each token it chose (dotted: their mean, vs the "
+                     "dashed threshold)")
         else:
-            title = (f"The cheap model's probability for its choice, per token (below the dashed threshold the full "
-                     f"model decides: {ESCALATION_MARK} where it takes over)")
+            title = (f"The cheap model's p per token: under the dashed threshold the full model decides "
+                     f"({ESCALATION_MARK}: it takes over)")
         item.setTitle(title, size="10pt")
         item.setXRange(-0.6, max(len(steps), 10) - 0.4, padding=0)
         self._label_tokens()
