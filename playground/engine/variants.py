@@ -310,7 +310,7 @@ def load_small_model(lm: LoadedModel, path: str, progress: Progress | None = Non
 
     Stop is honoured between the load's phases (before the tokenizer, before the weights, before the move to the
     device, at the end): ``BuildStopped`` ("small_model"), and the half-loaded model goes with it."""
-    from playground.models.loading import ModelLoadError, load_model
+    from playground.models.loading import load_model
 
     stop = should_stop or (lambda: False)
 
@@ -321,12 +321,7 @@ def load_small_model(lm: LoadedModel, path: str, progress: Progress | None = Non
             raise BuildStopped(f"stopped while loading the small model {path} for {lm.name}: nothing was kept",
                                cut="small_model")
 
-    try:
-        small = load_model(ModelSettings(path=path, device=lm.device.type, dtype=lm.dtype_name), say)
-    except ModelLoadError as error:
-        if isinstance(error.__cause__, BuildStopped):  # the loader wraps what its progress raised mid-read
-            raise error.__cause__ from None
-        raise
+    small = load_model(ModelSettings(path=path, device=lm.device.type, dtype=lm.dtype_name), say)
     if small.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
         raise ConfigError(f"the draft model {small.name} does not share {lm.name}'s tokenizer: token ids would "
                           "mean different things; pick a draft model of the same family")

@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from playground.config import ModelSettings
 from playground.errors import UserError
@@ -20,6 +21,7 @@ from playground.models.default_model import default_model_dir, is_default_model_
 from playground.models.loaded import LoadedModel
 
 Progress = Callable[[str, float], None]
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -79,6 +81,16 @@ def _check_remote_code(folder: Path, settings: ModelSettings) -> None:
             "turn on trust_remote_code for this model only if you trust its author")
 
 
+def _read(name: str, folder: Path, read: Callable[[], T]) -> T:
+    """``read()``, its failures as ModelLoadError naming the model."""
+    try:
+        return read()
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"could not load {name} from {folder}: {_first_line(error)}") from error
+    except Exception as error:  # safetensors and gguf raise their own error types on corrupt files
+        raise ModelLoadError(f"could not load {name} from {folder} (damaged file?): {_first_line(error)}") from error
+
+
 def load_model(settings: ModelSettings, progress: Progress | None = None) -> LoadedModel:
     """Load a model and its tokenizer on the chosen device and dtype, or raise ModelLoadError."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -103,15 +115,11 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     if gguf_file:
         common["gguf_file"] = gguf_file
     started = time.perf_counter()
-    try:
-        say(f"Loading tokenizer of {name}…", 0.1)
-        tokenizer = AutoTokenizer.from_pretrained(folder, **common)
-        say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common)
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError, json.JSONDecodeError) as error:
-        raise ModelLoadError(f"could not load {name} from {folder}: {_first_line(error)}") from error
-    except Exception as error:  # safetensors and gguf raise their own error types on corrupt files
-        raise ModelLoadError(f"could not load {name} from {folder} (damaged file?): {_first_line(error)}") from error
+    # ``say`` runs outside the reads' error handling: what it raises (a Stop between phases) reaches the caller as is.
+    say(f"Loading tokenizer of {name}…", 0.1)
+    tokenizer = _read(name, folder, lambda: AutoTokenizer.from_pretrained(folder, **common))
+    say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
+    model = _read(name, folder, lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common))
     say(f"Moving {name} to {device.type}…", 0.9)
     try:
         model = model.to(device).eval()
