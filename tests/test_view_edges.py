@@ -393,7 +393,7 @@ def test_long_outputs_append_in_constant_time(qtbot, monkeypatch, long_text_even
     the new marks' text (and a block break where a paragraph was split), never rewrites it, and the paragraph being
     written (the one Qt lays out again on each insertion) stays a few lines long, however long the output. The
     marks' ranges still hold their text, as a whole-run draw has it."""
-    from playground.ui.token_view import SPLIT_LINES
+    from playground.ui.marked_text import SPLIT_LINES
 
     events = long_text_events[name]
     view = next(cls for cls in view_classes() if cls.name == name)()

@@ -23,8 +23,8 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QTextEdit, QVBoxLayout, QWidg
 
 from playground.state import flowing_token_text
 from playground.state.panes import PaneRecord, PanesState
+from playground.ui.marked_text import split_wrapped_paragraph
 from playground.ui.style import mono_font, rich_label
-from playground.ui.token_view import split_wrapped_paragraph
 
 SAME_COLOR = "#222222"
 DIFFERS_BG = "#FCE3C8"  # a token that differs from the reference's at the same step (orange tint)
