@@ -86,3 +86,31 @@ def test_kept_sets_agree_with_llama_server(llama_server_url, default_lm):
             ids = [*ids, int(logits.argmax())]
     # Most steps are compared (25 of 36 here), each sampler on at least two.
     assert sum(compared.values()) >= 0.6 * len(PROMPTS) * 3 * len(SAMPLERS) and min(compared.values()) >= 2, compared
+
+
+def test_the_samplers_a_remote_run_forwards_take_effect_on_llama_server(llama_server_url, default_lm):
+    """A remote run's logit bias (a ban) and top-nσ reach llama-server: the banned token never comes, and the
+    post-sampler candidates it sends are the ones top-nσ keeps among them (computed here from its own raw ones)."""
+    from playground.events.remote import RemoteTokenStep
+    from playground.remote.decode import run_remote
+    from playground.remote.source import RemoteSource
+
+    def steps(settings: RunSettings, **source) -> list[RemoteTokenStep]:
+        events = run_remote(RemoteSource(base_url=llama_server_url + "/v1", **source), settings)
+        return [e for e in events if isinstance(e, RemoteTokenStep)]
+
+    question = RunSettings(chat=False, prompt="The capital of France is", max_new_tokens=6, num_candidates=5)
+    paris = default_lm.tokenizer.encode(" Paris", add_special_tokens=False)
+    assert len(paris) == 1
+    plain = steps(question)
+    assert paris[0] in [s.token_id for s in plain], "precondition: the answer names Paris"
+    banned = steps(question.replace(logit_bias=(f"{paris[0]}=-inf",)), post_sampling_probs=True)
+    assert paris[0] not in [s.token_id for s in banned]
+    assert all(paris[0] not in [c.token_id for c in s.candidates] for s in banned)  # after the chain: gone
+
+    sigma = RunSettings(strategy="sample", chat=False, prompt="The capital of France is", max_new_tokens=1,
+                        num_candidates=40, top_n_sigma=1.0, seed=1)
+    raw = steps(sigma.replace(top_n_sigma=0.0, temperature=1.0))[0]
+    post = steps(sigma, post_sampling_probs=True)[0]
+    kept = {c.token_id for c in post.candidates if c.raw_prob > 0}
+    assert 1 <= len(kept) < len({c.token_id for c in raw.candidates})  # top-nσ cut the candidates

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -187,3 +188,62 @@ def test_the_new_settings_round_trip_through_a_saved_runs_plain_dict_and_json():
     # A run saved before these settings existed reads as all of them off.
     old = {k: v for k, v in plain.items() if k not in ALL_ON}
     assert RunSettings.from_plain_dict(old)[0] == RunSettings(strategy="sample")
+
+
+# ---- a server run: the samplers llama-server has are forwarded, the rest refused by name -------------------------
+
+def _request(settings, engine="llama.cpp"):
+    from playground.remote.client import EngineInfo
+    from playground.remote.request import build_request
+    from playground.remote.source import RemoteSource
+
+    info = EngineInfo(engine=engine, version="1", models=("m",), n_ctx=4096)
+    return build_request(settings, info, "m", RemoteSource(base_url="http://h:1/v1"))
+
+
+def test_llama_server_gets_every_sampler_it_has_in_the_runs_order():
+    settings = RunSettings(strategy="sample", samplers="logit_bias;dry;penalties;top_n_sigma;typical_p;xtc;temperature",
+                           dry_multiplier=0.8, dry_sequence_breakers=(r"\n", "*"), presence_penalty=0.5,
+                           frequency_penalty=0.25, top_n_sigma=1.5, typical_p=0.9, xtc_probability=0.5,
+                           xtc_threshold=0.2, temperature=0.8, dynatemp_range=0.3, logit_bias=("42=-inf", "7=+2"))
+    body = _request(settings.validate()).kwargs["extra_body"]
+    assert body["samplers"] == ["dry", "penalties", "top_n_sigma", "typ_p", "xtc", "temperature", "top_k", "top_p",
+                                "min_p"]
+    assert (body["dry_multiplier"], body["dry_base"], body["dry_allowed_length"]) == (0.8, 1.75, 2)
+    assert body["dry_sequence_breakers"] == ["\n", "*"] and body["dry_penalty_last_n"] == -1
+    assert (body["presence_penalty"], body["frequency_penalty"], body["repeat_last_n"]) == (0.5, 0.25, 4096)
+    assert (body["top_n_sigma"], body["typical_p"]) == (1.5, 0.9)
+    assert (body["xtc_probability"], body["xtc_threshold"]) == (0.5, 0.2)
+    assert (body["dynatemp_range"], body["dynatemp_exponent"]) == (0.3, 1.0)
+    assert body["logit_bias"] == [[42, False], [7, 2.0]]
+    # Greedy sends the penalties and the bias but none of the sampling-only samplers.
+    greedy = _request(settings.replace(strategy="greedy")).kwargs["extra_body"]
+    assert "typical_p" not in greedy and "xtc_probability" not in greedy and greedy["dry_multiplier"] == 0.8
+    assert greedy["samplers"] == ["dry", "penalties", "temperature", "top_k", "top_p", "min_p"]
+    miro = _request(RunSettings(strategy="sample", mirostat=2, mirostat_tau=4.0)).kwargs["extra_body"]
+    assert (miro["mirostat"], miro["mirostat_tau"], miro["mirostat_eta"]) == (2, 4.0, 0.1)
+
+
+def test_other_servers_get_openais_penalties_and_bias():
+    request = _request(RunSettings(presence_penalty=0.5, frequency_penalty=-0.5, logit_bias=("42=-inf", "7=+300")),
+                       engine="vllm")
+    assert (request.kwargs["presence_penalty"], request.kwargs["frequency_penalty"]) == (0.5, -0.5)
+    assert request.kwargs["logit_bias"] == {"42": -100.0, "7": 100.0}
+
+
+@pytest.mark.parametrize(("values", "engine", "message"), [
+    ({"epsilon_cutoff": 0.001}, "llama.cpp", "epsilon cutoff: no server offers epsilon sampling"),
+    ({"eta_cutoff": 0.001}, "llama.cpp", "eta cutoff: no server offers eta sampling"),
+    ({"guidance_scale": 1.5}, "llama.cpp", "guidance: classifier-free guidance needs a second prompt's logits"),
+    ({"logit_bias": (" Paris=-inf",)}, "llama.cpp", "logit bias ' Paris': a server takes token ids only"),
+    ({"mirostat": 2, "top_k": 40}, "llama.cpp", "mirostat: llama-server's mirostat replaces the rest of the chain"),
+    ({"typical_p": 0.9}, "vllm", "typical-p: a llama-server option; this server is vllm"),
+    ({"xtc_probability": 0.5, "dry_multiplier": 0.8}, "generic", "DRY, XTC: a llama-server option"),
+    ({"dynatemp_range": 0.5}, "vllm", "dynamic temperature: a llama-server option"),
+    ({"samplers": "top_k;temperature"}, "vllm", "the sampler order: a llama-server option"),
+])
+def test_a_sampler_a_server_lacks_is_refused_by_name(values, engine, message):
+    from playground.remote.errors import RemoteError
+
+    with pytest.raises(RemoteError, match=re.escape(message)):
+        _request(RunSettings(strategy="sample", **values).validate(), engine=engine)

@@ -1,23 +1,33 @@
 """What a remote run asks the server for: the route, the sampler settings in each engine's words, the logprobs.
 
 Greedy is temperature 0 (both llama-server and vLLM then take the arg-max). Sampling passes the run's temperature,
-top-k, top-p, min-p and seed. llama-server is also given the sampler order of a local run (penalties, temperature,
-top-k, top-p, min-p: transformers' order; llama.cpp's own default applies temperature last and adds filters of its
-own, top-k 40 and min-p 0.05, that the run did not ask for).
+top-k, top-p, min-p and seed. llama-server is also given the run's sampler chain in its order (``samplers``;
+transformers' order by default: penalties, temperature, top-k, top-p, min-p; llama.cpp's own default applies
+temperature last and adds filters of its own, top-k 40 and min-p 0.05, that the run did not ask for) with every
+sampler it has: typical-p, top-nσ, XTC, DRY, dynamic temperature, mirostat v2, presence and frequency penalties,
+logit bias on token ids. Every server takes OpenAI's presence and frequency penalties and logit bias. A sampler the
+server lacks is refused by name (``RemoteError``), never silently left out.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from playground.config import RunSettings
+from playground.config.samplers import (
+    SAMPLING_ONLY,
+    parse_logit_bias,
+    parse_sampler_order,
+    sampler_is_on,
+    unescape_breaker,
+)
 from playground.remote.client import EngineInfo
 from playground.remote.errors import RemoteError
 from playground.remote.source import RemoteSource
 
 OPENAI_TOP_LOGPROBS_CAP = 20  # OpenAI's and vLLM's default cap (vLLM: --max-logprobs)
-LLAMA_SAMPLERS = ["penalties", "temperature", "top_k", "top_p", "min_p"]
 
 
 @dataclass(frozen=True)
@@ -35,13 +45,105 @@ def candidates_asked(settings: RunSettings, engine: str) -> int:
                                                                    OPENAI_TOP_LOGPROBS_CAP)
 
 
+# Our chain's names in llama-server's ``samplers`` words (the penalties are one sampler there).
+LLAMA_NAMES = {"repetition_penalty": "penalties", "penalties": "penalties", "dry": "dry", "temperature": "temperature",
+               "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical_p": "typ_p",
+               "top_n_sigma": "top_n_sigma", "xtc": "xtc"}
+# Why a server cannot take a sampler, by sampler (for every engine, or for those other than llama-server).
+NOWHERE = {"guidance": "classifier-free guidance needs a second prompt's logits, which no server's API takes",
+           "epsilon_cutoff": "no server offers epsilon sampling", "eta_cutoff": "no server offers eta sampling"}
+LLAMA_ONLY = {"typical_p": "typical-p", "top_n_sigma": "top-nσ", "xtc": "XTC", "dry": "DRY",
+              "mirostat": "mirostat", "dynatemp": "dynamic temperature", "samplers": "the sampler order"}
+OPENAI_BIAS_LIMIT = 100.0  # OpenAI's logit_bias range: [-100, 100] (-100 bans)
+
+
+def _refuse(what: str, why: str) -> RemoteError:
+    return RemoteError(f"{what}: {why}; turn it off or use a local model")
+
+
+def _logit_bias(settings: RunSettings, llama: bool) -> Any:
+    """The run's logit bias as the server takes it: token ids only (a word is tokenized by our tokenizer, which a
+    server run does not have, and llama-server's own words bias every token of the word, not its last)."""
+    pairs = []
+    for key, value in parse_logit_bias(settings.logit_bias):
+        if not isinstance(key, int):
+            raise _refuse(f"logit bias {key!r}", "a server takes token ids only; give the token's id")
+        if llama:
+            pairs.append([key, False if value == -math.inf else value])  # llama-server: false bans the token
+        else:
+            pairs.append((str(key), max(-OPENAI_BIAS_LIMIT, min(OPENAI_BIAS_LIMIT, value))))
+    return pairs if llama else dict(pairs)
+
+
+def _llama_chain(settings: RunSettings, sampling: bool) -> list[str]:
+    """llama-server's ``samplers``: the run's order in its words; the four it always had stay (neutral when off)
+    so a plain run asks what it always asked."""
+    chain: list[str] = []
+    for name in parse_sampler_order(settings.samplers):
+        word = LLAMA_NAMES.get(name)
+        neutral = word in ("penalties", "temperature", "top_k", "top_p", "min_p")
+        if word is None or word in chain or not (neutral or sampler_is_on(settings, name)):
+            continue
+        if name in SAMPLING_ONLY and not sampling and not neutral:
+            continue
+        chain.append(word)
+    for word in ("penalties", "temperature", "top_k", "top_p", "min_p"):  # left out of a user's order: off anyway
+        if word not in chain:
+            chain.append(word)
+    return chain
+
+
+def _check_samplers(settings: RunSettings, info: EngineInfo, sampling: bool) -> None:
+    s = settings
+    on = [name for name in parse_sampler_order(s.samplers) if sampler_is_on(s, name)]
+    for name in on:
+        if name in NOWHERE and (sampling or name not in SAMPLING_ONLY):
+            raise _refuse(name.replace("_", " "), NOWHERE[name])
+    if info.engine == "llama.cpp":
+        if sampling and s.mirostat == 2:
+            others = [n for n in on if n in SAMPLING_ONLY and n not in ("temperature", "mirostat")]
+            if others:
+                raise _refuse("mirostat", f"llama-server's mirostat replaces the rest of the chain, so "
+                              f"{', '.join(others)} would be skipped there (the local engine applies them all)")
+        return
+    lacking = [n for n in on if n in LLAMA_ONLY and (sampling or n not in SAMPLING_ONLY)]
+    if sampling and s.dynatemp_range > 0:
+        lacking.append("dynatemp")
+    if s.samplers.strip():
+        lacking.append("samplers")
+    if lacking:
+        raise _refuse(", ".join(LLAMA_ONLY[n] for n in lacking),
+                      f"a llama-server option; this server is {info.engine}")
+
+
 def _sampler_extras(settings: RunSettings, info: EngineInfo, sampling: bool) -> dict[str, Any]:
     s = settings
+    _check_samplers(s, info, sampling)
     if info.engine == "llama.cpp":
-        extra: dict[str, Any] = {"samplers": LLAMA_SAMPLERS, "top_k": s.top_k if sampling else 0,
+        extra: dict[str, Any] = {"samplers": _llama_chain(s, sampling), "top_k": s.top_k if sampling else 0,
                                  "min_p": s.min_p if sampling else 0.0, "repeat_penalty": s.repetition_penalty}
-        if s.repetition_penalty != 1.0:
+        penalised = s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+        if penalised:
             extra["repeat_last_n"] = info.n_ctx or 8192  # the whole context, as transformers' penalty
+        if s.presence_penalty != 0.0 or s.frequency_penalty != 0.0:
+            extra.update(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
+        if s.dry_multiplier > 0.0:
+            extra.update(dry_multiplier=s.dry_multiplier, dry_base=s.dry_base,
+                         dry_allowed_length=s.dry_allowed_length, dry_penalty_last_n=-1,  # -1: the whole context
+                         dry_sequence_breakers=[unescape_breaker(b) for b in s.dry_sequence_breakers])
+        if s.logit_bias:
+            extra["logit_bias"] = _logit_bias(s, llama=True)
+        if sampling:
+            if s.typical_p < 1.0:
+                extra["typical_p"] = s.typical_p
+            if s.top_n_sigma > 0.0:
+                extra["top_n_sigma"] = s.top_n_sigma
+            if s.xtc_probability > 0.0:
+                extra.update(xtc_probability=s.xtc_probability, xtc_threshold=s.xtc_threshold)
+            if s.dynatemp_range > 0.0:
+                extra.update(dynatemp_range=s.dynatemp_range, dynatemp_exponent=s.dynatemp_exponent)
+            if s.mirostat == 2:
+                extra.update(mirostat=2, mirostat_tau=s.mirostat_tau, mirostat_eta=s.mirostat_eta)
         return extra
     extra = {}
     if sampling and s.top_k > 0:
@@ -54,6 +156,21 @@ def _sampler_extras(settings: RunSettings, info: EngineInfo, sampling: bool) -> 
                               "setting; turn it off (1.0) or use a local model")
         extra["repetition_penalty"] = s.repetition_penalty
     return extra
+
+
+def _openai_penalties(settings: RunSettings, info: EngineInfo) -> dict[str, Any]:
+    """OpenAI's own sampler fields, which every compatible server takes (llama-server's go in its extras)."""
+    if info.engine == "llama.cpp":
+        return {}
+    s = settings
+    out: dict[str, Any] = {}
+    if s.presence_penalty != 0.0:
+        out["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty != 0.0:
+        out["frequency_penalty"] = s.frequency_penalty
+    if s.logit_bias:
+        out["logit_bias"] = _logit_bias(s, llama=False)
+    return out
 
 
 def build_request(settings: RunSettings, info: EngineInfo, model: str, source: RemoteSource, *,
@@ -70,6 +187,7 @@ def build_request(settings: RunSettings, info: EngineInfo, model: str, source: R
     else:
         kwargs["temperature"] = 0.0
     extra = _sampler_extras(s, info, sampling)
+    kwargs.update(_openai_penalties(s, info))
     if info.engine == "llama.cpp":
         extra["timings_per_token"] = True
         if source.post_sampling_probs:
