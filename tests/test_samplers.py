@@ -340,3 +340,17 @@ def test_sampled_frequencies_follow_the_processed_distribution(values, expected)
     statistic = chi_square(counts, [t * draws for t in target])
     assert all(c == 0 for c, t in zip(counts, target, strict=True) if t == 0), (counts, target)
     assert statistic < CHI2_999[max(len(kept) - 1, 1)], (counts, target, statistic)
+
+
+@pytest.mark.parametrize("strategy", [dict(strategy="beam", num_beams=2), dict(strategy="early-exit"),
+                                      dict(strategy="layer-skip", skip_layers="1")])
+def test_beam_and_the_layer_strategies_refuse_a_sampler_before_their_first_event(tiny_lm, strategy):
+    """Their pipeline is built when the run is asked for, as greedy's is: the refusal comes from the call itself,
+    not from the stream after RunStarted."""
+    from playground.config import ConfigError
+    from playground.engine.strategies import run_strategy
+
+    settings = RunSettings.from_flat(prompt="Hello", max_new_tokens=3, guidance_scale=2.0, **strategy)
+    with pytest.raises(ConfigError, match=f"^guidance is not available with the {strategy['strategy']} strategy"):
+        run_strategy(tiny_lm, settings)  # not iterated: no event has been made
+    assert list(run_strategy(tiny_lm, settings.replace(guidance_scale=1.0)))  # precondition: it runs without it

@@ -258,7 +258,10 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
         lens=LensRecorder(lm.model, lens, TokenTextCache(lm.tokenizer)) if lens.lens else None,
         kv=kv if kv.paged or kv.kv_dtype != "model" else None)
     record = RunRecorder(lm, settings, should_stop, groups=(BeamSettings,))
-    return _beam_search(lm, settings, settings.group(BeamSettings), prompt_ids, prompt_text, record, recorders)
+    # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
+    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
+    return _beam_search(lm, settings, settings.group(BeamSettings), prompt_ids, prompt_text, record, recorders,
+                        pipeline)
 
 
 @dataclass
@@ -271,7 +274,8 @@ class BeamRecorders:
 
 
 def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, prompt_ids: list[int],
-                 prompt_text: str, record: RunRecorder, recorders: BeamRecorders) -> Iterator[Event]:
+                 prompt_text: str, record: RunRecorder, recorders: BeamRecorders,
+                 pipeline: tuple[NamedTransform, ...]) -> Iterator[Event]:
     model, tokenizer = lm.model, lm.tokenizer
     forced = list(settings.forced_token_ids)
     prompt_len = len(prompt_ids) + len(forced)  # the search starts after the forced prefix
@@ -292,7 +296,6 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
     if kv_start is not None:
         kv_start = dataclasses.replace(kv_start, sequences=beam.num_beams)
         yield kv_start
-    pipeline = build_pipeline(settings, sampling=False, tokenizer=tokenizer)
     text = TokenTextCache(tokenizer)
     device = lm.device
     eos = torch.tensor(lm.eos_token_ids, dtype=torch.long, device=device)

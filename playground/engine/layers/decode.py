@@ -18,7 +18,7 @@ from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import layers_started, lens_step
 from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
-from playground.engine.processors import build_pipeline
+from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import analyse_step
@@ -62,13 +62,15 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
     record = RunRecorder(lm, settings, should_stop, groups=(LensSettings, LayerSettings))
-    return _decode(lm, settings, mode, layer_loop, rules, prompt_ids, prompt_text, record)
+    # Built here, so a sampler these strategies refuse (guidance) fails before the first event.
+    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
+    return _decode(lm, settings, mode, layer_loop, rules, prompt_ids, prompt_text, record, pipeline)
 
 
 def _decode(lm: LoadedModel, settings: RunSettings, mode: str, layer_loop: LayerLoop, rules: dict,
-            prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
+            prompt_ids: list[int], prompt_text: str, record: RunRecorder,
+            pipeline: tuple[NamedTransform, ...]) -> Iterator[Event]:
     lens, layers = settings.group(LensSettings), settings.group(LayerSettings)
-    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     token_text = TokenTextCache(lm.tokenizer)
     count = layer_loop.stack.count
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
