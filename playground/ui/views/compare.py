@@ -2,7 +2,10 @@
 
 Figures (``PaneFinished.figures``): log-likelihood under the loaded model (how likely the model finds the text, in
 nats; per token), distinct-1/-2 (unique uni-/bigrams over all: lower = more repetitive), repeated 3-grams, the first
-divergence from the reference pane, length, time. Exports the picture (PNG/SVG) or the comparison as JSON.
+divergence from the reference pane, length, time; for ``kv-cache`` panes (the kv-long-context preset), the KV
+bytes held at the end and at the peak and, for a cache that keeps less, its teacher-forced mean KL and top-1
+agreement against the full cache and where its greedy output first leaves the full cache's.
+Exports the picture (PNG/SVG) or the comparison as JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from playground.state.panes import PanesState
 from playground.ui.style import rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
+from playground.ui.views.kv.panel import format_mb
 from playground.ui.views.side_by_side import SideBySidePanes
 
 HEADER_PADDING = 12  # px a header section keeps around its text
@@ -47,6 +51,27 @@ FIGURE_ROWS = (
     ("repeated_3grams", "repeated 3-grams", "{:.0f}"),
     ("first_divergence", "first divergence (token)", "{:.0f}"),
 )
+# A kv-cache pane's cache (rows shown when a pane has them): bytes held, and a cache that keeps less against the
+# full cache on its own tokens (teacher-forced KL and top-1 agreement, where its greedy output first leaves it).
+KV_ROWS = (
+    ("kv_bytes", "KV held at the end", format_mb),
+    ("kv_peak_bytes", "KV peak", format_mb),
+    ("kv_mean_kl", "KV mean KL vs full (nats)", "{:.4f}"),
+    ("kv_top1_agreement", "KV top-1 agreement", "{:.1%}"),
+    ("kv_first_divergence", "KV greedy divergence (token)", "{:.0f}"),
+)
+BYTE_KEYS = ("kv_bytes", "kv_peak_bytes")
+
+
+def figure_cell(key: str, fmt, value: float | None, column: int) -> str:
+    """A figure as its table cell ("" when the pane has none)."""
+    if value is None:
+        return ""
+    if key == "first_divergence":
+        return "reference" if column == 0 else "never" if value < 0 else f"{value + 1:.0f}"
+    if key == "kv_first_divergence":
+        return "never" if value < 0 else f"{value + 1:.0f}"
+    return fmt(value) if callable(fmt) else fmt.format(value)
 
 
 @register_view
@@ -100,25 +125,34 @@ class CompareView(FoldView):
         self.panes.refresh()
         self._draw_table()
 
+    def figure_rows(self) -> tuple[tuple[str, str, object], ...]:
+        """The table's figure rows: every output's, and first the cache's when a pane is a kv-cache run (what
+        such a comparison is about: in a short dock the rows below them scroll)."""
+        finished = [p.finished for p in self.state.panes if p.finished is not None]
+        kv = tuple(row for row in KV_ROWS if any(row[0] in done.figures for done in finished))
+        return kv + FIGURE_ROWS
+
     def _draw_table(self) -> None:
         panes = self.state.panes
+        rows = self.figure_rows()
         self.table.setColumnCount(len(panes))
-        self.table.setRowCount(len(FIGURE_ROWS) + 2)
+        self.table.setRowCount(len(rows) + 2)
+        self.table.setMaximumHeight(260 + 24 * (len(rows) - len(FIGURE_ROWS)))
         self.table.setHorizontalHeaderLabels([p.label for p in panes])
         self._wrap_header()
-        self.table.setVerticalHeaderLabels(["stop", "tokens/s", *(label for _, label, _ in FIGURE_ROWS)])
+        self.table.setVerticalHeaderLabels(["stop", "tokens/s", *(label for _, label, _ in rows)])
         for column, pane in enumerate(panes):
             done = pane.finished
-            values = ["running" if done is None else done.stop_reason,
-                      "" if done is None else f"{done.tokens_per_s:.1f}"]
-            for key, _, fmt in FIGURE_ROWS:
+            cells = [("running" if done is None else done.stop_reason, ""),
+                     ("" if done is None else f"{done.tokens_per_s:.1f}", "")]
+            for key, _, fmt in rows:
                 value = None if done is None else done.figures.get(key)
-                if key == "first_divergence" and value is not None:
-                    values.append("reference" if column == 0 else "never" if value < 0 else f"{value + 1:.0f}")
-                else:
-                    values.append("" if value is None else fmt.format(value))
-            for row, text in enumerate(values):
-                self.table.setItem(row, column, QTableWidgetItem(text))
+                exact = f"{value:,.0f} bytes" if key in BYTE_KEYS and value is not None else ""
+                cells.append((figure_cell(key, fmt, value, column), exact))
+            for row, (text, tip) in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(tip)
+                self.table.setItem(row, column, item)
 
     def _wrap_header(self) -> None:
         """Each column's title on as many lines as its width needs (a long pane label was cut at both ends)."""
