@@ -31,6 +31,8 @@ from playground.ui.style import (
 )
 from playground.ui.views.tokens.tooltip import rank_text
 
+WHAT_IF_BAR_COLOR = "#009988"  # views/tokens/what_if.py's WHAT_IF_COLOR: the what-if's processed bars
+
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
 LABEL_CHARS = 20
 BAR = 0.36  # thickness of one bar; a row holds two (raw above, processed below)
@@ -216,6 +218,7 @@ class CandidatesPanel(QWidget):
         header_box = LabelBox(self.header, self)  # redrawn several times a second while a run streams
         self.legend = rich_label(self)
         self.remote_label: str | None = None  # a server's run: which distribution its numbers are
+        self.what_if_html: str | None = None  # the what-if's line while it is on: the bars are its numbers
         self._set_legend()
 
         background = pg.mkColor(pg.getConfigOption("background"))
@@ -270,11 +273,27 @@ class CandidatesPanel(QWidget):
                 "only the candidates the server sent; the rest row is what they leave")
             return
         self.legend.setToolTip("")
+        if self.what_if_html is not None:
+            self.legend.setText(
+                f"<span style='color:{RAW_COLOR}'>■</span> raw model (recorded) &nbsp; "
+                f"<span style='color:{WHAT_IF_BAR_COLOR}'>■</span> <b>what-if: display only</b> (re-derived with the "
+                f"form's settings)<br><span style='color:{CUT_COLOR}'>▨</span> the what-if cuts it &nbsp; "
+                "▶ chosen token &nbsp; <i>switch what-if off for the run's own numbers</i>")
+            return
         self.legend.setText(
             f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
             f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (picked from)<br>"
             f"<span style='color:{CUT_COLOR}'>▨</span> cut by a processor &nbsp; ▶ chosen token &nbsp; "
             "<i>double-click a bar to continue from that token</i>")
+
+    def set_what_if(self, html_line: str | None) -> None:
+        """Chart the what-if's re-derived numbers (``html_line``: what it is, under the step's header) or the run's
+        own (None). The next ``show_step`` draws them."""
+        if (html_line is None) != (self.what_if_html is None):
+            self._processed.setOpts(brush=WHAT_IF_BAR_COLOR if html_line is not None else PROCESSED_COLOR)
+            self.what_if_html = html_line
+            self._set_legend()
+        self.what_if_html = html_line
 
     # --- drawing ------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -336,7 +355,8 @@ class CandidatesPanel(QWidget):
                 labels.label(2 * i + 1).set(f"cut by {r.cut_by}", "#555555",
                                             max(raw[i], x_max * 0.01) + x_max * 0.01, i + BAR / 2)
             else:
-                labels.label(2 * i + 1).set(format_percent(r.processed_prob), PROCESSED_COLOR,
+                labels.label(2 * i + 1).set(format_percent(r.processed_prob),
+                                            WHAT_IF_BAR_COLOR if self.what_if_html is not None else PROCESSED_COLOR,
                                             processed[i] + x_max * 0.01, i + BAR / 2)
         for label in labels.labels[2 * n:]:
             label.visible = False
@@ -346,7 +366,12 @@ class CandidatesPanel(QWidget):
         item.setXRange(0, x_max, padding=0)
         item.setYRange(-0.6, n - 0.4, padding=0)
         self._apply_range()
-        self.header.setText(self._remote_header_html(step) if remote else self._header_html(step))
+        if remote:
+            self.header.setText(self._remote_header_html(step))
+        elif self.what_if_html is not None:
+            self.header.setText(self._what_if_header_html(step))
+        else:
+            self.header.setText(self._header_html(step))
 
     def _show_no_probs(self, step: TokenStep) -> None:
         """A token the server sent without probabilities: no bars (none would be true), and say so."""
@@ -374,6 +399,13 @@ class CandidatesPanel(QWidget):
         return (f"<b>Step {step.step}</b>{of} · chose <code>{token}</code>{forced}: {_pct(step.raw_prob)} "
                 f"({label}) · rank {rank_text(step)} · entropy ≥ {step.entropy:.2f} bits<br>"
                 f"the candidates the server sent cover {_pct(1.0 - self.rows[-1].raw_prob)} of the probability")
+
+    def _what_if_header_html(self, step: TokenStep) -> str:
+        of = f" · token {step.step + 1} of {self.total_steps}" if self.total_steps else ""
+        token = html.escape(visible_token_text(chosen_text(step)))
+        forced = " <i>(forced)</i>" if step.forced else ""
+        return (f"<b>Step {step.step}</b>{of} · chose <code>{token}</code>{forced}: raw {_pct(step.raw_prob)} · "
+                f"{self.what_if_html}")
 
     def _header_html(self, step: TokenStep) -> str:
         # Steps count from 0 everywhere (events, tooltips, the beam axis); say which token that is.

@@ -54,6 +54,7 @@ from playground.ui.views.tokens.tooltip import (
     token_tooltip_html,
 )
 
+CUT_MARK_COLOR = "#CC3311"  # a token the what-if's settings would have cut (struck through, red wave underline)
 # Which number shades a token; the legend says which one is in use.
 SHADE_RAW = "raw"
 SHADE_PROCESSED = "processed"
@@ -167,6 +168,8 @@ class TokenTextEdit(QTextEdit):
         self._prompt_text = ""
         self._hovered: int | None = None
         self._marked: int | None = None
+        self.cut_steps: list[int] = []  # the what-if's: steps whose token its settings would have cut
+        self.tooltip_source = None  # step -> its hover's HTML, while a what-if replaces the run's numbers
         self._split_width: float | None = None  # the text width the line splits were made for (None: no splits)
         self._view_before_relayout: tuple[bool, int | None] = (True, None)  # following the end; top step
         self._relayout_timer = QTimer(self)
@@ -182,6 +185,7 @@ class TokenTextEdit(QTextEdit):
         self._ends.clear()
         self._split_width = None
         self._marked = None
+        self.cut_steps = []
         self._prompt_text = prompt_text
         cursor = QTextCursor(self.document())
         if prompt_text:
@@ -274,13 +278,40 @@ class TokenTextEdit(QTextEdit):
         if bar.value() >= bar.maximum() - 40:  # follow the stream unless the user scrolled up
             bar.setValue(bar.maximum())
 
+    def set_cut_steps(self, steps: list[int]) -> None:
+        """Strike through (and underline in red) the tokens of these steps: the what-if's settings would have cut
+        them. The document's own formats stay as they are, so an empty list restores the text exactly."""
+        self.cut_steps = [i for i in steps if 0 <= i < len(self.steps)]
+        self._apply_selections()
+
+    def _cut_selection(self, index: int) -> QTextEdit.ExtraSelection:
+        selection = QTextEdit.ExtraSelection()
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(self._starts[index])
+        cursor.setPosition(self._ends[index], QTextCursor.MoveMode.KeepAnchor)
+        selection.cursor = cursor
+        fmt = QTextCharFormat()
+        fmt.setFontStrikeOut(True)
+        fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.WaveUnderline)
+        fmt.setUnderlineColor(QColor(CUT_MARK_COLOR))
+        fmt.setForeground(QColor(CUT_MARK_COLOR))
+        selection.format = fmt
+        return selection
+
+    def _apply_selections(self) -> None:
+        cut = [self._cut_selection(i) for i in self.cut_steps if i < len(self._starts)]
+        marked = self._marked_selection()
+        self.setExtraSelections(cut + ([marked] if marked is not None else []))
+
     def mark_step(self, index: int | None) -> None:
         """Outline the step shown in the chart."""
-        if index is None or not 0 <= index < len(self.steps):
-            self._marked = None
-            self.setExtraSelections([])
-            return
-        self._marked = index
+        self._marked = index if index is not None and 0 <= index < len(self.steps) else None
+        self._apply_selections()
+
+    def _marked_selection(self) -> QTextEdit.ExtraSelection | None:
+        index = self._marked
+        if index is None or not 0 <= index < len(self._starts):
+            return None
         selection = QTextEdit.ExtraSelection()
         cursor = QTextCursor(self.document())
         cursor.setPosition(self._starts[index])
@@ -293,8 +324,11 @@ class TokenTextEdit(QTextEdit):
         fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
         fmt.setFontUnderline(True)
         fmt.setFontWeight(700)
+        if index in self.cut_steps:  # still reads as cut while charted
+            fmt.setFontStrikeOut(True)
+            fmt.setForeground(QColor(CUT_MARK_COLOR))
         selection.format = fmt
-        self.setExtraSelections([selection])
+        return selection
 
     def step_rect(self, index: int) -> QRect:
         """Where step ``index``'s first character is drawn, in viewport coordinates (scrolled into view)."""
@@ -322,10 +356,15 @@ class TokenTextEdit(QTextEdit):
         if index is None:
             QToolTip.hideText()
         elif index != self._hovered or not QToolTip.isVisible():
-            QToolTip.showText(event.globalPosition().toPoint(), token_tooltip_html(
-                self.steps[index], piece=character_piece(self.steps, index)), self)
+            QToolTip.showText(event.globalPosition().toPoint(), self.tooltip_html(index), self)
         self._hovered = index
         super().mouseMoveEvent(event)
+
+    def tooltip_html(self, index: int) -> str:
+        """The hover of step ``index``: the run's numbers, or the what-if's while it is on."""
+        if self.tooltip_source is not None:
+            return self.tooltip_source(index)
+        return token_tooltip_html(self.steps[index], piece=character_piece(self.steps, index))
 
     def mousePressEvent(self, event: QMouseEvent) -> None:
         index = self.step_at(event.position().toPoint())
@@ -377,6 +416,7 @@ class TokenView(QWidget):
         self.caption = QLabel(self)
         self.caption.setWordWrap(True)
         self.remote_note: str | None = None  # which distribution a server's numbers are (None: a local run)
+        self.what_if_on = False  # the caption says what the what-if's marks mean
         self.mode_label = QLabel("Shade =", self)
         legend_row = QHBoxLayout()
         legend_row.addWidget(self.mode_label)
@@ -414,9 +454,16 @@ class TokenView(QWidget):
             return
         what = (f"{SHADE_LABELS[SHADE_RANK]}: green = the model's top choice" if self.text.shade_mode == SHADE_RANK
                 else f"probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = less likely")
+        cut = (f" <span style='color:{CUT_MARK_COLOR}'><s>Struck through, red</s></span> = the what-if's settings "
+               "would have cut the run's token there; the strip marks per step where greedy, the token or the kept "
+               "set would differ, grey hatched = an estimate (display only)." if self.what_if_on else "")
         self.caption.setText(
-            f"Token shade: {what}. Italic = forced. Hover a token for its alternatives; click it to chart that step "
-            "(←/→ to step); right-click to branch.")
+            f"Token shade: {what}. Italic = forced.{cut} Hover a token for its alternatives; click it to chart that "
+            "step (←/→ to step); right-click to branch.")
+
+    def set_what_if(self, on: bool) -> None:
+        self.what_if_on = on
+        self._update_caption()
 
     def show_run(self, run: Run) -> None:
         self.text.clear_tokens(run.started.prompt_text if run.started else "")

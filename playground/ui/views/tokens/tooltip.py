@@ -40,10 +40,13 @@ def _pct(prob: float) -> str:
     return html.escape(format_percent(prob))  # "<0.01%" would otherwise open an HTML tag
 
 
-def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] | None = None) -> str:
+def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] | None = None,
+                       what_if: str | None = None) -> str:
     """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest.
 
     ``piece``: (note, characters) when the token holds part of a character split across byte tokens.
+    ``what_if``: the step is a what-if's re-derivation (its processed numbers are display only): this line says
+    which settings, and the processed column is named so.
     A server's token shows the one number the server sent (its distribution is in the status bar)."""
     if is_remote_step(step):
         return _remote_tooltip_html(step, limit, piece)
@@ -53,8 +56,12 @@ def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] 
             f"log-prob (raw model, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
             f"raw rank {step.raw_rank} · "
             f"raw entropy {step.entropy:.2f} bits")
+    processed_title = "after processors"
+    if what_if is not None:
+        head += f"<br>{what_if}"
+        processed_title = "what-if (display only)"
     rows = ["<tr><th align=left>candidate</th><th align=right>raw model</th>"
-            "<th align=right>after processors</th><th></th></tr>"]
+            f"<th align=right>{processed_title}</th><th></th></tr>"]
     shown = chart_rows(step, limit)  # the chart's rows: chosen always in, then the rest of the vocabulary
     for r in shown[:-1]:
         mark = "◀ chosen" if r.chosen else ""

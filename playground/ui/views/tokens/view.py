@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import time
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPixmap
-from PySide6.QtWidgets import QLabel, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from playground.events import Event, RunStarted, TokenNumbers, TokenStep
 from playground.state import Run, character_piece, most_interesting_step
@@ -18,6 +20,16 @@ from playground.ui.views.tokens.candidates import CandidatesPanel
 from playground.ui.views.tokens.step_choice import StepChoiceBar
 from playground.ui.views.tokens.text import TokenView
 from playground.ui.views.tokens.tooltip import token_tooltip_html
+from playground.ui.views.tokens.what_if import (
+    DEBOUNCE_MS,
+    WHAT_IF_COLOR,
+    WHAT_IF_LABEL,
+    WhatIfState,
+    WhatIfStrip,
+    start_branch,
+    step_under,
+    what_if_header,
+)
 
 # While a run streams, the chart redraws at most this often: its repaint costs more than a token view update,
 # and on a 2-core CPU every GUI millisecond is taken from the model's threads.
@@ -62,6 +74,8 @@ class TokensView(View):
         output_layout.setContentsMargins(0, 0, 0, 0)
         output_layout.addWidget(QLabel("<b>Output</b> (grey: the prompt as the model sees it)"))
         output_layout.addWidget(self.token_view, 1)
+        output_layout.addLayout(self._build_what_if())
+        output_layout.addWidget(self.strip)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(output)
         split.addWidget(self.chart)
@@ -81,6 +95,169 @@ class TokensView(View):
         self.step_bar.chosen.connect(self._chosen)
         self.step_bar.run_on.connect(self.run_on_requested)
 
+    # --- what-if (views/tokens/what_if.py) --------------------------------------------------------------------
+    def _build_what_if(self) -> QHBoxLayout:
+        self.what_if_switch = QCheckBox("What-if")
+        self.what_if_switch.setToolTip(
+            "Re-derive every step of this finished run with the settings form's sampler values and order, from the "
+            "raw candidates the run recorded: display only (nothing is decoded again). Change a setting or the "
+            "order and the chart, the tooltips, the output's marks and the strip below follow at once.")
+        self.what_if_note = QLabel()
+        self.what_if_note.setTextFormat(Qt.TextFormat.RichText)
+        self.what_if_note.setMinimumWidth(40)
+        self.what_if_note.setWordWrap(True)
+        self.continue_button = QPushButton("Continue from here with these settings")
+        self.continue_button.setToolTip("Branch from the charted step: the run's tokens before it are forced, the "
+                                        "form's sampler settings decide from it on (a new run in the runs list)")
+        self.continue_button.setVisible(False)
+        self.strip = WhatIfStrip()
+        self.strip.setVisible(False)
+        self.what_if_state: WhatIfState | None = None
+        self.form: Any = None  # the window's settings form (``RunControls``), found when the switch goes on
+        self.what_if_ms: dict[str, float] = {}  # what the last re-derivation cost: "derive", "draw"
+        self._what_if_timer = QTimer(self)
+        self._what_if_timer.setSingleShot(True)
+        self._what_if_timer.setInterval(DEBOUNCE_MS)
+        self._what_if_timer.timeout.connect(self.refresh_what_if)
+        self.what_if_switch.toggled.connect(self._what_if_toggled)
+        self.continue_button.clicked.connect(self.continue_with_what_if)
+        self.strip.step_clicked.connect(lambda i: self.show_chart_step(i, follow=False))
+        row = QHBoxLayout()
+        row.addWidget(self.what_if_switch)
+        row.addWidget(self.continue_button)
+        row.addWidget(self.what_if_note, 1)
+        return row
+
+    @property
+    def what_if(self):
+        """The shown re-derivation (``state.what_if.WhatIf``), None while the switch is off or it has none."""
+        state = self.what_if_state
+        return state.what_if if state is not None and self.what_if_switch.isChecked() else None
+
+    def _find_form(self) -> Any:
+        if self.form is None:
+            form = getattr(self.window(), "controls", None)
+            if form is not None and hasattr(form, "settings_changed"):
+                self.form = form
+                form.settings_changed.connect(self._what_if_changed)
+        return self.form
+
+    def _what_if_changed(self) -> None:
+        if self.what_if_switch.isChecked():
+            self._what_if_timer.start()  # a burst of edits costs one re-derivation
+
+    def _what_if_toggled(self, on: bool) -> None:
+        self._what_if_timer.stop()
+        self.strip.setVisible(on)
+        self.continue_button.setVisible(on)
+        self.token_view.set_what_if(on)
+        if on:
+            self._find_form()
+            self.refresh_what_if()
+        else:
+            self._clear_what_if()
+
+    def _clear_what_if(self, note: str = "") -> None:
+        """The run's own numbers again: chart, tooltips and text exactly as without a what-if."""
+        if self.what_if_state is not None:
+            self.what_if_state.what_if = None
+        self.chart.set_what_if(None)
+        self.token_view.text.tooltip_source = None
+        self.token_view.text.set_cut_steps([])
+        self.strip.clear()
+        self.continue_button.setEnabled(False)
+        self.what_if_note.setText(note)
+        self._redraw_chart()
+
+    def what_if_settings(self) -> Any:
+        form = self._find_form()
+        if form is None:
+            return None
+        prompt = self.run.settings.prompt if self.run is not None else ""
+        return form.run_settings(prompt)
+
+    def _encode(self) -> Any:
+        """A word's token ids for a logit bias on words (the loaded model's tokenizer), if there is one."""
+        source = getattr(self.window(), "source", None)
+        tokenizer = source.tokenizer() if source is not None and hasattr(source, "tokenizer") else None
+        if tokenizer is None:
+            return None
+        return lambda word: tokenizer.encode(word, add_special_tokens=False)
+
+    def refresh_what_if(self) -> None:
+        """Re-derive the shown run under the form's settings and draw it (the switch on), now."""
+        self._what_if_timer.stop()
+        if not self.what_if_switch.isChecked():
+            return
+        run = self.run
+        if run is None or run.running or not run.steps or not run.steps[0].two_distributions:
+            self._clear_what_if("what-if: for a finished greedy or sample run of a local model")
+            return
+        settings = self.what_if_settings()
+        if settings is None:
+            self._clear_what_if("what-if: needs the window's settings form")
+            return
+        start = time.perf_counter()
+        state = self.what_if_state
+        if state is None or not state.matches(run):
+            state = self.what_if_state = WhatIfState(run)
+        derived = state.derive(settings, self._encode())
+        derived_at = time.perf_counter()
+        self.strip.set_marks(state.marks(), derived.exact, state.step_tip)
+        self.token_view.text.set_cut_steps([int(i) for i in derived.chosen_cut.nonzero()[0]])
+        self.token_view.text.tooltip_source = self._what_if_tooltip
+        self.continue_button.setEnabled(self.chart_index is not None)
+        self._redraw_chart()
+        done = time.perf_counter()
+        self.what_if_ms = {"derive": (derived_at - start) * 1000, "draw": (done - derived_at) * 1000}
+        n = len(run.steps)
+        changed = "; ".join(state.diff) if state.diff else "the run's own settings"
+        cost = self.what_if_ms["derive"] + self.what_if_ms["draw"]
+        self.what_if_note.setToolTip(
+            f"{WHAT_IF_LABEL}: {changed}. The strip below: per step (left to right), greedy's pick under these "
+            "settings is not the run's token · the run's token would be cut · the kept set differs from the run's; "
+            f"grey hatching: an estimate (hover for why). {len(self.strip.inexact)} of {n} steps are estimates; "
+            f"re-derived and drawn in {cost:.1f} ms.")
+        self.what_if_note.setText(f"<span style='color:{WHAT_IF_COLOR}'><b>{WHAT_IF_LABEL}</b></span> · "
+                                  f"{len(self.strip.inexact)}/{n} estimates · {cost:.0f} ms")
+
+    def _what_if_step(self, index: int) -> TokenStep | None:
+        state, derived = self.what_if_state, self.what_if
+        if derived is None or state is None or self.run is None or not 0 <= index < len(state.steps):
+            return None
+        return step_under(self.run.steps[index], derived, index)
+
+    def _what_if_line(self, index: int) -> str:
+        state, derived = self.what_if_state, self.what_if
+        assert state is not None and derived is not None
+        cut = None
+        if derived.chosen_cut[index]:
+            column = int((derived.ids[index] == derived.chosen[index]).nonzero()[0][0])
+            cut = derived.cut_name(index, column)
+        return what_if_header(state.diff, bool(derived.exact[index]), derived.reasons[index], cut,
+                              float(derived.chosen_prob[index]))
+
+    def _what_if_tooltip(self, index: int) -> str:
+        run = self.run
+        step = self._what_if_step(index)
+        if step is None or run is None:
+            return token_tooltip_html(run.steps[index], piece=character_piece(run.steps, index)) if run else ""
+        return token_tooltip_html(step, piece=character_piece(run.steps, index), what_if=self._what_if_line(index))
+
+    def _redraw_chart(self) -> None:
+        if self.chart_index is not None and self.run is not None:
+            self.show_chart_step(self.chart_index, follow=self.follow_live)
+
+    def continue_with_what_if(self) -> None:
+        """Branch from the charted step with the form's settings (a child run in the runs list)."""
+        run, index, settings = self.run, self.chart_index, self.what_if_settings()
+        if run is None or index is None or settings is None:
+            return
+        why = start_branch(self.window(), run, index, settings)
+        banner = getattr(self.window(), "banner", None)
+        if why is not None and banner is not None:
+            banner.show_error(why)
+
     # --- the view interface ---------------------------------------------------------------------------------
     def reset(self) -> None:
         self.step_bar.cancel()
@@ -90,6 +267,10 @@ class TokensView(View):
         self.follow_live = True
         self.token_view.reset()
         self.chart.reset()
+        self.what_if_state = None
+        self.chart.set_what_if(None)
+        self.token_view.text.tooltip_source = None
+        self.strip.clear()
 
     def show_run(self, run: Run) -> None:
         self.reset()
@@ -100,6 +281,8 @@ class TokensView(View):
         target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
         if target is not None and target >= 0:
             self.show_chart_step(target, follow=run.running)
+        if self.what_if_switch.isChecked():
+            self.refresh_what_if()
 
     def apply(self, run: Run, events: list[Event]) -> None:
         self.run = run
@@ -127,6 +310,8 @@ class TokensView(View):
             target = most_interesting_step(run.steps)
             if target is not None:
                 self.show_chart_step(target, follow=False)
+        if self.what_if_switch.isChecked():
+            self.refresh_what_if()
 
     def _show_numbers(self, numbers: TokenNumbers) -> None:
         """A server's run says which distribution its numbers are (one number per token); a local run has two."""
@@ -169,8 +354,12 @@ class TokensView(View):
         self.follow_live = follow
         self.chart_index = index
         piece = character_piece(run.steps, index)
-        self.chart.show_step(run.steps[index], len(run.steps), piece[1] if piece else None)
+        what_if_step = self._what_if_step(index)
+        self.chart.set_what_if(self._what_if_line(index) if what_if_step is not None else None)
+        self.chart.show_step(what_if_step or run.steps[index], len(run.steps), piece[1] if piece else None)
         self.token_view.text.mark_step(index)
+        self.strip.select(index)
+        self.continue_button.setEnabled(self.what_if is not None)
 
     def _show_live_step(self) -> None:
         if self._live_chart_timer.isActive():
@@ -210,7 +399,7 @@ class TokensView(View):
             return
         view = self.token_view.text
         rect = view.step_rect(index)
-        tip = QLabel(token_tooltip_html(run.steps[index], piece=character_piece(run.steps, index)))
+        tip = QLabel(view.tooltip_html(index))
         tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
         tip.adjustSize()
         anchor = view.viewport().mapTo(origin, rect.bottomLeft() + QPoint(12, 6))
