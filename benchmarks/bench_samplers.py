@@ -56,7 +56,7 @@ def main() -> None:
     run = SamplerRun.of(settings, torch.Generator(device=lm.device).manual_seed(0), sampling=True)
     pipeline = build_pipeline(settings, sampling=True, tokenizer=lm.tokenizer, vocab_size=lm.model.config.vocab_size,
                               run=run)
-    step_ms, chain_ms, full_ms, bare_ms = [], [], [], []
+    step_ms, chain_ms, full_ms, bare_ms, record_ms = [], [], [], [], []
     full_generator = torch.Generator(device=lm.device).manual_seed(0)
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids], device=lm.device)
@@ -78,6 +78,9 @@ def main() -> None:
             start = time.perf_counter()
             analyse_step((), ids, logits.float(), settings.num_candidates)  # what every step records anyway
             bare_ms.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()  # ... and with the raw candidates a greedy or sample run keeps (what-if)
+            analyse_step((), ids, logits.float(), settings.num_candidates, record=settings.record_candidates)
+            record_ms.append((time.perf_counter() - start) * 1000)
             ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
             start = time.perf_counter()
             logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
@@ -88,6 +91,8 @@ def main() -> None:
           f"{len(pipeline)} samplers on ({', '.join(t.name for t in pipeline)}), median of {args.steps} steps")
     print(f"plain decode step (model forward)          {step:7.2f} ms")
     print(f"step analysis with no sampler              {bare:7.2f} ms")
+    print(f"... recording {settings.record_candidates} raw candidates (what-if)    "
+          f"{statistics.median(record_ms):7.2f} ms   ({(statistics.median(record_ms) - bare) / step:.1%} of a step)")
     print("                                          whole vocabulary   compact after the first cut")
     print(f"whole sampler chain (every stage + draw)   {full:7.2f} ms         {chain:7.2f} ms")
     print(f"chain / decode step                        {full / step:7.1%}            {chain / step:7.1%}"

@@ -28,6 +28,8 @@ SETTINGS = {
     "every cheap sampler, custom order": dict(samplers="penalties;repetition_penalty;top_k;min_p;top_p;temperature",
                                               presence_penalty=0.4, repetition_penalty=1.1, top_k=60, min_p=0.02,
                                               top_p=0.9, temperature=1.3),
+    "top-k 40 then mirostat (mu re-derived in passes)": dict(samplers="top_k;mirostat", top_k=40, mirostat=2,
+                                                              mirostat_tau=3.0),
     "DRY and the n-gram ban (walk each step's context)": dict(dry_multiplier=0.8, dry_sequence_breakers=(),
                                                               no_repeat_ngram_size=3, top_k=40),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,3 +216,32 @@ def test_a_step_flagged_exact_equals_the_chain_on_the_whole_vocabulary_whatever_
                 assert math.isclose(what_if.probs[row, j], float(probs[token]), rel_tol=2e-3, abs_tol=1e-7)
     if values["temperature"] < 1 or "top_p" not in values:  # above 1, top-p's bounds on a flattened tail are loose
         assert what_if.exact.any(), "precondition: some steps exact"
+
+
+@pytest.mark.parametrize("tau", [2.0, 3.0])  # the run's own, and another
+def test_mirostat_is_re_derived_step_by_step_from_the_chosen_tokens(tiny_lm, tau):
+    """With the run's own mirostat, mu and the probabilities are the recorded ones; with another tau they are a
+    fresh run's at the same tokens (its mu per step read from its events)."""
+    own = BASE.replace(mirostat=2, mirostat_tau=2.0, mirostat_eta=0.1, temperature=1.0, top_k=8,
+                       samplers="top_k;mirostat")  # top-k first: the unrecorded tokens are out before mirostat
+    events = list(run_strategy(tiny_lm, own))
+    prompt_ids = next(e for e in events if isinstance(e, RunStarted)).prompt_token_ids
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    settings = own.replace(mirostat_tau=tau)
+    what_if = re_derive(steps, prompt_ids, settings)
+    fresh = [e for e in run_strategy(tiny_lm, settings.replace(forced_token_ids=tuple(s.token_id for s in steps)))
+             if isinstance(e, TokenStep)]
+    assert what_if.mirostat_mu is not None
+    for row, step in enumerate(fresh):
+        if not what_if.exact[row]:
+            continue
+        assert math.isclose(what_if.mirostat_mu[row], step.mirostat_mu, abs_tol=5e-3), row
+        column = {int(t): j for j, t in enumerate(what_if.ids[row])}
+        for candidate in step.candidates:
+            j = column[candidate.token_id]
+            assert math.isclose(what_if.probs[row, j], candidate.processed_prob, rel_tol=2e-3, abs_tol=1e-6)
+            assert what_if.cut_name(row, j) == candidate.cut_by
+    # One step at a border the rounding cannot decide leaves every later mu uncertain: the first steps are exact.
+    assert what_if.exact[0] and what_if.exact.sum() >= 2, what_if.reasons
+    if not what_if.exact.all():
+        assert not what_if.exact[int(np.argmin(what_if.exact)):].any(), "after a step not exact, none is"

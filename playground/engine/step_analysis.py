@@ -118,7 +118,8 @@ def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_l
     id_bytes = 2 if vocab <= 2**16 else 4
     ids = top_ids.cpu().numpy().astype(f"<u{id_bytes}")
     quantised = (-logprobs * LOGPROB_STEP).round().clamp(0, 2**16 - 1).cpu().numpy().astype("<u2")
-    lse = float(torch.logsumexp(raw_logits.double(), dim=-1))
+    first = top_ids[:1]  # logit − log-probability is the log-sum-exp (the softmax already took it: no new pass)
+    lse = float((raw_logits[first].double() - raw_logprobs[first].double()).sum())
     return RawCandidates(ids=base64.b64encode(ids.tobytes()).decode("ascii"),
                          logprobs=base64.b64encode(quantised.tobytes()).decode("ascii"), logsumexp=lse,
                          tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes)

@@ -16,13 +16,15 @@ the rest of the chain exact, as the engine's compact chain is. A step is not exa
 says why) when the kept set reaches past the recorded candidates, when a cut's decision depends on how the tail's
 mass is spread, when a sampler that reads the whole distribution (typical, eta, top-nσ, dynamic temperature) runs
 while the tail is still in play, when XTC fires at random (shown as if it fired), when guidance is on (the negative
-prompt's logits are not recorded), or when the step recorded nothing. Probabilities then are estimates, with the
+prompt's logits are not recorded), when mirostat's mu (re-derived step by step from the chosen tokens) did not
+settle, or when the step recorded nothing. Probabilities then are estimates, with the
 tail as one lump at its upper bound.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -63,6 +65,7 @@ class WhatIf:
     greedy_differs: np.ndarray  # [S] bool: greedy's pick is not the run's token
     exact: np.ndarray  # [S] bool: the numbers are the chain's own, not estimates
     reasons: tuple[str, ...]  # [S] why a step is not exact ("" when it is)
+    mirostat_mu: np.ndarray | None = None  # [S] mirostat v2's mu at each step under these settings (None: off)
 
     def cut_name(self, step: int, column: int) -> str | None:
         """The name of the sampler that removed a candidate, as ``Candidate.cut_by`` says it."""
@@ -82,7 +85,7 @@ REASONS = (
     "the cut depends on how the probability outside the recorded candidates is spread",
     "the kept set reaches past the recorded candidates",
     "XTC fires at random: shown as if it fired",
-    "mirostat's mu follows the earlier choices: shown with the mu the run recorded",
+    "mirostat's mu follows the earlier steps' choices, and an earlier step is not exact (or mu did not settle)",
     "a candidate lies within the recorded log-probabilities' rounding (1/2048 nat) of the cut",
 )
 (_OK, _NOT_RECORDED, _GUIDANCE, _RAISES, _WORDS, _WHOLE, _SPREAD, _PAST, _XTC, _MIROSTAT,
@@ -106,6 +109,7 @@ class _Chain:
         self.alive = np.isfinite(run.log_tail)  # the tail may still hold a token in play
         self.reason = np.zeros(run.x.shape[0], dtype=np.int8)
         self.err = np.full(run.x.shape[0], 0.5 / LOGPROB_STEP)  # how far a recorded logit may be from the true one
+        self.mu: np.ndarray | None = None  # mirostat's mu per step, when it is on
 
     def flag(self, where: np.ndarray, code: int) -> None:
         self.reason[(self.reason == 0) & where] = code
@@ -197,9 +201,76 @@ def _re_derive(run: RecordedRun, settings: RunSettings, sampling: bool | None,
     sampling = settings.strategy == "sample" if sampling is None else sampling
     names = [n for n in parse_sampler_order(settings.samplers)
              if sampler_is_on(settings, n) and (sampling or n not in SAMPLING_ONLY)]
-    chain = _Chain(run)
-    stages: list[str] = []
-    cut_by = np.full(run.x.shape, -1, dtype=np.int16)
+    if "mirostat" not in names:
+        return _chain_once(run, settings, names, encode, breaker_ids, None)
+    # Mirostat's mu at each step follows the earlier steps' choices under these settings: start from 2·tau
+    # everywhere, derive, recompute mu from the chosen tokens' probabilities (a running sum), and again until mu
+    # stops moving. Step 0's mu is exact from the start and each pass fixes at least one more, so the fixed point
+    # is the sequential answer; steps whose mu still moved after the last pass are marked not exact.
+    mu = np.full(len(run.steps), 2.0 * settings.mirostat_tau)
+    before = _Progress(_Chain(run), [], np.full(run.x.shape, -1, dtype=np.int16))
+    _run_stages(before, run, settings, names[:names.index("mirostat")], encode, breaker_ids)  # once for all passes
+    for _ in range(MIROSTAT_PASSES):
+        result = _chain_once(run, settings, names, encode, breaker_ids, mu, before)
+        following = _mirostat_mu(result.chosen_prob, settings)
+        moved = following != mu
+        if not moved.any():
+            break
+        # Past the first step that is not exact every mu is marked not exact anyway: no pass can change that.
+        first_moved, first_inexact = int(np.argmax(moved)), int(np.argmin(result.exact))
+        if not result.exact.all() and first_moved > first_inexact:
+            break
+        mu = following
+    else:
+        result = _chain_once(run, settings, names, encode, breaker_ids, mu, before)
+    # A step's mu is only as exact as every earlier step's chosen probability.
+    earlier = np.concatenate([[False], np.cumsum(~result.exact)[:-1] > 0])
+    unsettled = (_mirostat_mu(result.chosen_prob, settings) != mu) | earlier
+    reasons = tuple(REASONS[_MIROSTAT] if bad and not why else why for bad, why in zip(unsettled, result.reasons,
+                                                                                         strict=True))
+    return dataclasses.replace(result, exact=result.exact & ~unsettled, reasons=reasons)
+
+
+MIROSTAT_PASSES = 8
+
+
+def _mirostat_mu(chosen_prob: np.ndarray, s: RunSettings) -> np.ndarray:
+    """mu at each step [S]: 2·tau, moved after each step by eta·(surprise − tau) of the chosen token (a token the
+    chain removed, probability 0, teaches nothing), as the engine's ``MirostatState.update``."""
+    with np.errstate(divide="ignore"):
+        error = np.where(chosen_prob > 0, -np.log2(chosen_prob) - s.mirostat_tau, 0.0)
+    return 2.0 * s.mirostat_tau - s.mirostat_eta * np.concatenate([[0.0], np.cumsum(error)[:-1]])
+
+
+def _chain_once(run: RecordedRun, settings: RunSettings, names: list[str],
+                encode: Callable[[str], Sequence[int]] | None, breaker_ids: frozenset[int] | None,
+                mu: np.ndarray | None, start: _Progress | None = None) -> WhatIf:
+    """The chain over every step; ``start``: the state after the stages before mirostat, already run."""
+    progress = start.copy() if start is not None else _Progress(_Chain(run), [],
+                                                                 np.full(run.x.shape, -1, dtype=np.int16))
+    progress.chain.mu = mu
+    _run_stages(progress, run, settings, names[len(progress.stages):], encode, breaker_ids)
+    return _finish(progress, run)
+
+
+@dataclasses.dataclass
+class _Progress:
+    """A chain part-way: its arrays, the stages run so far and what each cut."""
+
+    chain: _Chain
+    stages: list[str]
+    cut_by: np.ndarray
+
+    def copy(self) -> _Progress:
+        chain = _Chain.__new__(_Chain)
+        chain.__dict__.update({k: (v.copy() if isinstance(v, np.ndarray) else v)
+                               for k, v in self.chain.__dict__.items()})
+        return _Progress(chain, list(self.stages), self.cut_by.copy())
+
+
+def _run_stages(progress: _Progress, run: RecordedRun, settings: RunSettings, names: list[str],
+                encode: Callable[[str], Sequence[int]] | None, breaker_ids: frozenset[int] | None) -> None:
+    chain, cut_by, stages = progress.chain, progress.cut_by, progress.stages
     for name in names:
         label = "dynatemp" if name == "temperature" and settings.dynatemp_range > 0 else name
         before = np.isfinite(chain.x)
@@ -208,6 +279,10 @@ def _re_derive(run: RecordedRun, settings: RunSettings, sampling: bool | None,
         cut_by[rows, chain.cols[rows, at]] = len(stages)
         stages.append(label)
         chain.compact()
+
+
+def _finish(progress: _Progress, run: RecordedRun) -> WhatIf:
+    chain = progress.chain
     chain.flag(chain.alive, _PAST)
     chain.reason[~run.recorded] = _NOT_RECORDED
     x = np.full(run.x.shape, NEG_INF)
@@ -217,10 +292,10 @@ def _re_derive(run: RecordedRun, settings: RunSettings, sampling: bool | None,
     kept = np.isfinite(x) & (run.ids >= 0)
     greedy = run.ids[rows, np.argmax(x, axis=1)] if x.shape[1] else run.chosen
     chosen_cut = ~kept[rows, run.chosen_col]
-    return WhatIf(stages=tuple(stages), ids=run.ids, probs=probs, cut_by=cut_by, kept=kept, chosen=run.chosen,
-                  chosen_prob=probs[rows, run.chosen_col], chosen_cut=chosen_cut, greedy=greedy,
-                  greedy_differs=greedy != run.chosen, exact=chain.reason == 0,
-                  reasons=tuple(REASONS[int(r)] for r in chain.reason))
+    return WhatIf(stages=tuple(progress.stages), ids=run.ids, probs=probs, cut_by=progress.cut_by, kept=kept,
+                  chosen=run.chosen, chosen_prob=probs[rows, run.chosen_col], chosen_cut=chosen_cut,
+                  greedy=greedy, greedy_differs=greedy != run.chosen, exact=chain.reason == 0,
+                  reasons=tuple(REASONS[int(r)] for r in chain.reason), mirostat_mu=chain.mu)
 
 
 def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
@@ -558,11 +633,14 @@ def _eta(c: _Chain, s: RunSettings, *_: object) -> None:
     _below_probability(c, eta, protect_top=True)
 
 
-def _mirostat(c: _Chain, s: RunSettings, context: np.ndarray, start: int, steps: Sequence[TokenStep],
-              *_: object) -> None:
-    c.flag(np.ones(c.x.shape[0], dtype=bool), _MIROSTAT)
-    mu = np.array([st.mirostat_mu if st.mirostat_mu is not None else 2.0 * s.mirostat_tau for st in steps])
-    _below_probability(c, 2.0 ** -mu, protect_top=True)
+def _mirostat(c: _Chain, s: RunSettings, *_: object) -> None:
+    """Mirostat v2's cut: surprise −log2 p above mu removed (the likeliest kept), mu per step from ``re_derive``."""
+    assert c.mu is not None
+    err = c.err
+    # mu itself carries the rounding of every earlier chosen probability: the cut's border is that much wider.
+    c.err = err + s.mirostat_eta * 2 * (0.5 / LOGPROB_STEP) * np.arange(c.x.shape[0])
+    _below_probability(c, 2.0 ** -c.mu, protect_top=True)
+    c.err = err
 
 
 def _typical(c: _Chain, s: RunSettings, *_: object) -> None:
