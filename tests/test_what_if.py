@@ -105,6 +105,7 @@ OTHERS = [
     dict(dry_multiplier=1.5, dry_allowed_length=1, dry_sequence_breakers=(), top_k=10),
     dict(logit_bias=("5=-4", "7=-inf"), top_k=10), dict(logit_bias=("5=+4",), top_k=10),
     dict(samplers="top_k;temperature", temperature=1.7, top_k=7),
+    dict(strategy="greedy"), dict(strategy="greedy", repetition_penalty=1.3), dict(top_p=0.95, temperature=1.0),
 ]
 
 
@@ -118,11 +119,11 @@ def test_other_settings_equal_a_fresh_run_at_the_same_tokens_where_exact(tiny_lm
     reference = _processed_reference(tiny_lm, settings, prompt_ids, steps)
     recorded_ids = [set(unpack_raw_candidates(s.raw_top)[0].tolist()) | {s.token_id} for s in steps]
     for row, (step, probs) in enumerate(zip(fresh, reference, strict=True)):
-        kept_outside = set(torch.nonzero(probs > 0).flatten().tolist()) - recorded_ids[row]
-        if kept_outside:  # computed here: the chain keeps an unrecorded token, so the step cannot be exact
-            assert not what_if.exact[row], (row, kept_outside)
+        outside = sorted(set(range(probs.shape[0])) - recorded_ids[row])
         if not what_if.exact[row]:
             continue
+        # Computed here: the share of the unrecorded tokens (0 when the chain cut them all) is the what-if's.
+        assert math.isclose(what_if.tail_prob[row], float(probs[outside].sum()), rel_tol=2e-3, abs_tol=1e-6), row
         column = {int(t): j for j, t in enumerate(what_if.ids[row])}
         for candidate in step.candidates:
             j = column[candidate.token_id]
@@ -136,6 +137,8 @@ def test_other_settings_equal_a_fresh_run_at_the_same_tokens_where_exact(tiny_lm
         assert what_if.greedy_differs[row] == (int(probs.argmax()) != step.token_id)
     if "top_n_sigma" in values:  # it reads the whole distribution's spread, and the tail is in play
         assert not what_if.exact.any()
+    elif values == {"strategy": "greedy"}:  # no cut, no temperature: the tail's share is known at every step
+        assert what_if.exact.all(), what_if.reasons
     elif ("top_k" in values or "min_p" in values) and values.get("logit_bias") != ("5=+4",):
         assert what_if.exact.mean() >= 0.5, what_if.reasons
 
@@ -207,10 +210,10 @@ def test_a_step_flagged_exact_equals_the_chain_on_the_whole_vocabulary_whatever_
     for row, logits in enumerate(full):
         probs = run_pipeline(pipeline, torch.zeros(1, 1, dtype=torch.long), logits[None].double()).softmax(-1)[0]
         recorded = set(what_if.ids[row][what_if.ids[row] >= 0].tolist())
-        outside = set(torch.nonzero(probs > 0).flatten().tolist()) - recorded
+        outside = sorted(set(range(probs.shape[0])) - recorded)
         if not what_if.exact[row]:
             continue
-        assert not outside, (row, what_if.reasons[row])
+        assert math.isclose(what_if.tail_prob[row], float(probs[outside].sum()), rel_tol=2e-3, abs_tol=1e-7), row
         for j, token in enumerate(what_if.ids[row]):
             if token >= 0:
                 assert math.isclose(what_if.probs[row, j], float(probs[token]), rel_tol=2e-3, abs_tol=1e-7)

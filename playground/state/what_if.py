@@ -66,6 +66,9 @@ class WhatIf:
     exact: np.ndarray  # [S] bool: the numbers are the chain's own, not estimates
     reasons: tuple[str, ...]  # [S] why a step is not exact ("" when it is)
     mirostat_mu: np.ndarray | None = None  # [S] mirostat v2's mu at each step under these settings (None: off)
+    # [S] the processed probability of the tokens not recorded, together (the "rest of the vocabulary" row; an upper
+    # bound where the step is not exact); 0 once a cut removed them all
+    tail_prob: np.ndarray | None = None
 
     def cut_name(self, step: int, column: int) -> str | None:
         """The name of the sampler that removed a candidate, as ``Candidate.cut_by`` says it."""
@@ -87,9 +90,11 @@ REASONS = (
     "XTC fires at random: shown as if it fired",
     "mirostat's mu follows the earlier steps' choices, and an earlier step is not exact (or mu did not settle)",
     "a candidate lies within the recorded log-probabilities' rounding (1/2048 nat) of the cut",
+    "tokens outside the recorded candidates stay in play, and temperature or a penalty changed their share by an "
+    "amount the recorded numbers do not tell",
 )
 (_OK, _NOT_RECORDED, _GUIDANCE, _RAISES, _WORDS, _WHOLE, _SPREAD, _PAST, _XTC, _MIROSTAT,
- _ROUNDING) = range(len(REASONS))
+ _ROUNDING, _TAIL_WEIGHT) = range(len(REASONS))
 
 
 class _Chain:
@@ -283,7 +288,9 @@ def _run_stages(progress: _Progress, run: RecordedRun, settings: RunSettings, na
 
 def _finish(progress: _Progress, run: RecordedRun) -> WhatIf:
     chain = progress.chain
-    chain.flag(chain.alive, _PAST)
+    # Unrecorded tokens still in play leave the recorded ones' probabilities exact when their total weight is known
+    # (no temperature, no penalty on them: the bounds agree); a cut that may have kept some of them said so itself.
+    chain.flag(chain.alive & (chain.hi - chain.lo > 1e-9), _TAIL_WEIGHT)
     chain.reason[~run.recorded] = _NOT_RECORDED
     x = np.full(run.x.shape, NEG_INF)
     rows = np.arange(run.x.shape[0])
@@ -292,7 +299,9 @@ def _finish(progress: _Progress, run: RecordedRun) -> WhatIf:
     kept = np.isfinite(x) & (run.ids >= 0)
     greedy = run.ids[rows, np.argmax(x, axis=1)] if x.shape[1] else run.chosen
     chosen_cut = ~kept[rows, run.chosen_col]
+    tail_prob = np.where(chain.alive, np.exp(chain.hi - chain.log_z(chain.hi)[:, 0]), 0.0)
     return WhatIf(stages=tuple(progress.stages), ids=run.ids, probs=probs, cut_by=progress.cut_by, kept=kept,
+                  tail_prob=tail_prob,
                   chosen=run.chosen, chosen_prob=probs[rows, run.chosen_col], chosen_cut=chosen_cut,
                   greedy=greedy, greedy_differs=greedy != run.chosen, exact=chain.reason == 0,
                   reasons=tuple(REASONS[int(r)] for r in chain.reason), mirostat_mu=chain.mu)
