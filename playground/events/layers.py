@@ -26,6 +26,7 @@ class LayersStarted:
     skip_layers: tuple[int, ...]  # 1-based layers always skipped (layer-skip)
     skip_threshold: float  # layer-skip's dynamic rule: skip after a relative residual update below this (0: off)
     kv_fill: str  # how keys and values of layers that did not run are filled, in words
+    lens_kind: str = "logit"  # "logit" | "tuned": which lens the layers' figures come from
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,8 @@ class LayerStep:
     layers_total: int
     lens_ms: float  # time spent on the lens (norm + LM head of the layers, and the statistics)
     forward_ms: float  # time of the token's pass through the layers (with exit checks and KV fills)
+    # KL(p_last layer || p_layer) in nats of each layer under the logit lens and the tuned lens (empty: not known,
+    # e.g. no tuned lens trained, or the last layer did not run); the step's other figures use ``lens_kind``'s
+    kl_logit: tuple[float | None, ...] = ()
+    kl_tuned: tuple[float | None, ...] = ()
+    lens_kind: str = "logit"
