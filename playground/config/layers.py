@@ -12,6 +12,7 @@ from playground.events.layers import LayerStep
 
 EXIT_METRICS = ("entropy", "max-prob", "saturation")
 LENS_PRECISIONS = ("bfloat16", "model")
+LENS_KINDS = ("logit", "tuned")
 
 
 def parse_layer_set(text: str) -> tuple[int, ...]:
@@ -50,9 +51,15 @@ class LensSettings(SettingsGroup):
                                   "of a float32 LM head (about 5x cheaper on CPU, entropies within ~0.01 bits); "
                                   "model: the model's own precision. The answering layer always uses the model's "
                                   "own logits", choices=LENS_PRECISIONS)
+    lens_kind: str = setting("logit", "lens kind", "logit: the final norm and LM head on each layer's output as it "
+                             "is; tuned: on its output translated by that layer's trained affine map (the tuned lens, "
+                             "Belrose et al. 2023; train it once per model: `playground tune-lens`). Each layer's KL "
+                             "to the final distribution is recorded under both lenses once a tuned lens is trained",
+                             choices=LENS_KINDS)
 
     def summary(self) -> str:
-        return f"lens, top {self.lens_top}" if self.lens else "no lens"
+        kind = " (tuned)" if self.lens_kind == "tuned" else ""
+        return f"lens{kind}, top {self.lens_top}" if self.lens else "no lens"
 
 
 @register_group

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from playground.config import LayerSettings, LensSettings
+from playground.config import ConfigError, LayerSettings, LensSettings
+from playground.engine.layers.tuned import TunedLens, cached_tuned_lens
 from playground.events.layers import LayersStarted, LayerStep, LensCandidate
 from playground.models.anatomy import Anatomy, anatomy_of
 
@@ -33,11 +34,20 @@ class LayerStack:
     lm_head: nn.Module
     precision: str = "model"  # "bfloat16": lens products through a bfloat16 copy of a float32 LM head
     anatomy: Anatomy | None = None
+    kind: str = "logit"  # "tuned": rows of known layers are translated first (``lens_logits(..., layers=...)``)
+    tuned: TunedLens | None = None  # the model's trained translators, when it has them
 
     @classmethod
-    def of(cls, model: nn.Module, precision: str = "model") -> LayerStack:
+    def of(cls, model: nn.Module, precision: str = "model", kind: str = "logit") -> LayerStack:
+        """``kind`` "tuned" loads the model's cached translators (``ConfigError`` when none were trained); "logit"
+        loads them too when they exist, so each layer's KL can be recorded under both lenses."""
         anatomy = anatomy_of(model)
-        return cls(model, anatomy.layers, anatomy.final_norm, anatomy.lm_head, precision, anatomy)
+        stack = cls(model, anatomy.layers, anatomy.final_norm, anatomy.lm_head, precision, anatomy, kind)
+        stack.tuned = cached_tuned_lens(model, stack.count)
+        if kind == "tuned" and stack.tuned is None:
+            raise ConfigError("no tuned lens trained for this model yet: train it once (`playground tune-lens`), "
+                              "or use --lens-kind logit")
+        return stack
 
     def transform(self, logits: torch.Tensor) -> torch.Tensor:
         return self.anatomy.logit_transform(logits) if self.anatomy is not None else logits
@@ -46,8 +56,13 @@ class LayerStack:
     def count(self) -> int:
         return len(self.layers)
 
-    def lens_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] layer outputs (before the final norm) → [n, vocab] float32 logits, one matrix product."""
+    def lens_logits(self, hidden: torch.Tensor, layers: Sequence[int] | None = None,
+                    kind: str | None = None) -> torch.Tensor:
+        """[n, hidden] layer outputs (before the final norm) → [n, vocab] float32 logits, one matrix product.
+        With the tuned lens (``kind``, default the stack's) and ``layers`` (0-based, one per row) the rows are
+        translated first."""
+        if (kind or self.kind) == "tuned" and layers is not None and self.tuned is not None:
+            hidden = self.tuned.translate(hidden, layers)
         normed = self.norm(hidden)
         weight = self.lm_head.weight
         if self.precision == "bfloat16" and weight.dtype == torch.float32:
@@ -123,9 +138,16 @@ def relative_update(hidden_in: torch.Tensor, hidden_out: torch.Tensor) -> float:
     return float((hidden_out.float() - hidden_in.float()).norm()) / base if base > 0 else 0.0
 
 
-def lens_logprobs(stack: LayerStack, hidden: torch.Tensor) -> torch.Tensor:
-    """[n, hidden] layer outputs → [n, vocab] log-probabilities of their lens distributions."""
-    return stack.lens_logits(hidden).log_softmax(dim=-1)
+def lens_logprobs(stack: LayerStack, hidden: torch.Tensor, layers: Sequence[int] | None = None,
+                  kind: str | None = None) -> torch.Tensor:
+    """[n, hidden] layer outputs (of the 0-based ``layers``) → [n, vocab] log-probabilities of their lens
+    distributions (the stack's lens, or ``kind``)."""
+    return stack.lens_logits(hidden, layers, kind).log_softmax(dim=-1)
+
+
+def kl_to_final(final: torch.Tensor, logprobs: torch.Tensor) -> list[float]:
+    """KL(p_final || p_layer) in nats: ``final`` [vocab], ``logprobs`` [n, vocab] log-probabilities → n values."""
+    return (final.exp()[None] * (final[None] - logprobs)).sum(dim=-1).tolist()
 
 
 def entropy_bits(logprobs: torch.Tensor) -> torch.Tensor:
@@ -152,7 +174,7 @@ def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | Non
     have = [i for i in wanted if i in known]
     parts = [torch.stack([known[i] for i in have])] if have else []  # [have, vocab]
     if missing:  # one batched product, appended without copying it again
-        parts.insert(0, lens_logprobs(stack, torch.stack([outputs[i] for i in missing])))  # [missing, vocab]
+        parts.insert(0, lens_logprobs(stack, torch.stack([outputs[i] for i in missing]), missing))  # [missing, vocab]
     wanted = missing + have  # the rows' order
     logprobs = torch.cat(parts) if len(parts) > 1 else parts[0]  # [wanted, vocab]
     entropy = entropy_bits(logprobs).tolist()
@@ -171,12 +193,39 @@ def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | Non
         layer_top[i] = tuple(LensCandidate(t, token_text(t), p) for t, p in zip(top_ids[row], top_p[row],
                                                                                    strict=True))
         agrees[i] = top_ids[row][0] == final_top
+    kl_logit, kl_tuned = layer_kls(stack, outputs, wanted, logprobs)
     lens_ms = (time.perf_counter() - start) * 1000
     return LayerStep(
         step=step, layer_entropy=tuple(layer_entropy), layer_top_prob=tuple(layer_top_prob),
         layer_top=tuple(layer_top), agrees_with_final=tuple(agrees), residual_update=tuple(updates),
         exit_layer=exit_layer, skipped=skipped, layers_computed=len(ran), layers_total=n, lens_ms=lens_ms,
-        forward_ms=forward_ms)
+        forward_ms=forward_ms, kl_logit=kl_logit, kl_tuned=kl_tuned, lens_kind=stack.kind)
+
+
+def layer_kls(stack: LayerStack, outputs: Sequence[torch.Tensor | None], wanted: list[int], logprobs: torch.Tensor
+              ) -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
+    """Each layer's KL to the last layer's distribution under the logit lens and the tuned lens (the second empty
+    without trained translators; both empty when the last layer did not run): the stack's own lens from its rows
+    ``logprobs`` (of the 0-based layers ``wanted``), the other one in one more batched product."""
+    n = stack.count
+    if n - 1 not in wanted:
+        return (), ()
+    final = logprobs[wanted.index(n - 1)]
+    mine: list[float | None] = [None] * n
+    for i, value in zip(wanted, kl_to_final(final, logprobs), strict=True):
+        mine[i] = value
+    if stack.tuned is None:
+        return (tuple(mine), ()) if stack.kind == "logit" else ((), tuple(mine))
+    other_kind = "logit" if stack.kind == "tuned" else "tuned"
+    rows = [i for i in wanted if outputs[i] is not None and i != n - 1]
+    other: list[float | None] = [None] * n
+    other[n - 1] = 0.0
+    if rows:
+        other_lp = lens_logprobs(stack, torch.stack([outputs[i] for i in rows]), rows, other_kind)
+        for i, value in zip(rows, kl_to_final(final, other_lp), strict=True):
+            other[i] = value
+    pair = (tuple(mine), tuple(other))
+    return pair if stack.kind == "logit" else pair[::-1]
 
 
 class LensRecorder:
@@ -184,7 +233,7 @@ class LensRecorder:
     layer's output at the newest position."""
 
     def __init__(self, model: nn.Module, settings: LensSettings, token_text: Callable[[int], str]) -> None:
-        self.stack = LayerStack.of(model, settings.lens_precision)
+        self.stack = LayerStack.of(model, settings.lens_precision, settings.lens_kind)
         self.top = settings.lens_top
         self.token_text = token_text
         self._captured: LayerOutputs | None = None
@@ -207,6 +256,6 @@ class LensRecorder:
 
 def layers_started(mode: str, count: int, lens: LensSettings, layers: LayerSettings, kv_fill: str) -> LayersStarted:
     return LayersStarted(
-        mode=mode, layers=count, lens_top=lens.lens_top, exit_metric=layers.exit_metric,
+        mode=mode, layers=count, lens_top=lens.lens_top, lens_kind=lens.lens_kind, exit_metric=layers.exit_metric,
         exit_threshold=layers.exit_threshold, min_exit_layer=layers.exit_from(count), skip_layers=layers.skip_set(),
         skip_threshold=layers.skip_threshold, kv_fill=kv_fill)

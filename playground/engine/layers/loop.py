@@ -126,7 +126,7 @@ class LayerLoop:
             if rule is not None and rule.min_layer - 1 <= i < state.n - 1:
                 row = None
                 if rule.needs_lens:
-                    row = state.rows[i] = self.stack.lens_logits(h[0, -1:]).log_softmax(dim=-1)[0]  # [vocab]
+                    row = state.rows[i] = self.stack.lens_logits(h[0, -1:], [i]).log_softmax(dim=-1)[0]  # [vocab]
                 if rule.passes(row, hidden[0, -1], h[0, -1]):
                     state.exit_layer = i + 1
             return out

@@ -92,6 +92,41 @@ def _timing_text(time_saved: float | None) -> str:
     return f" · <b>slower</b>: {1 - time_saved:.2f}× the full model's time per token"
 
 
+def _kl_line(lens, i: int) -> str:
+    """The cell's KL to the last layer's distribution under both lenses (those recorded)."""
+    both = (("logit lens", lens.kl_logit), ("tuned lens", lens.kl_tuned))
+    parts = [f"{name} {values[i]:.2f}" for name, values in both if len(values) > i and values[i] is not None]
+    return f"<br>KL to the last layer (nats): {' · '.join(parts)}" if parts else ""
+
+
+def mean_kl(tokens, field: str) -> list[float | None]:
+    """Per layer, the mean over tokens of the recorded KL to the last layer (``field``: kl_logit or kl_tuned)."""
+    sums: dict[int, list[float]] = {}
+    for record in tokens:
+        for i, value in enumerate(getattr(record.lens, field)):
+            if value is not None:
+                sums.setdefault(i, []).append(value)
+    count = max(sums, default=-1) + 1
+    return [sum(sums[i]) / len(sums[i]) if i in sums else None for i in range(count)]
+
+
+def kl_summary(tokens) -> str:
+    """One line: the mean KL to the last layer over the layers below it, under each lens recorded, and on how many
+    layers the tuned lens is the closer."""
+    logit, tuned = mean_kl(tokens, "kl_logit"), mean_kl(tokens, "kl_tuned")
+    if not logit or not tuned:  # without a tuned lens the cell panel has the logit lens's KL
+        return ""
+
+    def mean(values: list[float | None]) -> str:
+        known = [v for v in values[:-1] if v is not None]
+        return f"{sum(known) / len(known):.2f}" if known else "—"
+
+    below = list(zip(logit, tuned, strict=False))[:-1]
+    lower = sum(a is not None and b is not None and b < a for a, b in below)
+    return (f"mean KL to the last layer: logit lens {mean(logit)} → <b>tuned lens {mean(tuned)}</b> nats "
+            f"(lower on {lower} of {len(below)} layers)")
+
+
 def _entropy_colormap() -> pg.ColorMap:
     """viridis reversed: 0 bits (sure) light yellow, many bits (unsure) dark, as light = likely elsewhere."""
     return pg.colormap.get("viridis").getSubset(1.0, -1.0)  # a reversed copy (get() may share)
@@ -490,6 +525,7 @@ class LayersView(FoldView):
         return (f"{head}<br>entropy <b>{lens.layer_entropy[i]:.2f}</b> bits · top-1 "
                 f"{format_percent(lens.layer_top_prob[i] or 0.0)} · {verdict} the answering layer"
                 f"<br>residual update ‖Δh‖/‖h‖ = {'—' if residual is None else f'{residual:.3f}'}"
+                f"{_kl_line(lens, i)}"
                 f"<br><b>Layer {layer}'s top candidates</b> (softmax of its lens logits)"
                 f"<table cellspacing='6'><tr><th>#</th><th align='left'>token</th><th>prob.</th></tr>{rows}</table>")
 
@@ -503,7 +539,9 @@ class LayersView(FoldView):
             status = "running…" if state.tokens else "waiting for the first token…"
         if state.started is None and not state.tokens:
             return
-        mode = {"lens": "logit lens (every layer runs)", "early-exit": "early exit",
+        tuned = state.started is not None and state.started.lens_kind == "tuned"
+        mode = {"lens": f"{'tuned' if tuned else 'logit'} lens (every layer runs)",
+                "early-exit": "early exit · tuned lens" if tuned else "early exit",
                 "layer-skip": "layer skip"}.get(state.mode, state.mode)
         self.header.setText(f"<b>Layers</b> · {mode} · {state.layers} layers · {len(state.tokens)} tokens · "
                             f"{status}")
@@ -528,6 +566,9 @@ class LayersView(FoldView):
             rows.append("Against the full model: not measured (the run skipped the comparison, or was stopped)")
         elif s.mode != "lens":
             rows.append("Against the full model: <i>measured at the end</i> (a full-model run follows)")
+        kl = kl_summary(s.tokens)
+        if kl:
+            rows[0] += f" · {kl}"
         if s.started is not None and s.started.kv_fill and s.mode != "lens":
             rows.append(f"<b>KV cache</b>: {html.escape(s.started.kv_fill)}")
         return "<br>".join(rows)
