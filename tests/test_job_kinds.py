@@ -22,6 +22,7 @@ EXPECTED = {
     "fetch": ("model", True, True, "Could not fetch the default model: the body said no"),
     "connect": ("model", False, False, "Could not connect to the server: the body said no"),
     "test": ("model", False, False, None),
+    "tune-lens": ("model", True, True, "Could not train the tuned lens: the body said no"),
 }
 
 

@@ -20,6 +20,7 @@ class JobKind(str, Enum):
     FETCH = ("fetch", "Could not fetch the default model", True, True, True, True)  # pip's temporary folder
     CONNECT = ("connect", "Could not connect to the server", False, True, False, False)
     TEST = ("test", "", False, True, False, False)  # the "Server…" dialog's test: the dialog shows its answer
+    TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
 
     failure: str
     stoppable: bool

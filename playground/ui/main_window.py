@@ -44,7 +44,7 @@ from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.base import View
 from playground.ui.window_layout import ViewDock
-from playground.ui.window_menus import add_file_menu, add_view_menu
+from playground.ui.window_menus import add_file_menu, add_tools_menu, add_view_menu
 from playground.ui.worker import GeneratorJob, StepChooser
 
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
@@ -139,6 +139,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
             self.menuBar(), self.views.values(), self.open_run_dialog, self.save_run_dialog,
             lambda view: self.export_view_dialog(view), self.close)
         add_presets_menu(self.menuBar(), lambda name: self.apply_preset(name, run=True), self.banner)
+        self.tune_lens_action = add_tools_menu(self.menuBar(), self.train_tuned_lens)
         docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
         self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
                                                           self.reset_layout)

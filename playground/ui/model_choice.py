@@ -126,6 +126,27 @@ class ModelChoice:
         self.status.showMessage("Fetching the default model…")
         self._start_job(body, JobKind.FETCH)
 
+    def train_tuned_lens(self) -> None:
+        """Tools → Train tuned lens: a job for the loaded local model (progress in the picker, Stop ends it and
+        saves nothing)."""
+        lm = self.lm
+        if self.busy or lm is None:
+            if lm is None:
+                self.status.showMessage("Train tuned lens: load a local model first", 10000)
+            return
+
+        def body(should_stop, progress) -> Iterator[Any]:
+            from playground.engine.layers.tuned import train_for_model
+
+            path = train_for_model(lm.model, lm.tokenizer, should_stop, progress)
+            if path is not None:
+                progress(f"Tuned lens saved ({path.name}): choose lens kind “tuned” in the lens settings", 1.0)
+            return
+            yield  # a job that yields no items
+
+        self.status.showMessage("Training the tuned lens…")
+        self._start_job(body, JobKind.TUNE_LENS)
+
     def _load_fetched_model(self) -> None:
         """The default model is fetched: load it, on the device and dtype the picker shows."""
         self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),

@@ -25,6 +25,15 @@ def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[
     return open_action, save_action
 
 
+def add_tools_menu(menu_bar: QMenuBar, train_tuned_lens: Callable[[], None]) -> QAction:
+    """Tools: Train tuned lens (a background job with progress and Stop); the action."""
+    tools = menu_bar.addMenu("&Tools")
+    action = tools.addAction("Train &tuned lens", train_tuned_lens)
+    action.setToolTip("Train the loaded model's tuned lens on the shipped calibration text (a few minutes for "
+                      "SmolLM2 on a CPU) and keep it in the user cache for --lens-kind tuned")
+    return action
+
+
 def add_view_menu(menu_bar: QMenuBar, docks: Iterable[QDockWidget], side_by_side: Callable[[], None],
                   reset_layout: Callable[[], None]) -> QAction:
     """A show/hide entry per dock, Views side by side, Reset layout; the reset action."""
