@@ -146,3 +146,32 @@ def test_the_tuned_kind_without_a_trained_lens_is_refused(monkeypatch, tmp_path)
     lm = build_tiny_lm(seed=9, layers=LAYERS)
     with pytest.raises(ConfigError, match="no tuned lens"):
         run_strategy(lm, RunSettings.from_flat(prompt=PROMPT, lens=True, lens_kind="tuned", max_new_tokens=2))
+
+
+def test_early_exit_decides_by_the_tuned_lens(trained, monkeypatch):
+    """The first token's exit layer is the first layer (from 1) whose tuned-lens entropy, by hand, is at most the
+    threshold; the threshold is put between layers so that the logit lens would exit elsewhere."""
+    lm, cache, tensors = trained
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    started = next(iter(run_strategy(lm, RunSettings.from_flat(prompt=PROMPT, max_new_tokens=1))))
+    prompt = started.prompt_token_ids
+    tuned, final = by_hand(lm.model, list(prompt), tensors)
+    plain, _ = by_hand(lm.model, list(prompt), None)
+
+    def bits(lp):
+        return float(-(lp.exp() * lp).sum()) / math.log(2)
+
+    tuned_bits = [bits(t[-1]) for t in tuned] + [bits(final[-1])]
+    plain_bits = [bits(p[-1]) for p in plain] + [bits(final[-1])]
+
+    def exit_at(values, threshold):
+        return next((i + 1 for i, v in enumerate(values[:-1]) if v <= threshold), None)
+
+    thresholds = sorted(set(tuned_bits[:-1]) | set(plain_bits[:-1]))
+    choice = next((t for t in thresholds if exit_at(tuned_bits, t) != exit_at(plain_bits, t)), None)
+    assert choice is not None, "precondition: the two lenses exit at different layers for some threshold"
+    settings = RunSettings.from_flat(prompt=PROMPT, strategy="early-exit", lens_kind="tuned", lens_precision="model",
+                                     exit_metric="entropy", exit_threshold=choice + 1e-6, min_exit_layer=1,
+                                     max_new_tokens=1, compare_full=False)
+    step = next(e for e in run_strategy(lm, settings) if isinstance(e, LayerStep))
+    assert (step.exit_layer or LAYERS) == (exit_at(tuned_bits, choice + 1e-6) or LAYERS)

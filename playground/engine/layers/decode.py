@@ -43,7 +43,8 @@ def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: StopChec
 def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None, mode: str) -> Iterator[Event]:
     settings.validate()
     layers = settings.group(LayerSettings)
-    layer_loop = LayerLoop(lm.model, settings.group(LensSettings).lens_precision)
+    lens = settings.group(LensSettings)
+    layer_loop = LayerLoop(lm.model, lens.lens_precision, lens.lens_kind)  # exit rules read the chosen lens
     count = layer_loop.stack.count
     if mode == "early-exit":
         if layers.min_exit_layer > count:

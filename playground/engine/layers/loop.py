@@ -66,8 +66,9 @@ class _Pass:
 
 
 class LayerLoop:
-    def __init__(self, model: nn.Module, precision: str = "model") -> None:
-        self.stack = LayerStack.of(model, precision)  # ConfigError naming the family if it cannot be opened up
+    def __init__(self, model: nn.Module, precision: str = "model", kind: str = "logit") -> None:
+        # kind: the lens the exit rules read (logit or tuned); ConfigError naming the family if it cannot be opened up
+        self.stack = LayerStack.of(model, precision, kind)
         self.anatomy = self.stack.anatomy
         self.model = model
         self._blocks = [self.anatomy.layer(i).attention for i in range(self.stack.count)]
