@@ -227,7 +227,7 @@ class TokensView(View):
             return None
         return step_under(self.run.steps[index], derived, index)
 
-    def _what_if_line(self, index: int) -> str:
+    def _what_if_line(self, index: int, separator: str = " · ") -> str:
         state, derived = self.what_if_state, self.what_if
         assert state is not None and derived is not None
         cut = None
@@ -235,14 +235,15 @@ class TokensView(View):
             column = int((derived.ids[index] == derived.chosen[index]).nonzero()[0][0])
             cut = derived.cut_name(index, column)
         return what_if_header(state.diff, bool(derived.exact[index]), derived.reasons[index], cut,
-                              float(derived.chosen_prob[index]))
+                              float(derived.chosen_prob[index]), separator)
 
     def _what_if_tooltip(self, index: int) -> str:
         run = self.run
         step = self._what_if_step(index)
         if step is None or run is None:
             return token_tooltip_html(run.steps[index], piece=character_piece(run.steps, index)) if run else ""
-        return token_tooltip_html(step, piece=character_piece(run.steps, index), what_if=self._what_if_line(index))
+        return token_tooltip_html(step, piece=character_piece(run.steps, index),
+                                  what_if=self._what_if_line(index, "<br>"))
 
     def _redraw_chart(self) -> None:
         if self.chart_index is not None and self.run is not None:

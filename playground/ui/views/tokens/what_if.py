@@ -279,10 +279,11 @@ def start_branch(window: Any, run: Run, step: int, settings: RunSettings) -> str
     return None
 
 
-def what_if_header(diff: list[str], exact: bool, reason: str, cut: str | None, prob: float) -> str:
+def what_if_header(diff: list[str], exact: bool, reason: str, cut: str | None, prob: float,
+                   separator: str = " · ") -> str:
     """The what-if's line for one step (the chart's header and the tooltip): what it is, which settings differ from
     the run's, the run's token under them, whether the numbers are exact."""
-    changed = html.escape(" · ".join(diff)) if diff else "the run's own settings"
+    changed = separator.join(html.escape(d) for d in diff) if diff else "the run's own settings"
     how = "exact" if exact else f"<i>estimate</i>: {html.escape(reason)}"
     fate = f"<b>cut by {html.escape(cut)}</b>" if cut else html.escape(format_percent(prob))
     return (f"<span style='color:{WHAT_IF_COLOR}'><b>{WHAT_IF_LABEL}</b></span> — {changed}<br>"
