@@ -65,6 +65,11 @@ class KVSettings(SettingsGroup):
     samples: int = setting(1, "parallel samples", "decode this many sampled continuations of the prompt as one "
                            "batch sharing its prefill (paged: the prompt's blocks shared, copied on write; "
                            "contiguous: a copy per sequence); 1 = one greedy sequence", minimum=1, maximum=16)
+    prefix_blocks: int = setting(0, "prefix pool", "paged cache: share the prompt's full blocks across runs and "
+                                 "side-by-side panes on this model (SGLang's radix idea): up to this many blocks "
+                                 "stay indexed by their prefix for later runs, least recently used first out; a "
+                                 "run whose prompt starts with the same tokens reads them instead of computing "
+                                 "them; 0: no sharing", minimum=0, maximum=1_000_000)
     compare_no_cache: bool = setting(True, "compare without cache", "after the run, decode the same prompt "
                                      "recomputing everything each step, for per-token latency with and without "
                                      "the cache")
@@ -108,6 +113,8 @@ class KVSettings(SettingsGroup):
                                    f"{self.batch_sweep!r})"
         return [
             (not (self.no_cache and self.paged), "--no-cache and --paged exclude each other: a paged cache is a cache"),
+            (not (self.prefix_blocks and not self.paged), "--prefix-blocks shares the paged cache's blocks "
+                                                           "across runs: add --paged"),
             (not (self.no_cache and self.kv_dtype != "model"), "--kv-dtype quantizes a cache: it needs one "
                                                                "(drop --no-cache)"),
             (sweep_ok, why),

@@ -58,6 +58,7 @@ class KVBlocks:
     slots_allocated: int  # token positions the allocated blocks can hold (blocks × block size), per layer
     slots_used: int  # token positions held
     fragmentation: float  # 1 − used / allocated
+    reused: tuple[int, ...] = ()  # block ids of the prompt's prefix written by another run (prefix sharing)
 
 
 @dataclass(frozen=True)

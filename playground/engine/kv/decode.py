@@ -62,10 +62,11 @@ def new_cache(lm: LoadedModel, kv: KVSettings) -> object | None:
     if kv.compressed():  # sinks + window, heavy hitters, KIVI
         return compressed_run.new_compressed_cache(lm, kv)
     if kv.paged:
-        from playground.engine.kv.paged import PagedCache
+        from playground.engine.kv.paged import PagedCache, prefix_pool
 
-        return PagedCache(lm.model.config, block_size=kv.block_size,
-                          kv_dtype=PER_TOKEN_DTYPES.get(kv.kv_dtype, "model"))
+        dtype = PER_TOKEN_DTYPES.get(kv.kv_dtype, "model")
+        shared = prefix_pool(lm.model, kv.block_size, dtype, kv.prefix_blocks) if kv.prefix_blocks else None
+        return PagedCache(lm.model.config, block_size=kv.block_size, kv_dtype=dtype, prefix_pool=shared)
     if kv.kv_dtype != "model":
         from playground.engine.kv.quantized import QuantizedKVCache
 
@@ -217,7 +218,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
         cache = new_cache(lm, kv)
         tap = compressed_run.attention_tap(kv, cache)
         scope.enter_context(compressed_run.tapping(model, tap))
-        logits = yield from _prefill(lm, record, start, loop.ids.view, cache)  # [1, vocab]
+        # A paged cache on a shared pool takes the prompt's blocks another run wrote: read only the rest.
+        reused = cache.share_prefix(prompt_ids) if hasattr(cache, "share_prefix") else 0
+        logits = yield from _prefill(lm, record, start, loop.ids.view[:, reused:], cache)  # [1, vocab]
         if logits is None:  # Stop between two chunks of the prompt
             loop.stop_reason = "stopped"
         else:

@@ -1,7 +1,7 @@
-"""The KV view's block map: the paged cache's block table, one row per sequence, one cell per block (shared blocks in
-their own colour, the last block filled as far as it is used); for a cache that keeps less, its positions (evicted
-by sinks + window or H2O, quantized or in full precision under KIVI); for any other contiguous cache, what reserving
-``max_length`` up front would hold."""
+"""The KV view's block map: the paged cache's block table, one row per sequence, one cell per block (shared blocks and
+blocks reused from another run's prompt in their own colours, the last block filled as far as it is used); for a
+cache that keeps less, its positions (evicted by sinks + window or H2O, quantized or in full precision under KIVI);
+for any other contiguous cache, what reserving ``max_length`` up front would hold."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from playground.ui.views.kv.panel import (
     format_mb,
 )
 
+REUSED_COLOR = "#228833"  # a prompt block another run wrote (prefix sharing): read, not computed, not held here
 MIN_LABEL_CELL_PX = 22  # block ids are written in cells at least this wide
 BLOCKS_TITLE = "Paged cache: each sequence's block table"
 POSITION_COLORS = {EVICTED: EVICTED_COLOR, QUANTIZED: QUANTIZED_COLOR}  # held in full: TOTAL_COLOR
@@ -61,7 +62,7 @@ class BlockPanel(Panel):
             self._set_cells([], [], [], [], [])
             self.show_note(no_blocks_note(s))
             return
-        shared = set(blocks.shared)
+        shared, reused = set(blocks.shared), set(blocks.reused)
         fill = s.last_block_fill()
         size = max(started.block_size, 1)
         x0, y0, brushes, ids, fills = [], [], [], [], []
@@ -69,7 +70,7 @@ class BlockPanel(Panel):
             for position, block in enumerate(table):
                 if block < 0:  # a sliding window's block given back: its positions are out of every later window
                     continue
-                color = SHARED_COLOR if block in shared else TOTAL_COLOR
+                color = REUSED_COLOR if block in reused else SHARED_COLOR if block in shared else TOTAL_COLOR
                 partial = position == len(table) - 1 and fill[row] < size
                 if partial:  # the used part of the last block, drawn over its free slots
                     fills.append((len(x0), fill[row] / size, color))
@@ -90,11 +91,14 @@ class BlockPanel(Panel):
                    "block's free slots.<br>"
                    f"<span style='color:{TOTAL_COLOR}'>■</span> own block &nbsp; "
                    f"<span style='color:{SHARED_COLOR}'>■</span> shared &nbsp; "
+                   + (f"<span style='color:{REUSED_COLOR}'>■</span> reused from another run &nbsp; "
+                      if reused else "") +
                    f"<span style='color:{FREE_COLOR}'>■</span> free slots<br>"
                    f"{len(blocks.tables)} sequence{'s' if len(blocks.tables) != 1 else ''} · "
                    f"<b>{blocks.blocks_allocated}</b> blocks of {started.block_size} tokens allocated "
                    f"({blocks.slots_allocated} slots), {blocks.slots_used} used, <b>{free} free</b> · fragmentation "
-                   f"<b>{format_percent(blocks.fragmentation)}</b> · {len(shared)} shared")
+                   f"<b>{format_percent(blocks.fragmentation)}</b> · {len(shared)} shared"
+                   + (f" · <b>{len(reused)} reused</b> from another run's prompt" if reused else ""))
         self.show_plot(caption)
 
     def _title(self, title: str, bottom: str, left: str) -> None:
