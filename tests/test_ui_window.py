@@ -165,8 +165,8 @@ def test_stop_ends_the_run_within_one_token(qtbot, window, long_lm, monkeypatch)
     produced = []  # engine steps yielded so far (appended on the worker thread)
     real_run_strategy = strategies.run_strategy
 
-    def counting(lm, settings, should_stop=None, progress=None):
-        for event in real_run_strategy(lm, settings, should_stop, progress):
+    def counting(lm, settings, should_stop=None, progress=None, chooser=None):
+        for event in real_run_strategy(lm, settings, should_stop, progress, chooser=chooser):
             if event.type == "token":
                 produced.append(event.step)
             yield event
