@@ -65,6 +65,10 @@ def test_the_recorded_candidates_are_the_raw_top_tokens_and_survive_a_saved_run(
     tail = 1 - float(logprobs[expected.indices].exp().sum())
     assert math.isclose(step.raw_top.tail_mass, tail, abs_tol=1e-6)
     assert step.raw_top.vocab_size == tiny_lm.model.config.vocab_size
+    rest = torch.ones(logprobs.shape[0], dtype=torch.bool)
+    rest[expected.indices] = False
+    for power, moment in zip((0.5, 1.5, 2.0), step.raw_top.tail_log_moments, strict=True):
+        assert math.isclose(moment, float(torch.logsumexp(power * logprobs[rest], 0)), abs_tol=1e-4)
 
 
 def test_an_old_saved_step_without_raw_candidates_loads_and_is_not_exact(recorded):
@@ -197,6 +201,8 @@ def _synthetic_steps(seed: int, vocab: int = 2000, record: int = 64, steps: int 
 
 SYNTHETIC = [dict(temperature=t, **cut) for t in (0.5, 1.25)
              for cut in (dict(top_p=0.5), dict(epsilon_cutoff=0.002), dict(min_p=0.05), dict(top_p=0.6, top_k=50))]
+# Temperatures between and past the recorded tail moments' powers (1/T = 0.8, 1.43, 2.5).
+SYNTHETIC += [dict(temperature=t, top_p=0.8) for t in (0.4, 0.7)] + [dict(temperature=0.7, epsilon_cutoff=0.001)]
 
 
 @pytest.mark.parametrize("values", SYNTHETIC, ids=[",".join(f"{k}={v}" for k, v in o.items()) for o in SYNTHETIC])
@@ -248,3 +254,25 @@ def test_mirostat_is_re_derived_step_by_step_from_the_chosen_tokens(tiny_lm, tau
     assert what_if.exact[0] and what_if.exact.sum() >= 2, what_if.reasons
     if not what_if.exact.all():
         assert not what_if.exact[int(np.argmin(what_if.exact)):].any(), "after a step not exact, none is"
+
+
+def test_the_tails_moment_bounds_hold_whatever_its_shape():
+    """log Σ exp(a·logit) of random tails (flat, spread, heavy-topped), computed here, lies within the bounds the
+    recorded moments give, for powers between, at and past them; at a recorded power the bounds meet."""
+    from playground.state.what_if import MOMENT_POWERS, _moment_bounds
+
+    generator = torch.Generator().manual_seed(11)
+    tails = [torch.randn(3000, generator=generator) * scale - 8 for scale in (0.01, 1.0, 3.0)]
+    tails.append(torch.cat([torch.full((5,), -3.0), torch.randn(2000, generator=generator) * 2 - 12]))
+    for tail in tails:
+        tail = tail.double()
+        moments = np.array([[float(torch.logsumexp(a * tail, 0)) for a in MOMENT_POWERS]])
+        top = np.array([float(tail.max())])
+        for a in (0.3, 0.5, 0.8, 1.2, 1.7, 2.0, 2.5, 3.0):
+            lower, upper = _moment_bounds(moments, np.array([a]), top)
+            truth = float(torch.logsumexp(a * tail, 0))
+            assert lower[0] - 1e-9 <= truth <= upper[0] + 1e-9, (a, lower, truth, upper)
+            if a in MOMENT_POWERS:
+                assert math.isclose(lower[0], upper[0], abs_tol=1e-9)
+        lower, upper = _moment_bounds(moments, np.array([1.2]), top)
+        assert upper[0] - lower[0] < 0.5, "the bounds are tighter than the count alone gives"

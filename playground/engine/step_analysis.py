@@ -15,7 +15,7 @@ import torch
 from playground.engine.processors import NamedTransform
 from playground.engine.samplers.chain import CompactLogits, Kept, Stage, run_chain, values_at
 from playground.events import Candidate, ProcessorEffect, TokenStep
-from playground.events.run import RawCandidates
+from playground.events.run import TAIL_POWERS, RawCandidates
 
 LN2 = math.log(2)
 
@@ -120,9 +120,12 @@ def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_l
     quantised = (-logprobs * LOGPROB_STEP).round().clamp(0, 2**16 - 1).cpu().numpy().astype("<u2")
     first = top_ids[:1]  # logit − log-probability is the log-sum-exp (the softmax already took it: no new pass)
     lse = float((raw_logits[first].double() - raw_logprobs[first].double()).sum())
+    # The tail's log-moments, on the tail itself (no difference of two near sums).
+    rest = raw_logprobs.index_fill(0, top_ids, float("-inf"))
+    moments = tuple(round(float(torch.logsumexp(rest * power, dim=0)), 6) for power in TAIL_POWERS)
     return RawCandidates(ids=base64.b64encode(ids.tobytes()).decode("ascii"),
                          logprobs=base64.b64encode(quantised.tobytes()).decode("ascii"), logsumexp=lse,
-                         tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes)
+                         tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes, tail_log_moments=moments)
 
 
 def _processor_effects(

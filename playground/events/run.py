@@ -56,7 +56,9 @@ class RawCandidates:
     ``logprobs``: base64 of little-endian uint16 ``q``, the raw log-probability being ``-q / 1024`` nats (a
     probability within 0.05 %; 65535 means ``-64`` or less); ``logsumexp``: the raw logits' log-sum-exp, so that
     ``logit = logprob + logsumexp`` (the repetition penalty reads the logits' signs); ``tail_mass``: the raw
-    probability of every token not listed; ``vocab_size``: how many tokens there are in all."""
+    probability of every token not listed; ``vocab_size``: how many tokens there are in all; ``tail_log_moments``:
+    ``log Σ p^a`` over the tokens not listed for ``a`` in ``TAIL_POWERS`` (what temperature makes of their share is
+    bounded by these, the log-moments being convex in ``a``; empty in older saved runs)."""
 
     ids: str
     logprobs: str
@@ -64,6 +66,10 @@ class RawCandidates:
     tail_mass: float
     vocab_size: int
     id_bytes: int = 2
+    tail_log_moments: tuple[float, ...] = ()
+
+
+TAIL_POWERS = (0.5, 1.5, 2.0)  # RawCandidates.tail_log_moments' powers
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import numpy as np
 
 from playground.config import RunSettings
 from playground.config.samplers import SAMPLING_ONLY, parse_logit_bias, parse_sampler_order, sampler_is_on
-from playground.events.run import RawCandidates, TokenStep
+from playground.events.run import TAIL_POWERS, RawCandidates, TokenStep
 
 LOGPROB_STEP = 1024  # RawCandidates.logprobs: -q / 1024 nats
 DRY_MAX_MATCH = 50  # as the engine's DRY
@@ -115,6 +115,8 @@ class _Chain:
         self.reason = np.zeros(run.x.shape[0], dtype=np.int8)
         self.err = np.full(run.x.shape[0], 0.5 / LOGPROB_STEP)  # how far a recorded logit may be from the true one
         self.mu: np.ndarray | None = None  # mirostat's mu per step, when it is on
+        self.moments = run.moments  # the tail's recorded log-moments, valid while ``pristine``
+        self.pristine = np.isfinite(run.moments).all(axis=1)  # the tail's logits are still the raw ones
 
     def flag(self, where: np.ndarray, code: int) -> None:
         self.reason[(self.reason == 0) & where] = code
@@ -128,6 +130,7 @@ class _Chain:
         """``touched`` [S] tail tokens had their logit lowered by an unknown amount: the lower bound drops."""
         left = np.exp(self.lo) - touched * np.exp(self.top)
         self.lo = np.where(touched > 0, np.log(np.maximum(left, 0.0)), self.lo)
+        self.pristine &= ~(touched > 0)
 
     def cut_tail(self, removed: np.ndarray) -> None:
         self.alive &= ~removed
@@ -166,6 +169,7 @@ class RecordedRun:
     log_tail: np.ndarray  # [S] log of the unrecorded tokens' Σ exp(logit) (-inf: none)
     tail_top: np.ndarray  # [S] the largest logit an unrecorded token may have (the last recorded one)
     tail_count: np.ndarray  # [S] how many tokens are unrecorded
+    moments: np.ndarray  # [S, 5] log Σ exp(a·logit) over the tail at a = MOMENT_POWERS (NaN: not recorded)
     chosen: np.ndarray  # [S] the run's tokens
     chosen_col: np.ndarray  # [S] their columns
     recorded: np.ndarray  # [S] bool: the step has raw candidates
@@ -179,9 +183,10 @@ class RecordedRun:
 
     @classmethod
     def of(cls, steps: Sequence[TokenStep], prompt_ids: Sequence[int]) -> RecordedRun:
-        ids, x, log_tail, tail_top, tail_count, chosen, chosen_col = _load(steps)
+        ids, x, log_tail, tail_top, tail_count, chosen, chosen_col, moments = _load(steps)
         context = np.array([*prompt_ids, *(s.token_id for s in steps)], dtype=np.int64)
         return cls(steps=tuple(steps), ids=ids, x=x, log_tail=log_tail, tail_top=tail_top, tail_count=tail_count,
+                   moments=moments,
                    chosen=chosen, chosen_col=chosen_col,
                    recorded=np.array([s.raw_top is not None for s in steps], dtype=bool), context=context,
                    start=len(prompt_ids))
@@ -307,6 +312,9 @@ def _finish(progress: _Progress, run: RecordedRun) -> WhatIf:
                   reasons=tuple(REASONS[int(r)] for r in chain.reason), mirostat_mu=chain.mu)
 
 
+MOMENT_POWERS = (0.0, *sorted({1.0, *TAIL_POWERS}))  # 0, 0.5, 1, 1.5, 2
+
+
 def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
     """The recorded candidates as [S, C] arrays (the chosen token appended where it was not recorded)."""
     unpacked = [unpack_raw_candidates(s.raw_top) if s.raw_top is not None else (np.zeros(0, np.int64), np.zeros(0))
@@ -319,6 +327,7 @@ def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
     tail_top = np.full(len(steps), NEG_INF)
     tail_count = np.zeros(len(steps))
     chosen_col = np.full(len(steps), width, dtype=np.int64)
+    moments = np.full((len(steps), len(MOMENT_POWERS)), np.nan)
     for row, (step, (step_ids, logits)) in enumerate(zip(steps, unpacked, strict=True)):
         n = len(step_ids)
         ids[row, :n], x[row, :n] = step_ids, logits
@@ -336,7 +345,12 @@ def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
         log_tail[row] = math.log(tail) + raw.logsumexp if tail > 0 else NEG_INF
         tail_top[row] = float(logits[-1]) if n else NEG_INF
         tail_count[row] = raw.vocab_size - n - (0 if where.size else 1)
-    return ids, x, log_tail, tail_top, tail_count, chosen, chosen_col
+        if where.size and len(raw.tail_log_moments) == len(TAIL_POWERS) and tail > 0:
+            # log Σ exp(a·logit) = log Σ p^a + a·logsumexp; a = 0 counts the tokens, a = 1 is the mass
+            by_power = dict(zip(TAIL_POWERS, raw.tail_log_moments, strict=True))
+            by_power |= {0.0: math.log(max(tail_count[row], 1)), 1.0: math.log(tail)}
+            moments[row] = [by_power[a] + a * raw.logsumexp for a in MOMENT_POWERS]
+    return ids, x, log_tail, tail_top, tail_count, chosen, chosen_col, moments
 
 
 # ---- counts of the context, per step ------------------------------------------------------------------------------
@@ -380,6 +394,7 @@ def _repetition(c: _Chain, s: RunSettings, context: np.ndarray, start: int, *_: 
         c.lower_tail(outside)
     else:
         c.flag(c.alive & (outside > 0), _RAISES)
+        c.pristine &= ~(outside > 0)
         c.top = np.where(c.top > 0, c.top / p, c.top * p)
 
 
@@ -390,6 +405,7 @@ def _penalties(c: _Chain, s: RunSettings, context: np.ndarray, start: int, *_: o
         c.lower_tail(outside)
     else:
         c.flag(c.alive & (outside > 0), _RAISES)
+        c.pristine &= ~(outside > 0)
 
 
 def _logit_bias(c: _Chain, s: RunSettings, context: np.ndarray, start: int, steps: object,
@@ -418,6 +434,7 @@ def _logit_bias(c: _Chain, s: RunSettings, context: np.ndarray, start: int, step
             raised = c.alive & unrecorded
             c.hi = np.where(raised, np.logaddexp(c.hi, c.top + math.log(math.expm1(value))), c.hi)
             c.top = np.where(raised, c.top + value, c.top)
+            c.pristine &= ~raised
         else:
             c.lower_tail(unrecorded.astype(np.float64))
     with np.errstate(invalid="ignore"):
@@ -498,11 +515,32 @@ def _scale_tail(c: _Chain, a: np.ndarray) -> None:
     with np.errstate(invalid="ignore"):
         c.lo = np.where(sharper, spread_lo, peak_lo)
         c.hi = np.where(sharper, peak_hi, spread_hi)
+    if c.pristine.any():  # the recorded log-moments bound it much closer (log Σ exp(a·logit) is convex in a)
+        lo, hi = _moment_bounds(c.moments, a, c.top)
+        c.lo = np.where(c.pristine, np.maximum(c.lo, lo), c.lo)
+        c.hi = np.where(c.pristine, np.minimum(c.hi, hi), c.hi)
+    c.pristine = np.zeros_like(c.pristine)  # later scalings compose: the plain bounds from here on
     # A step with no tail at all (-inf bounds) keeps -inf, whatever the arithmetic of infinities says.
     c.lo = np.where(np.isnan(c.lo), NEG_INF, c.lo)
     c.hi = np.where(np.isnan(c.hi), NEG_INF, c.hi)
     c.top = c.top * a
     c.err = c.err * a
+
+
+def _moment_bounds(moments: np.ndarray, a: np.ndarray, top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds [S] on log Σ exp(a·logit) over the tail from its values at MOMENT_POWERS ([S, 5]): a convex function
+    lies below each chord over its own segment and above every other chord's extension; past the last power each
+    tail logit is at most ``top``."""
+    powers = np.array(MOMENT_POWERS)
+    slopes = np.diff(moments, axis=1) / np.diff(powers)  # [S, 4]
+    lines = moments[:, :-1] + slopes * (a[:, None] - powers[:-1])  # each chord at a, [S, 4]
+    inside = (powers[:-1] <= a[:, None]) & (a[:, None] <= powers[1:])  # the chord over a's own segment
+    upper = np.where(inside, lines, np.inf).min(axis=1)
+    beyond = moments[:, -1] + (a - powers[-1]) * top  # Σ e^{a·l} ≤ e^{(a − 2)·top} Σ e^{2·l} for a > 2
+    upper = np.where(a > powers[-1], beyond, upper)
+    lower = np.where(inside & ~np.isclose(a[:, None], powers[1:]) & ~np.isclose(a[:, None], powers[:-1]),
+                     -np.inf, lines).max(axis=1)
+    return lower, upper
 
 
 def _temperature(c: _Chain, s: RunSettings, *_: object) -> None:
