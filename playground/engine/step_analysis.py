@@ -120,9 +120,12 @@ def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_l
     quantised = (-logprobs * LOGPROB_STEP).round().clamp(0, 2**16 - 1).cpu().numpy().astype("<u2")
     first = top_ids[:1]  # logit − log-probability is the log-sum-exp (the softmax already took it: no new pass)
     lse = float((raw_logits[first].double() - raw_logprobs[first].double()).sum())
-    # The tail's log-moments, on the tail itself (no difference of two near sums).
-    rest = raw_logprobs.index_fill(0, top_ids, float("-inf"))
-    moments = tuple(round(float(torch.logsumexp(rest * power, dim=0)), 6) for power in TAIL_POWERS)
+    # The tail's log-moments Σ p^a, on the tail itself (no difference of two near sums), from one exp pass.
+    rest = raw_logprobs.exp().index_fill_(0, top_ids, 0.0)  # [vocab]
+    root = rest.sqrt()
+    sums = torch.stack([root.sum(), (rest * root).sum(), (rest * rest).sum()]).double()  # a = 0.5, 1.5, 2
+    assert TAIL_POWERS == (0.5, 1.5, 2.0)
+    moments = tuple(round(v, 6) if v > -math.inf else v for v in sums.log().tolist())
     return RawCandidates(ids=base64.b64encode(ids.tobytes()).decode("ascii"),
                          logprobs=base64.b64encode(quantised.tobytes()).decode("ascii"), logsumexp=lse,
                          tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes, tail_log_moments=moments)
