@@ -175,3 +175,21 @@ def test_early_exit_decides_by_the_tuned_lens(trained, monkeypatch):
                                      max_new_tokens=1, compare_full=False)
     step = next(e for e in run_strategy(lm, settings) if isinstance(e, LayerStep))
     assert (step.exit_layer or LAYERS) == (exit_at(tuned_bits, choice + 1e-6) or LAYERS)
+
+
+def test_each_layer_keeps_its_best_translator_on_the_held_apart_positions(trained):
+    """A rate far too high ruins the translators; each layer then keeps the best it had on the positions held apart
+    for checking (the identity at worst): by hand, no layer's KL there is above the logit lens's."""
+    lm, _, _ = trained
+    stack = LayerStack.of(lm.model)
+    hidden, final = collect_hidden(stack, calibration_ids(lm.tokenizer, "calibration", 320))
+    lens = finish(train_tuned_lens(stack, hidden, final, steps=10, lr=1.0, check_every=5, validation_share=0.25))
+    held = hidden.shape[1] - int(hidden.shape[1] * 0.25)
+    with torch.no_grad():
+        for layer in range(LAYERS - 1):
+            h = hidden[layer, held:]
+            target = final[held:].double()
+            moved = h + h @ lens.weights[layer].T + lens.biases[layer]
+            plain = lm.model.lm_head(lm.model.model.norm(h)).double().log_softmax(-1)
+            tuned = lm.model.lm_head(lm.model.model.norm(moved)).double().log_softmax(-1)
+            assert float(kl(target, tuned).mean()) <= float(kl(target, plain).mean()) + 1e-6, layer

@@ -124,13 +124,22 @@ def lens_kl(stack, lens: TunedLens | None, hidden: torch.Tensor, final: torch.Te
 
 
 def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps: int = 40, batch: int = 64,
-                     lr: float = 3e-3, seed: int = 0, should_stop: Callable[[], bool] | None = None
-                     ) -> Iterator[TrainProgress]:
-    """Adam on every translator at once, its rate decaying linearly to 0 (a constant rate overshoots on the top
-    layers, whose logit lens is already close); each layer's KL goes backward on its own, so memory holds one
-    layer's logits; the model's weights stay frozen. Returns the ``TunedLens`` (the steps done so far if stopped)."""
+                     lr: float = 3e-3, seed: int = 0, should_stop: Callable[[], bool] | None = None,
+                     check_every: int = 10, validation_share: float = 0.2) -> Iterator[TrainProgress]:
+    """Adam on every translator at once, its rate decaying linearly to 0; each layer's KL goes backward on its own,
+    so memory holds one layer's logits; the model's weights stay frozen.
+
+    The last ``validation_share`` of the positions are held apart: every ``check_every`` steps each layer's KL on
+    them is measured and each layer keeps its best translator so far, the identity (step 0) included — Adam moves
+    every layer at the same pace, and the top layers, whose logit lens is already close, overshoot first. Returns
+    the ``TunedLens`` (the best of the steps done so far if stopped)."""
     layers, n, d = hidden.shape
+    held = max(1, int(n * validation_share)) if validation_share > 0 and n > 1 else 0
+    n -= held
+    check_h, check_f = hidden[:, n:], final[n:]
     lens = TunedLens.identity(layers + 1, d)
+    best = lens_kl(stack, None, check_h, check_f) if held else None
+    best_w, best_b = lens.weights.clone(), lens.biases.clone()
     weights = lens.weights.clone().requires_grad_(True)
     biases = lens.biases.clone().requires_grad_(True)
     optimiser = torch.optim.Adam([weights, biases], lr=lr)
@@ -158,11 +167,19 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
                     loss_total += float(loss.detach())
                 optimiser.step()
             schedule.step()
+            if best is not None and ((step + 1) % check_every == 0 or step + 1 == steps):
+                now = TunedLens(weights.detach(), biases.detach())
+                for layer, value in enumerate(lens_kl(stack, now, check_h, check_f)):
+                    if value < best[layer]:
+                        best[layer] = value
+                        best_w[layer], best_b[layer] = now.weights[layer], now.biases[layer]
             yield TrainProgress(step + 1, steps, loss_total / layers, time.perf_counter() - start)
     finally:
         for p in frozen:
             p.requires_grad_(True)
-    return TunedLens(weights.detach().clone(), biases.detach().clone())
+    if best is None:
+        return TunedLens(weights.detach().clone(), biases.detach().clone())
+    return TunedLens(best_w, best_b)
 
 
 def calibration_ids(tokenizer, name: str, max_tokens: int) -> list[int]:
