@@ -131,7 +131,8 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
 
     The last ``validation_share`` of the positions are held apart: every ``check_every`` steps each layer's KL on
     them is measured and each layer keeps its best translator so far, the identity (step 0) included — Adam moves
-    every layer at the same pace, and the top layers, whose logit lens is already close, overshoot first. Returns
+    every layer at the same pace, and the top layers, whose logit lens is already close, overshoot first (hence
+    also a rate per layer in proportion to its starting KL). Returns
     the ``TunedLens`` (the best of the steps done so far if stopped)."""
     layers, n, d = hidden.shape
     held = max(1, int(n * validation_share)) if validation_share > 0 and n > 1 else 0
@@ -140,9 +141,14 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
     lens = TunedLens.identity(layers + 1, d)
     best = lens_kl(stack, None, check_h, check_f) if held else None
     best_w, best_b = lens.weights.clone(), lens.biases.clone()
-    weights = lens.weights.clone().requires_grad_(True)
-    biases = lens.biases.clone().requires_grad_(True)
-    optimiser = torch.optim.Adam([weights, biases], lr=lr)
+    weights = [w.clone().requires_grad_(True) for w in lens.weights]  # one tensor per layer: a rate per layer
+    biases = [b.clone().requires_grad_(True) for b in lens.biases]
+    # Adam's steps have the same size whatever a layer's loss: a layer whose logit lens is already close (the top
+    # ones) gets a rate in proportion to its KL, or it overshoots.
+    start_kl = best if best is not None else [1.0] * layers
+    top = max(start_kl) or 1.0
+    optimiser = torch.optim.Adam([{"params": [w, b], "lr": lr * max(k / top, 0.02)}
+                                  for w, b, k in zip(weights, biases, start_kl, strict=True)])
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0 - step / steps)
     generator = torch.Generator().manual_seed(seed)
     frozen = [p for p in stack.model.parameters() if p.requires_grad]
@@ -168,7 +174,7 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
                 optimiser.step()
             schedule.step()
             if best is not None and ((step + 1) % check_every == 0 or step + 1 == steps):
-                now = TunedLens(weights.detach(), biases.detach())
+                now = TunedLens(torch.stack(weights).detach(), torch.stack(biases).detach())
                 for layer, value in enumerate(lens_kl(stack, now, check_h, check_f)):
                     if value < best[layer]:
                         best[layer] = value
@@ -178,7 +184,7 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
         for p in frozen:
             p.requires_grad_(True)
     if best is None:
-        return TunedLens(weights.detach().clone(), biases.detach().clone())
+        return TunedLens(torch.stack(weights).detach().clone(), torch.stack(biases).detach().clone())
     return TunedLens(best_w, best_b)
 
 
