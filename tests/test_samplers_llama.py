@@ -49,6 +49,14 @@ def nudged(settings: RunSettings, ours: dict) -> list[RunSettings]:
     return [settings.replace(**{k: v * f for k, v in moved.items()}) for f in (0.98, 1.02)] if moved else []
 
 
+def tail_shifted(logits: torch.Tensor, top: list[int], delta: float) -> torch.Tensor:
+    """The logits with every token outside ``top`` moved by ``delta``: the tail llama-server's arithmetic leaves a
+    little different, which moves the entropy typical-p sorts by (its cut then sits at a border)."""
+    shifted = logits + delta
+    shifted[top] = logits[top]
+    return shifted
+
+
 def test_kept_sets_agree_with_llama_server(llama_server_url, default_lm):
     tokenizer, model = default_lm.tokenizer, default_lm.model
     compared = {name: 0 for _, name, _ in SAMPLERS}
@@ -72,9 +80,10 @@ def test_kept_sets_agree_with_llama_server(llama_server_url, default_lm):
                 for ours, name, params in SAMPLERS:
                     settings = RunSettings(strategy="sample", **ours)
                     kept = kept_by_us(settings, logits, top)
-                    # ... and so is one whose cut moves when its threshold moves by 2 % (the tail's mass, outside
-                    # the top tokens, differs a little between the engines too).
-                    if any(kept != kept_by_us(other, theirs, top) for theirs in (logits, theirs_logits)
+                    # ... and so is one whose cut moves when its threshold moves by 2 %, or when the tail outside
+                    # the top tokens moves a little (the engines' tails differ a little too).
+                    variants = (logits, theirs_logits, *(tail_shifted(logits, top, d) for d in (-0.05, 0.05)))
+                    if any(kept != kept_by_us(other, theirs, top) for theirs in variants
                            for other in (settings, *nudged(settings, ours))):
                         continue
                     post = completion(llama_server_url, {"prompt": ids, "n_predict": 1, "n_probs": 100,
@@ -84,7 +93,7 @@ def test_kept_sets_agree_with_llama_server(llama_server_url, default_lm):
                     assert kept == theirs, (prompt, tokenizer.decode(ids[-3:]), name, sorted(kept), sorted(theirs))
                     compared[name] += 1
             ids = [*ids, int(logits.argmax())]
-    # Most steps are compared (25 of 36 here), each sampler on at least two.
+    # Most steps are compared (24 of 36 here), each sampler on at least two.
     assert sum(compared.values()) >= 0.6 * len(PROMPTS) * 3 * len(SAMPLERS) and min(compared.values()) >= 2, compared
 
 
