@@ -230,7 +230,8 @@ START_KEYS = {"type", "strategy", "prompt_text", "prompt_token_ids", "forced_tok
               "device", "dtype", "settings", "base_model"}
 PREFILL_KEYS = {"type", "prompt_tokens", "prefill_ms", "kv_cache_bytes", "forward_passes", "deferred_tokens"}
 TOKEN_KEYS = {"type", "step", "token_id", "text", "prob", "raw_prob", "logprob", "raw_rank", "entropy",
-              "processed_entropy", "candidates", "shown_raw_mass", "effects", "forced", "step_ms", "kv_cache_bytes"}
+              "processed_entropy", "candidates", "shown_raw_mass", "effects", "forced", "step_ms", "kv_cache_bytes",
+              "mirostat_mu", "raw_top"}  # mirostat's state (None without it), the raw candidates the what-if reads
 CANDIDATE_KEYS = {"token_id", "text", "raw_prob", "processed_prob", "raw_rank", "cut_by"}
 EFFECT_KEYS = {"name", "removed", "reweighted"}
 BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates", "step_ms", "kv_cache_bytes"}
@@ -241,7 +242,10 @@ DONE_KEYS = {"type", "token_ids", "text", "stop_reason", "tokens_per_s", "prefil
 SEQUENCE_KEYS = {"token_ids", "text", "score", "sum_logprobs"}
 SETTINGS_KEYS = {"prompt", "chat", "system", "strategy", "max_new_tokens", "num_candidates", "stop_strings",
                  "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "no_repeat_ngram_size",
-                 "forced_token_ids"}
+                 "forced_token_ids", "record_candidates", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_n_sigma",
+                 "xtc_probability", "xtc_threshold", "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau",
+                 "mirostat_eta", "samplers", "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
+                 "dry_allowed_length", "dry_sequence_breakers", "logit_bias", "guidance_scale", "negative_prompt"}
 BEAM_SETTINGS_KEYS = {"num_beams", "length_penalty", "early_stopping", "num_return_sequences"}
 
 
