@@ -9,7 +9,7 @@ import pytest
 from windows import let_go, open_window
 
 from playground.config import RunSettings
-from playground.engine.layers import tuned
+from playground.engine.layers import tune_job, tuned
 from playground.engine.strategies import run_strategy
 from playground.events.layers import LayersStarted
 from playground.tiny_models import build_tiny_lm
@@ -44,7 +44,7 @@ def test_the_job_trains_and_saves_the_lens(qtbot, window):
 
 def test_stop_ends_the_job_and_saves_nothing(qtbot, window, monkeypatch):
     w, lm = window
-    monkeypatch.setattr(tuned, "train_for_model", functools.partial(tuned.train_for_model, steps=100000))
+    monkeypatch.setattr(tune_job, "train_for_model", functools.partial(tune_job.train_for_model, steps=100000))
     w.tune_lens_action.trigger()
     qtbot.waitUntil(lambda: "step" in w.status.currentMessage(), timeout=TIMEOUT_MS)
     w.stop()

@@ -222,30 +222,3 @@ def cached_tuned_lens(model, layers: int) -> TunedLens | None:
 
 def lens_path_of(model, layers: int) -> Path:
     return lens_path(model_key(model), layers, model.config.get_text_config().hidden_size)
-
-
-def train_for_model(model, tokenizer, should_stop: Callable[[], bool] | None = None,
-                    progress: Callable[[str, float], None] | None = None, *, steps: int = 40,
-                    tokens: int = 4096) -> Path | None:
-    """Train the model's tuned lens on the calibration text and save it where ``--lens-kind tuned`` finds it; the
-    path, or None when Stop came first (nothing saved). ``progress(message, fraction)`` between steps."""
-    from playground.engine.layers.lens import LayerStack  # lens imports this module
-
-    stack = LayerStack.of(model)
-    if progress is not None:
-        progress("Tuned lens: reading the calibration text through every layer…", 0.0)
-    hidden, final = collect_hidden(stack, calibration_ids(tokenizer, "calibration", tokens))
-    lens = None
-    training = train_tuned_lens(stack, hidden, final, steps=steps, should_stop=should_stop)
-    while True:
-        try:
-            step = next(training)
-        except StopIteration as done:
-            lens = done.value
-            break
-        if progress is not None:
-            progress(f"Tuned lens: step {step.step} of {step.steps}, mean KL {step.loss:.2f} nats", step.step / steps)
-    if should_stop is not None and should_stop():
-        return None
-    lens.info.update({"steps": str(steps), "tokens": str(hidden.shape[1])})
-    return save_tuned_lens(lens, lens_path_of(model, stack.count))
