@@ -129,16 +129,16 @@ class ModelChoice:
     def train_tuned_lens(self) -> None:
         """Tools → Train tuned lens: a job for the loaded local model (progress in the picker, Stop ends it and
         saves nothing)."""
-        lm = self.lm
+        lm = self.lm  # a local model (a server's layers are out of reach)
         if self.busy or lm is None:
             if lm is None:
                 self.status.showMessage("Train tuned lens: load a local model first", 10000)
             return
 
-        def body(should_stop, progress) -> Iterator[Any]:
-            from playground.engine.layers.tuned import train_for_model
+        source = self.source
 
-            path = train_for_model(lm.model, lm.tokenizer, should_stop, progress)
+        def body(should_stop, progress) -> Iterator[Any]:
+            path = source.train_tuned_lens(should_stop, progress)
             if path is not None:
                 progress(f"Tuned lens saved ({path.name}): choose lens kind “tuned” in the lens settings", 1.0)
             return

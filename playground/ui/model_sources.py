@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
@@ -104,6 +105,12 @@ class LocalModel(ModelSource):
 
         # progress: building a quantized copy
         return run_strategy(self.lm, settings, should_stop, progress, chooser=chooser)
+
+    def train_tuned_lens(self, should_stop: StopCheck, progress: Progress) -> Path | None:
+        """Tools → Train tuned lens: the model's translators trained and saved (None: stopped, nothing saved)."""
+        from playground.engine.layers.tune_job import train_for_model
+
+        return train_for_model(self.lm.model, self.lm.tokenizer, should_stop, progress)
 
     def takes_chooser(self, settings: RunSettings) -> bool:
         from playground.config.catalog import SHARED
