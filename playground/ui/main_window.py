@@ -139,10 +139,10 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
             self.menuBar(), self.views.values(), self.open_run_dialog, self.save_run_dialog,
             lambda view: self.export_view_dialog(view), self.close)
         add_presets_menu(self.menuBar(), lambda name: self.apply_preset(name, run=True), self.banner)
-        self.tune_lens_action = add_tools_menu(self.menuBar(), self.train_tuned_lens)
         docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
         self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
                                                           self.reset_layout)
+        self.tune_lens_action = add_tools_menu(self.menuBar(), self.train_tuned_lens)  # after View: menus keep places
 
     # --- the settings form and presets (playground.ui.presets_menu) ---------------------------------------
     def current_settings(self) -> RunSettings:
