@@ -81,11 +81,12 @@ class RunViews:
             return asked[0]
         strategy = STRATEGIES.get(run.settings.strategy)
         kinds = strategy.step_events[:1] if strategy is not None else ()
+        shown_in_order = [name for name in self.views if name in self.shown]  # the docks' order, not the set's
         for kind in kinds:
-            for name in self.shown:
+            for name in shown_in_order:
                 if issubclass(kind, self.views[name].consumes):
                     return name
-        return next((name for name in self.views if name in self.shown), None)
+        return shown_in_order[0] if shown_in_order else None
 
     def call(self, name: str, method: str, *args: Any) -> bool:
         """View ``name``'s ``method`` (reset, show_run, apply, flush, end); True if it returned.
