@@ -67,7 +67,23 @@ def test_the_view_draws_the_selected_step_head_and_position(events, qtbot, tmp_p
     assert np.allclose(view.profile.bars.opts["height"], by_hand(rows[3], None)[:, 0])
     view.select(4, head=2, position=1)
     assert np.allclose(view.heatmap.image.image, by_hand(rows[4], 2))
+    # Before any click the profile shows the position the token attends to most, summed over the layers.
+    view.select(2, head=None, position=None)
+    heaviest = int(by_hand(rows[2], None).sum(axis=0).argmax())
+    assert np.allclose(view.profile.bars.opts["height"], by_hand(rows[2], None)[:, heaviest])
     assert "background:#ffe066" in view.text.text()
     path = tmp_path / "attention.png"
     view.grab().save(str(path))
     assert path.stat().st_size > 10_000
+
+
+def test_a_special_tokens_text_shows_in_the_profiles_title(qtbot):
+    """The title is rich text: '<|im_start|>' must be escaped, or Qt reads it as a tag and shows nothing."""
+    from playground.ui.views.attention.heatmap import LayerProfilePanel
+
+    panel = LayerProfilePanel()
+    qtbot.addWidget(panel)
+    panel.draw(np.array([0.5, 0.25, 0.125]), 0, "<|im_start|>")
+    title = panel.plot.getPlotItem().titleLabel
+    assert "&lt;|im_start|&gt;" in title.text
+    assert np.allclose(panel.bars.opts["height"], [0.5, 0.25, 0.125])

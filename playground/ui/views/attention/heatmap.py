@@ -3,6 +3,8 @@ weight of one clicked position in every layer."""
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
@@ -88,4 +90,5 @@ class LayerProfilePanel(QWidget):
         item.getAxis("bottom").setTicks([[(float(v), str(v)) for v in range(1, weights.size + 1)
                                           if v == 1 or v % every == 0 or v == weights.size]])
         item.setYRange(0.0, max(float(weights.max()), 1e-3) * 1.1, padding=0)
-        item.setTitle(f"Position {position} ({text!r}): its weight in every layer", size="10pt")
+        # The title is rich text: a special token's text ("<|im_start|>") would be read as a tag and vanish.
+        item.setTitle(f"Position {position} ({html.escape(repr(text))}): its weight in every layer", size="10pt")

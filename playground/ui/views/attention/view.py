@@ -50,6 +50,8 @@ class AttentionView(FoldView):
         self.step_box = QSpinBox(self)
         self.step_box.setPrefix("token ")
         self.head_box = QComboBox(self)
+        # As wide as its longest item ("mean over heads"), which the default width cut to "mean ov".
+        self.head_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.heatmap = HeatmapPanel(self)
         self.profile = LayerProfilePanel(self)
         self.summary = SummaryPanel(self)
@@ -138,6 +140,8 @@ class AttentionView(FoldView):
         evicted = [p for p, when in s.evicted.items() if when < step and p <= row.query_position]
         self.heatmap.draw(matrix, evicted, self.clicked)
         clicked = self.clicked if self.clicked is not None and self.clicked < matrix.shape[1] else None
+        if clicked is None and matrix.size:  # until a click: the position the token attends to most, over layers
+            clicked = int(matrix.sum(axis=0).argmax())
         text = s.texts[clicked] if clicked is not None and clicked < len(s.texts) else ""
         self.profile.draw(matrix[:, clicked] if clicked is not None else matrix[:, :0].sum(1), clicked, text)
         self.summary.draw(s)
