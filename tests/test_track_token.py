@@ -25,8 +25,9 @@ def reference(lm, prompt_ids, token_ids):
 
 
 def test_tracked_token_values_equal_the_models(qtbot, tiny_lm, tmp_path):
+    # Only the chart's N candidates recorded (no raw candidates for the what-if): exact there, bounds elsewhere.
     settings = RunSettings(prompt="one two three", chat=False, strategy="sample", temperature=TEMPERATURE, seed=5,
-                           max_new_tokens=10, num_candidates=N)
+                           max_new_tokens=10, num_candidates=N, record_candidates=0)
     w = open_window(qtbot, tmp_path, tiny_lm, settings)
     try:
         w.generate()
@@ -74,5 +75,43 @@ def test_tracked_token_values_equal_the_models(qtbot, tiny_lm, tmp_path):
         view.track("the")
         assert view.token_id == tiny_lm.tokenizer.encode("the", add_special_tokens=False)[0]
         assert view.note.text().startswith(f"Tracking token {view.token_id} ")
+    finally:
+        let_go(w)
+
+
+RECORDED = 64  # raw candidates packed per step for the what-if
+
+
+def test_a_token_among_the_what_ifs_raw_candidates_has_its_raw_probability_and_rank(qtbot, tiny_lm, tmp_path):
+    """With raw candidates recorded, the raw probability and rank are exact down to rank RECORDED (to the packing's
+    1/1024 nat); the processed probability only where the chart's N candidates have it; a bound below that."""
+    settings = RunSettings(prompt="one two three", chat=False, strategy="sample", temperature=TEMPERATURE, seed=5,
+                           max_new_tokens=10, num_candidates=N, record_candidates=RECORDED)
+    w = open_window(qtbot, tmp_path, tiny_lm, settings)
+    try:
+        w.generate()
+        qtbot.waitUntil(lambda: not w.busy, timeout=WAIT_MS)
+        run = w.session.selected
+        tokens = [s.token_id for s in run.steps]
+        raw, _, ranks = reference(tiny_lm, run.started.prompt_token_ids, tokens)
+        # A token within the recorded ranks at some steps and below them at others, never in the chart's N.
+        inside = ranks <= RECORDED
+        token = next(t for t in torch.nonzero(inside.any(0) & ~inside.all(0) & (ranks > N).all(0)).flatten().tolist()
+                     if t not in tokens)
+        view = w.views["track"]
+        view.track(str(token))
+        x, y = view.raw_curve.getData()
+        xr, yr = view.rank_curve.getData()
+        xp, _ = view.processed_curve.getData()
+        bx, by = view.raw_bound.getData()
+        exact = [i for i in range(len(tokens)) if ranks[i, token] <= RECORDED]
+        below = [i for i in range(len(tokens)) if i not in exact]
+        assert list(x) == exact == list(xr) and (xp is None or len(xp) == 0) and list(bx) == below
+        for j, i in enumerate(exact):
+            assert 10 ** y[j] == pytest.approx(float(raw[i, token]), rel=2e-3)
+            assert round(10 ** yr[j]) == int(ranks[i, token])
+        for j, i in enumerate(bx):
+            nth = float(raw[int(i)].sort(descending=True).values[RECORDED - 1])
+            assert 10 ** by[j] == pytest.approx(nth, rel=2e-3)
     finally:
         let_go(w)
