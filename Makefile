@@ -39,8 +39,10 @@ fonts: $(STAMP)
 run: model gui-deps fonts
 	$(VENV)/bin/playground
 
+# Two workers, a test file each at a time (its module fixtures built once); TEST_JOBS=0 runs in one process.
+TEST_JOBS ?= 2
 test: model fonts llama-server
-	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check playground tests benchmarks
