@@ -20,9 +20,9 @@ from playground.events.speculative import DraftToken, SpeculativeRound, Speculat
 from playground.state import Run, flowing_token_text
 from playground.state.speculative import ACCEPTED, FORCED, REJECTED, TARGET, SpeculativeState, expected_tokens
 from playground.traces import read_trace, write_trace
-from playground.ui.speculative_text import ACCEPTED_COLOR, FORCED_COLOR, REJECTED_COLOR, TARGET_COLOR
 from playground.ui.style import configure_pyqtgraph, format_percent
 from playground.ui.views.speculative import SpeculativeView
+from playground.ui.views.speculative.text import ACCEPTED_COLOR, FORCED_COLOR, REJECTED_COLOR, TARGET_COLOR
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat."
 RUN_TIMEOUT_MS = 20000

@@ -27,7 +27,11 @@ from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollAre
 from playground.events.speculative import SpeculativeRound
 from playground.state import visible_token_text
 from playground.state.speculative import ACCEPTED, REJECTED, TARGET, SpeculativeState
-from playground.ui.speculative_text import (
+from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
+from playground.ui.views import register_view
+from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import LeastHeight, TextsInside, static_plot
+from playground.ui.views.speculative.text import (
     ACCEPTED_COLOR,
     DRAFT_Q_COLOR,
     REJECTED_COLOR,
@@ -35,10 +39,6 @@ from playground.ui.speculative_text import (
     MarkedText,
     swatch,
 )
-from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
-from playground.ui.views import register_view
-from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import LeastHeight, TextsInside, static_plot
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
 SHORT_DOCK = 600  # px: a view lower than this is a short dock (1280 x 800's is 531)
