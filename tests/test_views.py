@@ -87,8 +87,12 @@ def test_views_pick_runs_by_their_events_and_say_why_they_are_empty(qtbot, tmp_p
     assert w.views["beam"].panel.tree.steps == sum(isinstance(e, BeamStep) for e in w.session.runs[0].events)
 
 
+WIDE = (2600, 950)  # every view's dock side by side needs the width (their minimum widths add up)
+
+
 def test_two_views_side_by_side_and_the_layout_persists(qtbot, tmp_path, tiny_lm):
     w = make_window(qtbot, tmp_path, tiny_lm)
+    w.resize(*WIDE)
     tokens, beam = w.docks["tokens"], w.docks["beam"]
     others = [dock for name, dock in w.docks.items() if name != "tokens"]
     assert set(w.tabifiedDockWidgets(tokens)) == set(others)  # the default: tabs
@@ -100,11 +104,12 @@ def test_two_views_side_by_side_and_the_layout_persists(qtbot, tmp_path, tiny_lm
     w.close()
 
     again = make_window(qtbot, tmp_path, tiny_lm)  # the same settings file: a later launch
+    again.resize(*WIDE)
     t2, b2 = again.docks["tokens"], again.docks["beam"]
     assert not again.tabifiedDockWidgets(t2)
-    # Side by side again, in the same order (with every view's dock sharing the width, a restored dock may sit a
-    # pixel into its neighbour: full runs saw that, so the order is what is checked here).
-    qtbot.waitUntil(lambda: b2.isVisible() and t2.geometry().left() < b2.geometry().left(), timeout=3000)
+    # Side by side again, in the same order.
+    qtbot.waitUntil(lambda: b2.isVisible(), timeout=3000)
+    qtbot.waitUntil(lambda: t2.geometry().left() < b2.geometry().left(), timeout=3000)
     assert again.controls.widgets["max_new_tokens"].value() == 17
     again.reset_layout()
     assert set(again.tabifiedDockWidgets(t2)) == {d for name, d in again.docks.items() if name != "tokens"}
