@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from playground.config import RunSettings
+from playground.config.catalog import STRATEGIES
 from playground.config.samplers import SAMPLING_ONLY, parse_logit_bias, parse_sampler_order, sampler_is_on
 from playground.events.run import TAIL_POWERS, RawCandidates, TokenStep
 
@@ -208,7 +209,9 @@ def re_derive(run: RecordedRun, settings: RunSettings, *, sampling: bool | None 
 
 def _re_derive(run: RecordedRun, settings: RunSettings, sampling: bool | None,
                encode: Callable[[str], Sequence[int]] | None, breaker_ids: frozenset[int] | None) -> WhatIf:
-    sampling = settings.strategy == "sample" if sampling is None else sampling
+    if sampling is None:  # the strategy's catalog entry says whether it reads the sampling settings
+        entry = STRATEGIES.get(settings.strategy)
+        sampling = entry is not None and "sampling" in entry.sections
     names = [n for n in parse_sampler_order(settings.samplers)
              if sampler_is_on(settings, n) and (sampling or n not in SAMPLING_ONLY)]
     if "mirostat" not in names:

@@ -23,6 +23,7 @@ from PySide6.QtGui import QBrush, QColor, QMouseEvent, QPainter, QPaintEvent
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from playground.config import ConfigError, RunSettings, rows
+from playground.config.catalog import get_strategy
 from playground.config.samplers import parse_sampler_order
 from playground.events import TokenStep
 from playground.state import Run, chosen_text, visible_token_text
@@ -72,7 +73,9 @@ def settings_diff(run: RunSettings, new: RunSettings) -> list[str]:
 def branch_settings(parent: RunSettings, new: RunSettings, forced: tuple[int, ...]) -> RunSettings:
     """The parent run's settings with the what-if's sampler values and order, forcing ``forced``."""
     values = {name: getattr(new, name) for name in what_if_fields()}
-    strategy = new.strategy if new.strategy in ("greedy", "sample") else parent.strategy
+    # The form's strategy when it yields the same steps as the run's (greedy <-> sample), else the run's own.
+    same_steps = get_strategy(new.strategy).step_events == get_strategy(parent.strategy).step_events
+    strategy = new.strategy if same_steps else parent.strategy
     return parent.replace(strategy=strategy, forced_token_ids=forced,
                           max_new_tokens=max(parent.max_new_tokens, len(forced) + 1), **values)
 
