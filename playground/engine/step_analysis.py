@@ -36,6 +36,10 @@ class StepAnalysis:
     kept: Kept | None = None
     kept_probs: torch.Tensor | None = None
     raw_top: RawCandidates | None = None  # the likeliest raw tokens, packed for the what-if (``record`` > 0)
+    known_raw_probs: torch.Tensor | None = None  # [1, vocab] exp(raw_logprobs), when the recording already took it
+
+    def raw_probs(self) -> torch.Tensor:
+        return self.known_raw_probs if self.known_raw_probs is not None else self.raw_logprobs.exp()
 
     def draw(self, generator: torch.Generator) -> int:
         """A token drawn from the processed distribution (on the compact set when there is one: a draw over the whole
@@ -56,7 +60,7 @@ class StepAnalysis:
         raw_logprobs = self.raw_logprobs[0, index]
         processed = self.processed_probs[0, index]
         raw_rank = int((self.raw_logits[0] > self.raw_logits[0, chosen]).sum().item()) + 1
-        entropy = float(torch.special.entr(self.raw_logprobs.exp()).sum().item()) / LN2  # −Σ p ln p, 0 ln 0 = 0
+        entropy = float(torch.special.entr(self.raw_probs()).sum().item()) / LN2  # −Σ p ln p, 0 ln 0 = 0
         kept_probs = self.kept_probs if self.kept_probs is not None else self.processed_probs
         processed_entropy = float(torch.special.entr(kept_probs).sum().item()) / LN2
 
@@ -95,23 +99,28 @@ def analyse_step(
     vocab = logits.shape[-1]
     top = torch.topk(logits[0], min(max(num_candidates, record), vocab))  # by raw rank
     top_ids = top.indices[:num_candidates].tolist()
-    raw_top = pack_raw_candidates(top.indices[:record], raw_logprobs[0], logits[0]) if record > 0 else None
+    raw_probs = raw_logprobs.exp() if record > 0 else None  # shared with the entropy (one exp pass a step)
+    raw_top = (pack_raw_candidates(top.indices[:record], raw_logprobs[0], logits[0], raw_probs[0])
+               if raw_probs is not None else None)
     if isinstance(last, CompactLogits):
         kept_probs = last.probs()
         processed_probs = torch.zeros_like(logits).index_copy_(1, last.kept.ids, kept_probs)
         return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
                             processed_logits=last.full(), processed_probs=processed_probs, top_ids=top_ids,
-                            kept=last.kept, kept_probs=kept_probs, raw_top=raw_top)
+                            kept=last.kept, kept_probs=kept_probs, raw_top=raw_top,
+                            known_raw_probs=raw_probs)
     return StepAnalysis(raw_logits=logits, raw_logprobs=raw_logprobs, stage_logits=stage_logits,
                         processed_logits=last, processed_probs=last.softmax(dim=-1), top_ids=top_ids,
-                        raw_top=raw_top)
+                        raw_top=raw_top, known_raw_probs=raw_probs)
 
 
 LOGPROB_STEP = 1024  # the packed log-probabilities' resolution: 1/1024 nat
 
 
-def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_logits: torch.Tensor) -> RawCandidates:
-    """``top_ids`` ([n], by raw rank) with their raw log-probabilities ([vocab]) packed as ``RawCandidates`` says."""
+def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_logits: torch.Tensor,
+                        raw_probs: torch.Tensor | None = None) -> RawCandidates:
+    """``top_ids`` ([n], by raw rank) with their raw log-probabilities ([vocab]; ``raw_probs`` their exp) packed
+    as ``RawCandidates`` says."""
     vocab = raw_logprobs.shape[0]
     logprobs = raw_logprobs[top_ids].double()
     tail = max(0.0, 1.0 - float(logprobs.exp().sum()))
@@ -121,7 +130,8 @@ def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_l
     first = top_ids[:1]  # logit − log-probability is the log-sum-exp (the softmax already took it: no new pass)
     lse = float((raw_logits[first].double() - raw_logprobs[first].double()).sum())
     # The tail's log-moments Σ p^a, on the tail itself (no difference of two near sums), from one exp pass.
-    rest = raw_logprobs.exp().index_fill_(0, top_ids, 0.0)  # [vocab]
+    probs = raw_probs if raw_probs is not None else raw_logprobs.exp()
+    rest = probs.index_fill(0, top_ids, 0.0)  # [vocab]
     root = rest.sqrt()
     sums = torch.stack([root.sum(), (rest * root).sum(), (rest * rest).sum()]).double()  # a = 0.5, 1.5, 2
     assert TAIL_POWERS == (0.5, 1.5, 2.0)
