@@ -21,6 +21,8 @@ class SpeculativeStarted:
     draft_k: int
     do_sample: bool
     baseline_tokens: int  # a plain run of this many tokens measures the speed-up at the end (0: none)
+    tree_width: int = 1  # candidates per depth: 1 = a chain; more = each round drafts a tree (one target pass)
+    tree_nodes: int = 0  # a tree's node budget (0: a chain)
 
 
 @dataclass(frozen=True)
@@ -33,11 +35,13 @@ class DraftToken:
     target_prob: float  # p: its probability under the target's processed distribution at that position
     accepted: bool
     draw: float | None  # sampling: the uniform draw compared with min(1, p/q); greedy: None (accepted iff argmax)
+    rank: int = 0  # a tree's node: its place among its parent's children as the drafter ranked them (0 = first)
 
 
 @dataclass(frozen=True)
 class SpeculativeRound:
-    """Draft k tokens, verify them in one target forward pass, keep the longest acceptable prefix, add one."""
+    """Draft k tokens (a chain, or a tree of candidates), verify them in one target forward pass, keep the longest
+    acceptable prefix (of a tree: path from the context), add one."""
 
     type: ClassVar[str] = "spec_round"
     round: int  # 0 = the first round
@@ -53,3 +57,20 @@ class SpeculativeRound:
     verify_ms: float
     kv_cache_bytes: int  # the target's cache after the rollback
     prompt_read: int = 0  # prompt tokens this verification pass also read (the first round reads the prompt's tail)
+    # A tree round: each drafted token's parent, an index into ``drafted`` (-1: it follows the context). ``drafted``
+    # then lists the accepted path first (its first ``accepted`` entries), then the other nodes, parents before
+    # children. Empty: a chain (each drafted token follows the one before).
+    parents: tuple[int, ...] = ()
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.parents)
+
+    def depths(self) -> list[int]:
+        """Each drafted token's depth (0: right after the context); a chain's token i is at depth i."""
+        if not self.parents:
+            return list(range(len(self.drafted)))
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(0 if parent < 0 else out[parent] + 1)
+        return out
