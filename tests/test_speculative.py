@@ -1211,7 +1211,7 @@ def test_a_round_that_drafted_a_token_the_target_lacks_records_it_at_probability
     """A wider draft head (a larger model of the family pads its head further) may propose one of its extra
     rows: the round records the target's probability of it as 0, and does not fail."""
     from playground.engine.speculative.decode import _round_event
-    from playground.engine.speculative.drafters import Draft
+    from playground.engine.speculative.tree import chain
     from playground.engine.speculative.verify import Verdict
     from playground.engine.token_text import TokenTextCache
 
@@ -1219,7 +1219,9 @@ def test_a_round_that_drafted_a_token_the_target_lacks_records_it_at_probability
     target = torch.full((2, vocab), 1.0 / vocab)
     q = torch.zeros((1, vocab + 8))
     q[0, vocab + 3] = 1.0
-    event = _round_event(0, 0, 1, Draft([vocab + 3], q), Verdict(0, 5, (0.5,)), target, tiny_lm,
+    draft = chain([vocab + 3])
+    draft.probs = q
+    event = _round_event(0, 0, 1, draft, True, Verdict(0, 5, (0.5,)), [], target, tiny_lm,
                          TokenTextCache(tiny_lm.tokenizer), "correction", 0.0, 0.0, 0, 0)
     assert event.drafted[0].target_prob == 0.0 and event.drafted[0].draft_prob == 1.0
     assert event.target_prob == pytest.approx(1.0 / vocab)

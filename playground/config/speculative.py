@@ -11,7 +11,7 @@ from playground.config.table import setting
 from playground.events import TokenStep
 from playground.events.speculative import SpeculativeRound
 
-DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized")
+DRAFTERS = ("prompt-lookup", "layers", "model", "jacobi", "quantized", "suffix")
 
 
 @register_group
@@ -25,12 +25,19 @@ class SpeculativeSettings(SettingsGroup):
         "prompt-lookup", "drafter", "who proposes tokens: prompt-lookup copies the continuation of a recent "
         "matching n-gram of the text; layers = the target's own first layers (LayerSkip-style); model = a separate "
         "small model with the same tokenizer; jacobi = the target refining a guess in parallel (Jacobi iteration); "
-        "quantized = the target's quantized copy", choices=DRAFTERS)
+        "quantized = the target's quantized copy; suffix = no model: what followed the text's latest tokens in the "
+        "prompt, the output and this session's earlier runs on the model (SuffixDecoding)", choices=DRAFTERS)
     draft_k: int = setting(4, "draft tokens", "tokens drafted per round, all checked by one target forward pass",
                            minimum=1, maximum=16)
     adaptive_k: bool = setting(False, "adaptive k", "change the draft length each round as transformers' "
                                "heuristic schedule does: +2 after a fully accepted draft, −1 after a rejection "
                                "(between 1 and 16, starting at draft tokens); off: always draft tokens")
+    tree_width: int = setting(1, "tree width", "candidates per depth: 1 drafts a chain; more drafts a tree (prompt "
+                              "lookup: that many matches; a model drafter: its likeliest tokens at each depth; "
+                              "suffix: children per node), verified by the target in one pass with a tree "
+                              "attention mask", minimum=1, maximum=8)
+    tree_nodes: int = setting(16, "tree nodes", "a tree's node budget: at most this many drafted tokens per round "
+                              "(its depth is draft tokens)", minimum=1, maximum=64)
     do_sample: bool = setting(False, "sample", "sample with the sampling settings, verified by the rejection rule "
                               "(accept with min(1, p/q), else resample from max(0, p - q)); off: greedy, accept "
                               "drafts equal to the target's argmax")
@@ -51,11 +58,14 @@ class SpeculativeSettings(SettingsGroup):
                  "quantized": f" ({self.draft_quant})",
                  "prompt-lookup": f" (n-gram {self.prompt_lookup_ngram})"}.get(self.draft, "")
         k = f"{self.draft_k}" + (" (adaptive)" if self.adaptive_k else "")
-        return f"{self.draft}{extra} drafts {k}" + (" · sampled" if self.do_sample else "")
+        shape = f" deep, tree {self.tree_width} wide ≤ {self.tree_nodes} nodes" if self.tree_width > 1 else ""
+        return f"{self.draft}{extra} drafts {k}{shape}" + (" · sampled" if self.do_sample else "")
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.draft != "model" or bool(self.draft_model.strip()),
-                 "the model drafter needs --draft-model PATH (a small model with the target's tokenizer)")]
+                 "the model drafter needs --draft-model PATH (a small model with the target's tokenizer)"),
+                (self.draft != "jacobi" or self.tree_width == 1,
+                 "the jacobi drafter refines one guess in place: it drafts a chain (--tree-width 1)")]
 
 
 register_strategy(Strategy(

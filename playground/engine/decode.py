@@ -20,6 +20,7 @@ import torch
 from playground.config import RunSettings
 from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.run_events import RunRecorder
+from playground.engine.run_history import remember
 from playground.engine.token_text import IncrementalDecoder
 from playground.events import Event, RunFinished
 from playground.models.loaded import LoadedModel
@@ -148,6 +149,7 @@ class DecodeLoop:
 
     def finished(self, figures: dict[str, float] | None = None, **extra: Any) -> RunFinished:
         text = self.lm.tokenizer.decode(self.generated, skip_special_tokens=True)
+        remember(self.lm.model, self.prompt_ids + self.generated)  # the suffix drafter learns from earlier runs
         done = self.record.finished(self.generated, text, self.stop_reason, steps=len(self.generated), **extra)
         changes: dict[str, Any] = {"cut_short": self.cut_short}
         if figures is not None:

@@ -27,7 +27,6 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
 from playground.engine.speculative.drafters import (
-    Draft,
     Drafter,
     JacobiDrafter,
     LayersDrafter,
@@ -37,7 +36,16 @@ from playground.engine.speculative.drafters import (
     keep_past,
     roll_back,
 )
-from playground.engine.speculative.verify import Verdict, verify_greedy, verify_sampled
+from playground.engine.speculative.suffix import SuffixDrafter
+from playground.engine.speculative.tree import DraftTree, chain
+from playground.engine.speculative.tree_pass import keep_path, tree_inputs
+from playground.engine.speculative.verify import (
+    Verdict,
+    verify_greedy,
+    verify_sampled,
+    verify_tree_greedy,
+    verify_tree_sampled,
+)
 from playground.engine.step_analysis import analyse_step
 from playground.engine.token_text import TokenTextCache
 from playground.engine.variants import BuildStopped, FirstLayers, Progress, QuantizedCopy, SmallModel, detail, variant
@@ -78,6 +86,8 @@ def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[Nam
         return PromptLookupDrafter(spec.prompt_lookup_ngram)
     if spec.draft == "jacobi":
         return JacobiDrafter()
+    if spec.draft == "suffix":
+        return SuffixDrafter(lm.model)
     kinds = {"layers": (LayersDrafter, FirstLayers(spec.draft_layers)),
              "model": (SmallModelDrafter, SmallModel(spec.draft_model)),
              "quantized": (QuantizedDrafter, QuantizedCopy.quick(spec.draft_quant))}
@@ -99,7 +109,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     draft_ms_total = verify_ms_total = 0.0
 
     def step(_index: int, _forced: int | None) -> Picked:
-        """One round: draft (or take the forced tokens), verify in one target pass, roll the caches back."""
+        """One round: draft a chain or a tree (or take the forced tokens), verify it in one target pass, keep the
+        accepted path in the caches."""
         nonlocal k, rounds, drafted_total, accepted_total, target_calls, draft_ms_total, verify_ms_total
         generated, cache = loop.generated, loop.cache
         ids = prompt_ids + generated  # prompt + emitted tokens
@@ -107,44 +118,57 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         forcing = len(generated) < len(forced)
         start = time.perf_counter()
         if forcing:  # branching: the forced tokens are a draft that is accepted whatever the target says
-            draft = Draft(forced[len(generated) : len(generated) + room], None)
+            tree = chain(forced[len(generated) : len(generated) + room])
+        elif room <= 1:
+            tree = DraftTree()
+        elif spec.tree_width > 1 or spec.draft == "suffix":
+            tree = drafter.propose_tree(ids, min(k, room - 1), spec.tree_width, spec.tree_nodes)
         else:
-            draft = drafter.propose(ids, min(k, room - 1)) if room > 1 else Draft([], None)
-            draft.tokens = draft.tokens[: max(0, room - 1)]
+            draft = drafter.propose(ids, min(k, room - 1))
+            tree = chain(draft.tokens[: max(0, room - 1)])
+            tree.probs = draft.probs[: len(tree)] if draft.probs is not None else None
+        is_chain = tree.is_chain()
         draft_ms = (time.perf_counter() - start) * 1000
         start = time.perf_counter()
-        context = torch.tensor([ids + draft.tokens], device=lm.device)  # [1, len(ids) + n]
         prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
-        captured = LayerOutputs(lens.stack, len(draft.tokens) + 1) if lens is not None else nullcontext()
+        captured = LayerOutputs(lens.stack, len(tree) + 1) if lens is not None else nullcontext()
         with captured:  # the lens: every layer's output at the verified positions
-            raw, processed = _score(lm, cache, ids, draft.tokens, context, pipeline)  # [n + 1, vocab]
+            raw, processed = _score(lm, cache, ids, tree, pipeline)  # [n + 1, vocab]
         target_calls += 1
-        verdict, target_probs = _verify(draft, processed, spec.do_sample, generator, forcing)
-        # The target's token after the kept prefix comes in the round only when there is room for it.
-        emitted = draft.tokens[: verdict.accepted]
+        verdict, target_probs = _verify(tree, processed, spec.do_sample, generator, forcing)
+        path = list(verdict.path) if not is_chain else list(range(verdict.accepted))
+        rows = [0] + [1 + node for node in path]  # row j of the pass predicts the j-th token of the round
+        # The target's token after the kept path comes in the round only when there is room for it.
+        emitted = [tree.tokens[node] for node in path]
         with_target = len(emitted) < room
         if with_target:
             emitted = [*emitted, verdict.token_id]
         kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
-        roll_back(cache, kept)
-        drafter.after_round(kept, processed.argmax(dim=-1).tolist(), verdict.accepted)
+        if is_chain:
+            roll_back(cache, kept)
+        else:
+            keep_path(cache, len(ids), path)
+        choices = processed.argmax(dim=-1).tolist()
+        drafter.after_round(kept, [choices[row] for row in rows] if not is_chain else choices, verdict.accepted)
         verify_ms = (time.perf_counter() - start) * 1000
-        first_step, read = len(generated), len(ids)
+        first_step = len(generated)
         kv_bytes = kv_cache_bytes(cache)
-        # Recording the round's tokens is part of its time, as a plain step's is: each token j follows
-        # ids + draft[:j] (every emitted token but the last is an accepted draft).
+        # Recording the round's tokens is part of its time, as a plain step's is: token j follows ids + the
+        # round's first j tokens (every emitted token but the last is an accepted draft).
         analyses = []
         for j, token in enumerate(emitted):
-            analysis = analyse_step(pipeline, context[:, : read + j], raw[j : j + 1], settings.num_candidates)
+            context = torch.tensor([ids + emitted[:j]], device=lm.device)
+            analysis = analyse_step(pipeline, context, raw[rows[j] : rows[j] + 1], settings.num_candidates)
             analysis.token_id = token
             analyses.append(analysis)
-        lens_steps = [captured.step_event(j, first_step + j, lens.top, token_text, raw[j])
+        lens_steps = [captured.step_event(rows[j], first_step + j, lens.top, token_text, raw[rows[j]])
                       for j in range(len(emitted))] if lens is not None else []
         if not forcing:
-            if spec.adaptive_k and draft.tokens:
-                k = next_draft_length(k, verdict.accepted, len(draft.tokens))
+            if spec.adaptive_k and len(tree):
+                depth = max(tree.depths()) + 1
+                k = next_draft_length(k, min(verdict.accepted, depth), depth)
             rounds += 1
-            drafted_total += len(draft.tokens)
+            drafted_total += len(tree)
             accepted_total += verdict.accepted
             draft_ms_total += draft_ms
             verify_ms_total += verify_ms
@@ -152,15 +176,16 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
 
         def events(texts: list[str], round_ms: float) -> list[Event]:
             n = len(texts)  # the loop cut the round at an end (EOS, a stop string)
-            steps = [analyses[j].to_event(step=first_step + j, text=texts[j], forced=forcing and j < len(draft.tokens),
+            steps = [analyses[j].to_event(step=first_step + j, text=texts[j], forced=forcing and j < len(tree),
                                           step_ms=round_ms / n, kv_bytes=kv_bytes, token_text=token_text)
                      for j in range(n)]
             out: list[Event] = []
             if not forcing:
                 cut = n < len(emitted)  # the run ended inside the round
-                out.append(_round_event(round_index, first_step, n, draft, verdict, target_probs, lm, token_text,
-                                        "none" if cut or not with_target else
-                                        ("bonus" if verdict.accepted == len(draft.tokens) else "correction"),
+                leaf = not tree.children(path[-1] if path else -1)
+                out.append(_round_event(round_index, first_step, n, tree, is_chain, verdict, path, target_probs, lm,
+                                        token_text, "none" if cut or not with_target else
+                                        ("bonus" if leaf else "correction"),
                                         draft_ms, verify_ms, kv_bytes, prompt_read))
             for j, token_step in enumerate(steps):
                 if lens_steps:
@@ -171,8 +196,10 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         return Picked(emitted, events)
 
     yield loop.started()
+    tree_width = spec.tree_width if spec.tree_width > 1 else 1
     yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
-                             do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens)
+                             do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens, tree_width=tree_width,
+                             tree_nodes=spec.tree_nodes if tree_width > 1 else 0)
     if lens is not None:
         yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
     with torch.inference_mode():
@@ -211,54 +238,76 @@ def next_draft_length(k: int, accepted: int, drafted: int) -> int:
     return min(16, k + 2) if accepted == drafted else max(1, k - 1)
 
 
-def _score(lm: LoadedModel, cache: object, ids: list[int], draft: list[int], context: torch.Tensor,
+def _score(lm: LoadedModel, cache: object, ids: list[int], tree: DraftTree,
            pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's raw and processed logits [len(draft) + 1, vocab] for every drafted position and the one after,
-    in one forward pass over what the cache has not read (the last emitted token; the prompt's tail in the first
-    round) + the draft. Row j predicts the token after ids + draft[:j] (= context[:, :len(ids) + j])."""
+    """The target's raw and processed logits [len(tree) + 1, vocab] in one forward pass over what the cache has
+    not read (the last emitted token; the prompt's tail in the first round) + the drafted nodes: row 0 predicts
+    the token after ``ids``, row 1 + i the token after node i's path. A tree's nodes see only their ancestors
+    (``tree_inputs``); a chain needs no mask of its own."""
     keep_past(cache)  # the pass may be rolled back, also across a sliding window
-    feed = ids[cache.get_seq_length():] + draft
-    rows = len(draft) + 1
-    out = lm.model(input_ids=torch.tensor([feed], device=lm.device), cache=cache, use_cache=True,
-                   **keep_last_logits(lm.model, rows))
+    tail = ids[cache.get_seq_length():]
+    rows = len(tree) + 1
+    extra = {}
+    if not tree.is_chain():
+        mask, positions = tree_inputs(lm.model, cache, len(tail), tree, lm.device)
+        extra = {"attention_mask": mask, "position_ids": positions}
+    out = lm.model(input_ids=torch.tensor([tail + tree.tokens], device=lm.device), cache=cache, use_cache=True,
+                   **keep_last_logits(lm.model, rows), **extra)
     raw = out.logits[0, -rows:].float()
     if not pipeline:
         return raw, raw
-    processed = torch.cat([run_pipeline(pipeline, context[:, : len(ids) + j], raw[j : j + 1]) for j in range(rows)])
+    contexts = [ids] + [ids + tree.path_tokens(i) for i in range(len(tree))]
+    processed = torch.cat([run_pipeline(pipeline, torch.tensor([c], device=lm.device), raw[j : j + 1])
+                           for j, c in enumerate(contexts)])
     return raw, processed
 
 
-def _verify(draft: Draft, processed: torch.Tensor, sample: bool, generator: torch.Generator,
+def _verify(tree: DraftTree, processed: torch.Tensor, sample: bool, generator: torch.Generator,
             forcing: bool) -> tuple[Verdict, torch.Tensor]:
     probs = processed.softmax(dim=-1)
     if forcing:
         choice = int(torch.multinomial(probs[-1], 1, generator=generator).item()) if sample else \
             int(processed[-1].argmax().item())
-        return Verdict(len(draft.tokens), choice, ()), probs
+        return Verdict(len(tree), choice, ()), probs
+    if not tree.is_chain():
+        if not sample:
+            return verify_tree_greedy(tree, processed.argmax(dim=-1).tolist()), probs
+        return verify_tree_sampled(tree, probs, generator), probs
     if not sample:
-        return verify_greedy(draft.tokens, processed), probs
-    q = draft.probs
+        return verify_greedy(tree.tokens, processed), probs
+    q = tree.probs
     if q is None:  # a deterministic drafter: q is one-hot on each drafted token
-        q = torch.zeros((len(draft.tokens), probs.shape[-1]), device=probs.device)
-        if draft.tokens:
-            q[torch.arange(len(draft.tokens)), torch.tensor(draft.tokens, device=probs.device)] = 1.0
-    return verify_sampled(draft.tokens, q, probs, generator), probs
+        q = torch.zeros((len(tree), probs.shape[-1]), device=probs.device)
+        if len(tree):
+            q[torch.arange(len(tree)), torch.tensor(tree.tokens, device=probs.device)] = 1.0
+    return verify_sampled(tree.tokens, q, probs, generator), probs
 
 
-def _round_event(index: int, first_step: int, emitted: int, draft: Draft, verdict: Verdict, target_probs: torch.Tensor,
-                 lm: LoadedModel, token_text: TokenTextCache, kind: str, draft_ms: float, verify_ms: float,
-                 kv_bytes: int, prompt_read: int) -> SpeculativeRound:
+def _round_event(index: int, first_step: int, emitted: int, tree: DraftTree, is_chain: bool, verdict: Verdict,
+                 path: list[int], target_probs: torch.Tensor, lm: LoadedModel, token_text: TokenTextCache, kind: str,
+                 draft_ms: float, verify_ms: float, kv_bytes: int, prompt_read: int) -> SpeculativeRound:
+    # A tree round lists the accepted path first, then the other nodes in tree order (parents before children).
+    accepted = set(path)
+    order = path + [i for i in range(len(tree)) if i not in accepted]
+    where = {node: j for j, node in enumerate(order)}
+    ranks = tree.ranks()
+    judged = range(len(verdict.draws)) if is_chain else verdict.draw_nodes  # the node each draw judged
+    draws = dict(zip(judged, verdict.draws, strict=True))
     drafted = []
-    for i, token in enumerate(draft.tokens):
-        q = float(draft.probs[i, token]) if draft.probs is not None else 1.0
+    for node in order:
+        token = tree.tokens[node]
+        row = 0 if tree.parents[node] < 0 else 1 + tree.parents[node]  # the target's row at the node's position
+        q = float(tree.probs[node, token]) if tree.probs is not None else 1.0
         drafted.append(DraftToken(
             # A wider draft head may propose a row the target lacks: the target gives it probability 0 (rejected).
             token_id=token, text=token_text(token), draft_prob=q,
-            target_prob=float(target_probs[i, token]) if token < target_probs.shape[-1] else 0.0,
-            accepted=i < verdict.accepted, draw=verdict.draws[i] if i < len(verdict.draws) else None))
-    target_prob = float(target_probs[verdict.accepted, verdict.token_id])
+            target_prob=float(target_probs[row, token]) if token < target_probs.shape[-1] else 0.0,
+            accepted=node in accepted, draw=draws.get(node), rank=ranks[node]))
+    last = 1 + path[-1] if path else 0
+    target_prob = float(target_probs[last, verdict.token_id])
+    parents = () if is_chain else tuple(where[p] if p >= 0 else -1 for p in (tree.parents[n] for n in order))
     return SpeculativeRound(
         round=index, first_step=first_step, emitted=emitted, drafted=tuple(drafted), accepted=verdict.accepted,
         target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,
         target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes,
-        prompt_read=prompt_read)
+        prompt_read=prompt_read, parents=parents)

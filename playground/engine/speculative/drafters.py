@@ -20,6 +20,8 @@ from transformers import DynamicCache
 
 from playground.engine.processors import NamedTransform, run_pipeline
 from playground.engine.speculative.rollback import keep_past, roll_back
+from playground.engine.speculative.tree import DraftTree, chain, trie
+from playground.engine.speculative.tree_pass import tree_inputs
 
 
 @dataclass
@@ -36,9 +38,20 @@ class Drafter:
     def propose(self, ids: list[int], k: int) -> Draft:
         raise NotImplementedError
 
+    def propose_tree(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
+        """A tree of candidates, at most ``depth`` deep, ``width`` wide and ``budget`` nodes; a drafter that
+        drafts only chains proposes its chain."""
+        draft = self.propose(ids, min(depth, budget))
+        tree = chain(draft.tokens)
+        tree.probs = draft.probs
+        return tree
+
     def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
         """``kept``: tokens now confirmed (context + accepted drafts, before the target's own token);
         ``target_choices``: the target's argmax at each verified position."""
+
+    def run_ended(self, ids: list[int]) -> None:
+        """The run's prompt and output, once it ended (a drafter that learns from earlier runs keeps them)."""
 
 
 class PromptLookupDrafter(Drafter):
@@ -50,6 +63,29 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int) -> Draft:
         return Draft(lookup_continuation(ids, k, self.max_ngram), None)
+
+    def propose_tree(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
+        return trie(lookup_branches(ids, depth, self.max_ngram, width), budget)
+
+
+def lookup_branches(ids: list[int], k: int, max_ngram: int, width: int) -> list[list[int]]:
+    """Up to ``width`` continuations of earlier occurrences of the text's last n-grams: the chain's draft
+    (``lookup_continuation``) first, then the other occurrences of the longest n-gram that recurs (latest first),
+    then of shorter n-grams. A continuation that is a prefix of one already taken adds nothing and is skipped."""
+    first = lookup_continuation(ids, k, max_ngram)
+    branches = [first] if first else []
+    if not first:
+        return branches
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        suffix = ids[-n:]
+        for start in range(len(ids) - n - 1, -1, -1):
+            if len(branches) >= width:
+                return branches
+            if ids[start : start + n] == suffix:
+                continuation = ids[start + n : start + n + k]
+                if continuation and not any(b[: len(continuation)] == continuation for b in branches):
+                    branches.append(continuation)
+    return branches
 
 
 def lookup_continuation(ids: list[int], k: int, max_ngram: int) -> list[int]:
@@ -112,6 +148,70 @@ class ModelDrafter(Drafter):
 
     def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
         roll_back(self.cache, kept)
+
+    def _distribution(self, context: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's processed probabilities [vocab] after ``context`` from its raw ``logits`` [vocab]."""
+        row = logits[None].float()
+        return run_pipeline(self.pipeline, torch.tensor([context], device=self.device), row).softmax(dim=-1)[0]
+
+    def _children(self, q: torch.Tensor, width: int) -> list[int]:
+        """Greedy: the ``width`` likeliest tokens (distinct); sampling: ``width`` independent draws from q (what
+        SpecInfer's verification assumes; a token may come twice)."""
+        if self.sample:
+            return torch.multinomial(q, width, replacement=True, generator=self.generator).tolist()
+        return torch.topk(q, width).indices.tolist()
+
+    def propose_tree(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
+        """Depth by depth, one drafter pass each: the ``width`` likeliest paths so far (by the product of q along
+        them) get children. Greedy keeps the ``width`` likeliest children of a depth (and always the first choice
+        after the first choice: the chain is a branch of the tree); sampling keeps every drawn child of an
+        expanded node, as its rule needs. The drafter's cache is back at ``ids`` afterwards."""
+        tree = DraftTree()
+        if depth <= 0 or budget <= 0:
+            return tree
+        rows: list[torch.Tensor] = []  # each node's q: the distribution it was chosen from
+        cached = self.cache.get_seq_length()
+        logits = self.model(input_ids=torch.tensor([ids[cached:]], device=self.device), cache=self.cache,
+                            use_cache=True).logits[0, -1]
+        # (node, its q, log of the path's probability); the chain's node first
+        frontier: list[tuple[int, torch.Tensor, float]] = [(-1, self._distribution(ids, logits), 0.0)]
+        read = 0
+        for level in range(depth):
+            groups = []  # (parent, tokens, q, parent's score)
+            for node, q, score in frontier[:width]:
+                groups.append((node, self._children(q, width), q, score))
+            start = len(tree)
+            if self.sample:
+                for node, tokens, q, _score in groups:
+                    if len(tree) + len(tokens) > budget:
+                        break
+                    for token in tokens:
+                        tree.add(token, node)
+                        rows.append(q)
+            else:
+                scored = [(score + float(q[t].clamp(min=1e-30).log()), node, t, q)
+                          for node, tokens, q, score in groups for t in tokens]
+                chain_child = scored[0]
+                best = [chain_child, *sorted(scored[1:], key=lambda c: -c[0])[: width - 1]]
+                for _score, node, token, q in best[: budget - len(tree)]:
+                    tree.add(token, node)
+                    rows.append(q)
+            new = list(range(start, len(tree)))
+            if not new or level == depth - 1 or len(tree) >= budget:
+                break
+            mask, positions = tree_inputs(self.model, self.cache, 0, tree, self.device, read=read)
+            out = self.model(input_ids=torch.tensor([tree.tokens[read:]], device=self.device), cache=self.cache,
+                             use_cache=True, attention_mask=mask, position_ids=positions).logits[0]
+            read = len(tree)
+            frontier = []
+            for j, node in enumerate(new):
+                q = self._distribution(ids + tree.path_tokens(node), out[j])
+                path_score = sum(float(rows[i][tree.tokens[i]].clamp(min=1e-30).log()) for i in tree.path_to(node))
+                frontier.append((node, q, path_score))
+            frontier = [frontier[0], *sorted(frontier[1:], key=lambda f: -f[2])]  # the chain's node stays first
+        roll_back(self.cache, len(ids))
+        tree.probs = torch.stack(rows) if rows else None
+        return tree
 
 
 class LayersDrafter(ModelDrafter):
