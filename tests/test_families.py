@@ -23,6 +23,7 @@ from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, TokenStep
 from playground.events.contrastive import ContrastStep
 from playground.events.layers import LayerStep
+from playground.events.speculative import SpeculativeRound
 from playground.models.anatomy import anatomy_of, family_name
 from playground.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 
@@ -308,6 +309,33 @@ def test_every_drafter_equals_plain_greedy_across_the_window(lm, draft):
         extra = {"draft_quant": "rtn-int8"}
     events = run(lm, strategy="speculative", draft=draft, draft_k=4, max_new_tokens=NEW + 6, **extra)
     assert list(done(events).token_ids) == generate(lm, ids, NEW + 6)
+
+
+@pytest.mark.parametrize("draft", ["prompt-lookup", "layers", "suffix"])
+def test_every_tree_drafter_equals_plain_greedy_across_the_window(lm, draft):
+    """Trees 3 wide, verified in one pass through the family's own masks (sliding layers: their window); the
+    layers drafter's q at every node is the lens of layer 2 after the node's parent's path, computed here."""
+    ids = prompt_ids(lm)
+    extra = {"draft_layers": 2} if draft == "layers" else {}
+    events = run(lm, strategy="speculative", draft=draft, draft_k=3, tree_width=3, tree_nodes=9,
+                 max_new_tokens=NEW + 6, **extra)
+    finished = done(events)
+    assert list(finished.token_ids) == generate(lm, ids, NEW + 6)
+    if draft != "layers":
+        return
+    full = ids + list(finished.token_ids)
+    rounds = [e for e in events if isinstance(e, SpeculativeRound)]
+    deep = 0
+    for r in rounds[:4]:
+        context = full[: len(ids) + r.first_step]
+        paths: list[list[int]] = []
+        for i, parent in enumerate(r.parents):
+            before = paths[parent] if parent >= 0 else []
+            q = hand_lens(lm.model, context + before)[1].exp()
+            assert r.drafted[i].draft_prob == pytest.approx(float(q[r.drafted[i].token_id]), abs=2e-4)
+            paths.append([*before, r.drafted[i].token_id])
+            deep += parent >= 0
+    assert deep > 0, "precondition: nodes below the first depth"
 
 
 # ------------------------------------------------------------------------ contrastive and cascade variants

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from playground.engine.processors import NamedTransform, run_pipeline
 from playground.engine.speculative.rollback import keep_past, roll_back
 from playground.engine.speculative.tree import DraftTree, chain, trie
-from playground.engine.speculative.tree_pass import tree_inputs
+from playground.engine.speculative.tree_pass import has_sliding_layers, tree_inputs
 
 
 @dataclass
@@ -199,9 +199,12 @@ class ModelDrafter(Drafter):
             new = list(range(start, len(tree)))
             if not new or level == depth - 1 or len(tree) >= budget:
                 break
+            if has_sliding_layers(self.cache):  # a sliding window cannot hold cached nodes: re-read the tree
+                roll_back(self.cache, len(ids))
+                read = 0
             mask, positions = tree_inputs(self.model, self.cache, 0, tree, self.device, read=read)
             out = self.model(input_ids=torch.tensor([tree.tokens[read:]], device=self.device), cache=self.cache,
-                             use_cache=True, attention_mask=mask, position_ids=positions).logits[0]
+                             use_cache=True, attention_mask=mask, position_ids=positions).logits[0, -len(new):]
             read = len(tree)
             frontier = []
             for j, node in enumerate(new):
