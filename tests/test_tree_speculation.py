@@ -396,3 +396,51 @@ def test_tree_rounds_round_trip_through_a_saved_run(tiny_lm):
 def test_the_jacobi_drafter_refuses_a_tree():
     with pytest.raises(ConfigError, match="jacobi drafter refines one guess"):
         RunSettings.from_flat(strategy="speculative", draft="jacobi", tree_width=2).validate()
+
+
+def test_a_lookup_tree_resumes_the_last_rounds_rejected_draft_after_the_targets_token(tiny_lm):
+    """After a round that rejected a drafted token, the next round's tree holds, from the context down, the
+    rejected child of the last accepted node (rank 0) and its rank-0 descendants: read from the events here."""
+    events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=60, draft="prompt-lookup", draft_k=4, tree_width=2,
+                  tree_nodes=12)
+    rounds = rounds_of(events)
+    checked = 0
+    for before, after in zip(rounds, rounds[1:], strict=False):
+        if before.target_kind != "correction":
+            continue
+        parents = before.parents or tuple(range(-1, len(before.drafted) - 1))  # a tree round that drew a chain
+        last = before.accepted - 1  # the path is listed first; -1: nothing accepted
+        rest, node = [], last
+        while True:
+            kids = [i for i, p in enumerate(parents) if p == node and before.drafted[i].rank == 0]
+            if not kids:
+                break
+            node = kids[0]
+            rest.append(before.drafted[node].token_id)
+        depth = max(after.depths()) + 1 if after.drafted else 0
+        branch, node = [], -1
+        for token in rest[:depth]:
+            kids = [i for i, p in enumerate(after.parents or range(-1, len(after.drafted) - 1))
+                    if p == node and after.drafted[i].token_id == token]
+            assert kids, f"round {after.round}: the resumed draft {rest[:depth]} is not in the tree"
+            node = kids[0]
+            branch.append(token)
+        checked += bool(rest)
+    assert checked >= 3, "precondition: rounds with a rejection followed by a tree"
+
+
+def test_after_an_inserted_token_the_lookup_tree_resumes_the_copy():
+    """The text copies [10, 11, 12, 13, 14, 15]; the target accepts 10, 11 and then inserts 99 (a token the text
+    never had, so no lookup matches after it): the next tree is the rejected rest, 12 13 14 ..., resumed."""
+    from playground.engine.speculative.drafters import PromptLookupDrafter
+
+    source = [10, 11, 12, 13, 14, 15, 16, 17]
+    ids = [5, *source, 6, 7, 8, 10]
+    drafter = PromptLookupDrafter(2)
+    tree = drafter.propose_tree(ids, 4, 2, 12)
+    assert tree.first_branch() == [11, 12, 13, 14]
+    drafter.after_round(len(ids) + 1, [11, 99], 1)  # accepted 11; the target's own token: 99
+    after = [*ids, 11, 99]
+    assert drafter.propose_tree(after, 4, 2, 12).first_branch() == [12, 13, 14]
+    plain = PromptLookupDrafter(2)
+    assert len(plain.propose_tree(after, 4, 2, 12)) == 0, "precondition: no lookup matches after 99"

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from playground.engine.processors import NamedTransform, run_pipeline
 from playground.engine.speculative.rollback import keep_past, roll_back
-from playground.engine.speculative.tree import DraftTree, chain, trie
+from playground.engine.speculative.tree import DraftTree, chain, graft, trie
 from playground.engine.speculative.tree_pass import has_sliding_layers, tree_inputs
 
 
@@ -60,12 +60,56 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int) -> None:
         self.max_ngram = max_ngram
         self.detail = f"longest n-gram {max_ngram}, latest match with a full continuation"
+        self.resumed = ResumedDraft()
 
     def propose(self, ids: list[int], k: int) -> Draft:
         return Draft(lookup_continuation(ids, k, self.max_ngram), None)
 
     def propose_tree(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
-        return trie(lookup_branches(ids, depth, self.max_ngram, width), budget)
+        """The chain's draft, then the last round's rejected draft resumed after the target's own token
+        (``ResumedDraft``), then the other matches (``width`` matches in all)."""
+        branches = lookup_branches(ids, depth, self.max_ngram, width)
+        tree = trie(branches[:1], budget)
+        graft(tree, self.resumed.branch(depth), budget)
+        for branch in branches[1:]:
+            graft(tree, branch, budget)
+        return self.resumed.proposed(tree)
+
+    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+        self.resumed.verdict(target_choices, accepted)
+
+
+class ResumedDraft:
+    """A model-free drafter's memory of what the target turned down last round: the rejected child of the
+    accepted path's last node and that child's first branch. Offered again next round, right after the target's
+    own token, it catches an insertion: a model copying a text while adding a word or a comma puts its token
+    before the drafted one and then goes on copying, where a lookup after the inserted token often finds no match,
+    or the wrong one."""
+
+    def __init__(self) -> None:
+        self.last = DraftTree()  # the tree of the round in verification
+        self.rest: list[int] = []
+
+    def branch(self, depth: int) -> list[int]:
+        return self.rest[:depth]
+
+    def proposed(self, tree: DraftTree) -> DraftTree:
+        self.last = tree
+        return tree
+
+    def verdict(self, target_choices: list[int], accepted: int) -> None:
+        """``target_choices[:accepted]``: the accepted path's tokens (the target chose each of them)."""
+        tree, self.last, self.rest = self.last, DraftTree(), []
+        node = -1
+        for token in target_choices[:accepted]:
+            found = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
+            if found is None:
+                return
+            node = found
+        kids = tree.children(node)
+        while kids:
+            self.rest.append(tree.tokens[kids[0]])
+            kids = tree.children(kids[0])
 
 
 def lookup_branches(ids: list[int], k: int, max_ngram: int, width: int) -> list[list[int]]:

@@ -15,8 +15,8 @@ from collections import defaultdict
 from torch import nn
 
 from playground.engine.run_history import earlier_runs
-from playground.engine.speculative.drafters import Draft, Drafter
-from playground.engine.speculative.tree import DraftTree
+from playground.engine.speculative.drafters import Draft, Drafter, ResumedDraft
+from playground.engine.speculative.tree import DraftTree, graft
 
 MAX_PATTERN = 32  # the longest suffix of the text matched
 
@@ -34,6 +34,7 @@ class SuffixDrafter(Drafter):
         self.current = len(self.corpus)  # the current text's sequence number
         self.corpus.append([])
         self.indexed = 0
+        self.resumed = ResumedDraft()
         runs = len(self.corpus) - 1
         self.detail = (f"suffix match over the prompt, the output and {runs} earlier run{'s' * (runs != 1)} "
                        "on this model")
@@ -76,8 +77,17 @@ class SuffixDrafter(Drafter):
         return Draft(self.propose_tree(ids, k, 1, k).tokens, None)
 
     def propose_tree(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
-        """The ``budget`` likeliest nodes, best first, at most ``width`` children per node and ``depth`` deep; a
-        node's likelihood is the weight of the matches whose continuation passes through it over all matches'."""
+        """The likeliest nodes, best first, at most ``width`` children per node and ``depth`` deep; a node's
+        likelihood is the weight of the matches whose continuation passes through it over all matches'. A tree
+        (``width`` > 1) also resumes the last round's rejected draft (``ResumedDraft``), within ``budget``."""
+        resumed = self.resumed.branch(depth) if width > 1 else []
+        tree = self._likeliest(ids, depth, width, budget - len(resumed))
+        return self.resumed.proposed(graft(tree, resumed, budget))
+
+    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+        self.resumed.verdict(target_choices, accepted)
+
+    def _likeliest(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
         tree = DraftTree()
         found = self.matches(ids) if depth > 0 and budget > 0 else []
         if not found:

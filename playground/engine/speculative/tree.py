@@ -93,6 +93,19 @@ def trie(branches: Iterable[Sequence[int]], budget: int) -> DraftTree:
     return tree
 
 
+def graft(tree: DraftTree, branch: Sequence[int], budget: int) -> DraftTree:
+    """Add ``branch`` (from the context down) to ``tree`` where it is not there yet, within ``budget`` nodes."""
+    parent = -1
+    for token in branch:
+        node = next((c for c in tree.children(parent) if tree.tokens[c] == token), None)
+        if node is None:
+            if len(tree) >= budget:
+                break
+            node = tree.add(token, parent)
+        parent = node
+    return tree
+
+
 def ancestors_mask(tree: DraftTree) -> torch.Tensor:
     """[n, n] bool: entry (i, j) is True when node j is node i or one of its ancestors (what node i may attend to
     among the tree's nodes)."""
