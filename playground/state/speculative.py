@@ -3,12 +3,16 @@
 Three kinds of output mark: drafted tokens the target *accepted*, drafted tokens it *rejected* (kept in the text,
 right after the accepted prefix of their round, where the target's correction follows them), and the *target's own*
 token of each round (the correction after a rejection, or the bonus after a fully accepted draft). Tokens forced by
-branching come in ordinary ``token`` events with no round; they are marks of their own.
+branching come in ordinary ``token`` events with no round; they are marks of their own. A tree round (each round
+drafts a tree of candidates) marks as rejected only the children of the accepted path's last node (of the context
+when nothing was accepted), in the drafter's rank order: the alternatives the target turned down where the path
+stopped, not every branch the tree held.
 
-Figures (live, from the rounds): acceptance overall and by draft position, mean accepted drafts per round, target
-calls saved, and a what-if of the expected speed-up against k (Leviathan et al. 2023) from the measured acceptance
-and the measured draft and verify times. The measured speed-up against plain decoding arrives with the run's final
-event (``RunFinished.figures``).
+Figures (live, from the rounds): acceptance overall and by draft position (by depth, for trees), mean accepted drafts
+per round, target calls saved, and a what-if of the expected speed-up against k (Leviathan et al. 2023) from the
+measured acceptance and the measured draft and verify times; for tree runs also a what-if grid over the tree's depth
+and width (``tree_what_if``). The measured speed-up against plain decoding arrives with the run's final event
+(``RunFinished.figures``).
 
 Events come in the engine's order: a round, then the ``token`` events of the tokens it emitted. Folding one event
 costs time proportional to that event (sums are kept, not recounted), so a view can refresh often.
@@ -38,7 +42,8 @@ class Mark:
     kind: str  # ACCEPTED | REJECTED | TARGET | FORCED
     text: str  # the emitted token's incremental text once its ``token`` event came; the drafted text before
     round: int | None  # the round it belongs to (None: forced, or the target's token after forced tokens)
-    position: int | None  # drafted tokens: position in the draft (0 = first); the target's token: len(draft)
+    position: int | None  # drafted tokens: index into the round's ``drafted`` (a chain's: its position, 0 = first;
+    # a tree's path node i is at depth i); the target's token: the round's accepted count
     step: int | None  # output position of an emitted token (None: rejected drafts, never emitted)
     settled: bool = False  # its text is final (rejected drafts at once; emitted tokens when their step comes)
 
@@ -76,6 +81,36 @@ class WhatIf:
     speedups: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class TreeWhatIf:
+    """Tree runs: what the rounds would have given with the tree cut to its first ``depth`` levels and its first
+    ``width`` children per node (by the drafter's rank). Grids are indexed ``[depth − 1][width − 1]``; the last
+    cell is the tree as drafted (this run)."""
+
+    depths: tuple[int, ...]  # 1 … the most levels a round drafted
+    widths: tuple[int, ...]  # 1 … the highest rank drafted + 1
+    tokens: tuple[tuple[float, ...], ...]  # mean tokens per round: accepted path within the cut, + the target's own
+    nodes: tuple[tuple[float, ...], ...]  # mean nodes per round the cut tree would have drafted
+    speedups: tuple[tuple[float, ...], ...]  # estimated speed-up over plain decoding
+    exact: bool  # greedy verification: the tokens grid is exact (the target's choice at each node is fixed)
+    draft_ms: float  # per drafted node
+    verify_ms_0: float  # c_verify(0)
+    verify_ms_per_node: float  # c_verify's slope per node
+    plain_ms: float
+    plain_measured: bool
+    rounds: int
+
+
+def rejected_nodes(r: SpeculativeRound) -> list[int]:
+    """Indices into ``r.drafted`` of the drafts marked rejected: a chain's drafts after its accepted prefix; a
+    tree's children of the accepted path's last node (of the context when none was accepted), in rank order."""
+    if not r.is_tree:
+        return list(range(r.accepted, len(r.drafted)))
+    last = r.accepted - 1
+    children = [i for i, parent in enumerate(r.parents) if parent == last and i >= r.accepted]
+    return sorted(children, key=lambda i: r.drafted[i].rank)
+
+
 class SpeculativeState(RunEnd):
     """The rounds of one speculative run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
@@ -87,6 +122,8 @@ class SpeculativeState(RunEnd):
         self.detail = ""
         self.draft_k = 0
         self.do_sample = False
+        self.tree_width = 1  # candidates per depth (1: chains)
+        self.tree_nodes = 0  # a tree's node budget (0: chains)
         self.rounds: list[SpeculativeRound] = []
         self.marks: list[Mark] = []
         self.round_marks: list[tuple[int, int]] = []  # (first, end) indices into marks of each round
@@ -94,10 +131,14 @@ class SpeculativeState(RunEnd):
         self.emitted = 0  # token events (every emitted token)
         self.drafted = 0
         self.accepted = 0
-        self.examined = 0  # drafts the verification reached: up to and including the first rejection
-        self.drafted_at: list[int] = []  # per draft position: rounds that drafted a token there
+        self.examined = 0  # draft positions (tree depths) the verification reached: up to the first rejection
+        self.drafted_at: list[int] = []  # per draft position (a tree's depth): rounds that drafted a token there
         self.reached_at: list[int] = []  # ... whose verification reached it (every earlier draft accepted)
         self.accepted_at: list[int] = []  # ... that kept it
+        # Tree runs: sums over the rounds of the tree what-if's cells, [depth − 1][width − 1] (each round's counts
+        # stop growing past its own depth and width, so a grid grows by repeating its last row or column).
+        self._tree_tokens: list[list[int]] = [[0]]
+        self._tree_nodes: list[list[int]] = [[0]]
         self.draft_ms = 0.0
         self.verify_ms = 0.0
         self.prefill_passes = 0  # target passes over the prompt before the first round (0 for a short prompt)
@@ -119,6 +160,7 @@ class SpeculativeState(RunEnd):
         elif isinstance(event, SpeculativeStarted):
             self.drafter, self.detail = event.drafter, event.detail
             self.draft_k, self.do_sample = event.draft_k, event.do_sample
+            self.tree_width, self.tree_nodes = event.tree_width, event.tree_nodes
         elif isinstance(event, PrefillDone):
             self.prefill_passes = event.forward_passes
             self.prompt_passes = event.forward_passes + int(event.deferred_tokens > 0)
@@ -143,8 +185,8 @@ class SpeculativeState(RunEnd):
         for i, d in enumerate(r.drafted[: r.accepted]):
             self._pending[r.first_step + i] = len(self.marks)
             self.marks.append(Mark(ACCEPTED, d.text, index, i, r.first_step + i))
-        for i, d in enumerate(r.drafted[r.accepted :], start=r.accepted):
-            self.marks.append(Mark(REJECTED, d.text, index, i, None, settled=True))
+        for i in rejected_nodes(r):
+            self.marks.append(Mark(REJECTED, r.drafted[i].text, index, i, None, settled=True))
         if r.target_kind != "none":
             step = r.first_step + r.accepted
             self._pending[step] = len(self.marks)
@@ -152,17 +194,20 @@ class SpeculativeState(RunEnd):
         self.round_marks.append((first, len(self.marks)))
         self.drafted += n
         self.accepted += r.accepted
-        self.examined += min(n, r.accepted + 1)
-        while len(self.drafted_at) < n:
+        levels = max(r.depths(), default=-1) + 1  # a chain's: n
+        self.examined += min(levels, r.accepted + 1)
+        while len(self.drafted_at) < levels:
             self.drafted_at.append(0)
             self.reached_at.append(0)
             self.accepted_at.append(0)
-        for i in range(n):
+        for i in range(levels):
             self.drafted_at[i] += 1
             if i <= r.accepted:
                 self.reached_at[i] += 1
             if i < r.accepted:
                 self.accepted_at[i] += 1
+        if self.tree_width > 1:
+            self._add_tree_cells(r, levels)
         self.draft_ms += r.draft_ms
         self.verify_ms += r.verify_ms
         if not r.prompt_read:  # a pass that also read the prompt is not what verifying a draft costs
@@ -174,6 +219,33 @@ class SpeculativeState(RunEnd):
             fit[4] += n * r.verify_ms
         self._last_forced = False
         self._advance_settled()
+
+    def _add_tree_cells(self, r: SpeculativeRound, levels: int) -> None:
+        """Add round ``r``'s tokens and nodes under every cut of the grid, growing the grid to the round's size.
+        A cut to ``depth`` levels and ``width`` children keeps a node when it lies above that depth and its rank and
+        every ancestor's are below that width; the accepted path keeps its longest prefix of kept nodes."""
+        tokens, nodes = self._tree_tokens, self._tree_nodes
+        width = max((d.rank + 1 for d in r.drafted), default=1)
+        for grid in (tokens, nodes):
+            for row in grid:  # wider: repeat the last column (no earlier round had a node there)
+                row.extend([row[-1]] * (width - len(row)))
+            while len(grid) < levels:  # deeper: repeat the last row
+                grid.append(list(grid[-1]))
+        rows, columns = len(tokens), len(tokens[0])
+        parents = r.parents or range(-1, len(r.drafted) - 1)
+        depths = r.depths()
+        widest: list[int] = []  # per node: the highest rank on the way from the context to it
+        counts = [[0] * columns for _ in range(rows)]  # nodes per (depth, widest)
+        for i, (d, parent) in enumerate(zip(r.drafted, parents, strict=True)):
+            widest.append(max(d.rank, widest[parent]) if parent >= 0 else d.rank)
+            counts[depths[i]][widest[i]] += 1
+        for w in range(1, columns + 1):
+            path = next((i for i in range(r.accepted) if widest[i] >= w), r.accepted)  # widest grows along it
+            kept = 0
+            for depth in range(1, rows + 1):
+                kept += sum(counts[depth - 1][:w])
+                tokens[depth - 1][w - 1] += min(path, depth) + 1
+                nodes[depth - 1][w - 1] += kept
 
     def _add_token(self, step: TokenStep) -> None:
         self.emitted += 1
@@ -206,6 +278,16 @@ class SpeculativeState(RunEnd):
             self._settle_all()
 
     # --- reading ----------------------------------------------------------------------------------------------
+
+    @property
+    def is_tree(self) -> bool:
+        """The run drafted trees (its rounds may still be chains where the drafter found one branch)."""
+        return self.tree_width > 1
+
+    @property
+    def tree_shape(self) -> str:
+        """The tree's shape in words ("tree 3 wide ≤ 16 nodes"); empty for chains."""
+        return f"tree {self.tree_width} wide ≤ {self.tree_nodes} nodes" if self.is_tree else ""
 
     @property
     def rejected(self) -> int:
@@ -288,6 +370,32 @@ class SpeculativeState(RunEnd):
         speedups = tuple(what_if_speedup(alpha, k, c_draft, fit[0], fit[1], plain_ms) for k in ks)
         return WhatIf(alpha, c_draft, fit[0], fit[1], plain_ms, plain_measured, ks, speedups)
 
+    def tree_what_if(self) -> TreeWhatIf | None:
+        """Tree runs: the depth × width grid of mean tokens per round and estimated speed-up, had the trees been
+        cut (None for chains, and before a round with a draft). Tokens per round are exact for greedy verification
+        (the target's choice at every node is fixed, so a cut tree's accepted path is the drafted path's longest
+        prefix inside the cut); for sampled runs an estimate. The speed-up: those tokens for the cut tree's nodes ×
+        c_draft + c_verify(nodes) ms per round, against plain decoding's ms per token (as ``what_if``)."""
+        fit = self.verify_fit()
+        if not self.is_tree or fit is None or not self.drafted:
+            return None
+        c_draft = self.draft_ms / self.drafted
+        baseline = self.baseline_tokens_per_s
+        plain_measured = bool(baseline and baseline > 0)
+        plain_ms = 1000.0 / baseline if plain_measured else fit[0]
+        n = len(self.rounds)
+        tokens = tuple(tuple(t / n for t in row) for row in self._tree_tokens)
+        nodes = tuple(tuple(k / n for k in row) for row in self._tree_nodes)
+
+        def speedup(t: float, k: float) -> float:
+            cost = k * c_draft + fit[0] + k * fit[1]
+            return t * plain_ms / cost if cost > 0 and plain_ms > 0 else 0.0
+
+        speedups = tuple(tuple(speedup(t, k) for t, k in zip(trow, krow, strict=True))
+                         for trow, krow in zip(tokens, nodes, strict=True))
+        return TreeWhatIf(tuple(range(1, len(tokens) + 1)), tuple(range(1, len(tokens[0]) + 1)), tokens, nodes,
+                          speedups, not self.do_sample, c_draft, fit[0], fit[1], plain_ms, plain_measured, n)
+
     def most_interesting_round(self) -> int | None:
         """The round worth showing first: one with accepted drafts and a rejection (most accepted), else one with
         a rejection (most drafted), else the longest accepted draft, else the last."""
@@ -296,7 +404,7 @@ class SpeculativeState(RunEnd):
 
         def score(index: int) -> tuple[int, int, int]:
             r = self.rounds[index]
-            rejected = r.accepted < len(r.drafted)
+            rejected = bool(rejected_nodes(r))  # a chain's: a draft after the accepted ones
             return (2 if rejected and r.accepted else 1 if rejected else 0, r.accepted, len(r.drafted))
 
         return max(range(len(self.rounds)), key=score)

@@ -147,6 +147,10 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
     verdict = "accepted" if mark.kind == ACCEPTED else "rejected: not in the output"
     draw = f" · draw u {d.draw:.3f} vs min(1, p/q) {min(1.0, d.target_prob / d.draft_prob):.3f}" \
         if d.draw is not None and d.draft_prob > 0 else ""
-    return (f"{head} · draft position {mark.position + 1} · {verdict}<br>drafter's q {_pct(d.draft_prob)} · "
+    where = (f"depth {r.depths()[mark.position]} · the drafter's choice #{d.rank + 1}" if r.is_tree else
+             f"draft position {mark.position + 1}")
+    if r.is_tree and mark.kind == REJECTED:
+        verdict = "rejected: an alternative the target turned down where the accepted path stopped"
+    return (f"{head} · {where} · {verdict}<br>drafter's q {_pct(d.draft_prob)} · "
             f"target's p {_pct(d.target_prob)}{draw}<br><i>click: show the round</i>")
 

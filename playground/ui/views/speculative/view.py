@@ -4,9 +4,10 @@
   the target's correction) and the target's own tokens, in three colours used for the same meaning everywhere here.
 - A timeline of rounds (stacked bars: accepted, the target's own, rejected); click a round, or a token in the text,
   to see that round's drafted tokens as bars of the drafter's q next to the target's p, with the verdict (and, for
-  sampled runs, the uniform draw).
-- Live figures, a chart of acceptance by draft position, and a what-if curve of the expected speed-up against k from
-  the measured acceptance and costs (an estimate, labelled as one; the measured speed-up comes with the run's end).
+  sampled runs, the uniform draw). A tree run's round is drawn as its tree instead (``tree.RoundTree``).
+- Live figures, a chart of acceptance by draft position (by depth, for trees), and a what-if curve of the expected
+  speed-up against k from the measured acceptance and costs (an estimate, labelled as one; the measured speed-up comes
+  with the run's end); for tree runs a heat map of the tree cut to each depth and width (``tree.TreeGrid``).
 
 Events are folded into a Qt-free ``SpeculativeState``; the text grows by the new marks only, and the plots' items are
 built once and updated with ``setOpts``/``setData``.
@@ -39,6 +40,7 @@ from playground.ui.views.speculative.text import (
     MarkedText,
     swatch,
 )
+from playground.ui.views.speculative.tree import RoundTree, TreeGrid, short_text
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
 SHORT_DOCK = 600  # px: a view lower than this is a short dock (1280 x 800's is 531)
@@ -48,17 +50,34 @@ MAX_SLOTS = 17  # drafted tokens (k ≤ 16) + the target's own
 # picks the first anchor in the upper half): inside the plot wherever the line lies.
 INSIDE_LEFT = [(1, 0), (1, 1)]
 LABEL_FILL = (255, 255, 255, 200)  # behind a line's label that lies over bars or the curve
-CSV_COLUMNS = ("round", "position", "token_id", "token", "kind", "draft_q", "target_p", "draw", "accepted")
+TIMELINE_AXIS = "round (click one to inspect it)"
+CSV_COLUMNS = ("round", "position", "token_id", "token", "kind", "draft_q", "target_p", "draw", "accepted", "parent",
+               "depth", "rank")
 
 
 def _short(text: str, limit: int = 9) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return short_text(text, limit)
 
 
 def _bars(color: str, pattern: bool = False) -> pg.BarGraphItem:
     brush = QBrush(QColor(color), Qt.BrushStyle.BDiagPattern) if pattern else pg.mkBrush(color)
     pen = pg.mkPen(color, width=1) if pattern else pg.mkPen(None)
     return pg.BarGraphItem(x=[], height=[], width=0.8, brush=brush, pen=pen)
+
+
+def tree_table(r: SpeculativeRound) -> str:
+    """A tree round's nodes, one line each: depth, the drafter's rank, the token, q and p (the round plot's
+    tooltip)."""
+    lines = []
+    for d, depth in zip(r.drafted, r.depths(), strict=True):
+        verdict = "✓" if d.accepted else "·"
+        lines.append(f"{verdict} depth {depth} #{d.rank + 1} <code>{html.escape(visible_token_text(d.text))}</code>: "
+                     f"q {format_percent(d.draft_prob)} · p {format_percent(d.target_prob)}"
+                     + (f" · u {d.draw:.3f}" if d.draw is not None else ""))
+    if r.target_kind != "none":
+        lines.append(f"★ the target's own <code>{html.escape(visible_token_text(r.target_text))}</code>: "
+                     f"p {format_percent(r.target_prob)}")
+    return "<br>".join(lines)
 
 
 def _dashed(color: str):
@@ -110,7 +129,7 @@ class SpeculativeView(FoldView):
 
     def _build_timeline(self) -> None:
         """One stacked bar per round: accepted, then the target's own token, then the rejected drafts."""
-        self.timeline = static_plot(self, "Rounds", "round (click one to inspect it)", "tokens",
+        self.timeline = static_plot(self, "Rounds", TIMELINE_AXIS, "tokens",
                                     min_height=PLOT_HEIGHT)
         self.timeline.getPlotItem().showGrid(y=True, alpha=0.2)
         self._band = pg.BarGraphItem(x=[], height=[], width=1.0, brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
@@ -138,6 +157,8 @@ class SpeculativeView(FoldView):
             self.round_plot.addItem(label)
             self._verdicts.append(label)
         self._verdict_texts = TextsInside(self.round_plot.getPlotItem().getViewBox())
+        self.round_tree = RoundTree(self.round_plot.getPlotItem())
+        self._round_as_tree = False
 
     def _build_figure_plots(self) -> None:
         """Acceptance by draft position, and the what-if curve of the expected speed-up against k."""
@@ -164,6 +185,8 @@ class SpeculativeView(FoldView):
         self._measured = pg.ScatterPlotItem(symbol="star", size=16, brush=MARK_COLOR, pen=pg.mkPen("#333333"))
         for item in (self._plain_line, self._what_if_curve, self._run_k_line, self._measured):
             self.what_if_plot.addItem(item)
+        self.tree_grid = TreeGrid(self.what_if_plot.getPlotItem())
+        self._what_if_as_grid = False
 
     def _build_layout(self) -> None:
         left = QWidget()
@@ -195,7 +218,7 @@ class SpeculativeView(FoldView):
         # All in a scroll area: a dock lower than the panels' least heights scrolls instead of squeezing the plots
         # (or growing the window); 1280 x 800's holds them (LeastHeight).
         content = LeastHeight()
-        layout = QVBoxLayout(content)
+        self._content = layout = QVBoxLayout(content)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(self.header)
         layout.addWidget(self.legend)
@@ -219,8 +242,7 @@ class SpeculativeView(FoldView):
         if short == self._short:
             return
         self._short = short
-        self._right.setStretch(0, 1 if short else 3)  # the rounds' timeline as tall as the round chart
-        self._right.setStretch(1, 1 if short else 4)
+        self._stretch_rounds()
         if short:
             self._what_if_box.removeWidget(self.what_if_note)
             self._bottom.setStretch(0, 6)  # positions, what-if, its note: 6 : 7 : 5
@@ -315,12 +337,17 @@ class SpeculativeView(FoldView):
             height = np.asarray(self._rounds_counts[kind], dtype=float)
             self.timeline_bars[kind].setOpts(x=x, y0=base.copy(), height=height, width=0.8)
             base = base + height
-        k = max(state.draft_k, int(base.max()) if len(base) else 0)
-        self._k_line.setValue(state.draft_k)
-        self._k_line.setVisible(state.draft_k > 0)
-        self.timeline.getPlotItem().setTitle(
-            f"Rounds: tokens, stacked (dashed: k = {state.draft_k} drafted)" if state.draft_k
-            else "Rounds: tokens, stacked", size="10pt")
+        drafts = state.tree_nodes if state.is_tree else state.draft_k  # the most a round drafts
+        k = max(drafts, int(base.max()) if len(base) else 0)
+        self._k_line.setValue(drafts)
+        self._k_line.setVisible(drafts > 0)
+        if state.is_tree:
+            title = f"Rounds: tokens, stacked (dashed: ≤ {drafts} nodes)"
+        elif drafts:
+            title = f"Rounds: tokens, stacked (dashed: k = {drafts} drafted)"
+        else:
+            title = "Rounds: tokens, stacked"
+        self.timeline.getPlotItem().setTitle(title, size="10pt")
         selected = self.selected_round
         if selected is None:
             self._band.setOpts(x=[], height=[])
@@ -337,6 +364,10 @@ class SpeculativeView(FoldView):
         item = self.round_plot.getPlotItem()
         for label in self._verdicts:
             label.setVisible(False)
+        if index is not None and index < len(state.rounds) and (state.is_tree or state.rounds[index].is_tree):
+            self._draw_tree_round(index)
+            return
+        self._round_mode(tree=False)
         if index is None or index >= len(state.rounds):
             self._q_bars.setOpts(x=[], height=[])
             self._p_bars.setOpts(x=[], height=[])
@@ -385,6 +416,62 @@ class SpeculativeView(FoldView):
         self.round_note.setText(parts[0] if self._short else "<br>".join(parts))
         self.round_note.setToolTip("<br>".join(parts[1:]) if self._short else "")
 
+    def _stretch_rounds(self) -> None:
+        """The rounds' timeline and the round chart share the column: as tall as each other in a short dock, the
+        chart taller in a tall one, and taller still for a tree (its rows need it)."""
+        timeline, chart = (2, 3) if self._round_as_tree else (1, 1) if self._short else (3, 4)
+        self._right.setStretch(0, timeline)
+        self._right.setStretch(1, chart)
+        # A short dock gives a tree the height of the figures' row (whose plots need less than a tree's rows).
+        tree_in_short = self._round_as_tree and self._short
+        top, bottom = (2, 1) if tree_in_short else (5, 3)
+        self._content.setStretch(2, top)
+        self._content.setStretch(3, bottom)
+        # ... and the timeline's axis title (the plot's title and the legend say it) goes to give the tree its rows.
+        self.timeline.getPlotItem().setLabel("bottom", "" if tree_in_short else TIMELINE_AXIS)
+
+    def _round_mode(self, tree: bool) -> None:
+        """The round plot shows a tree (nodes by depth and sibling order) or a chain's q and p bars."""
+        if tree == self._round_as_tree:
+            return
+        self._round_as_tree = tree
+        self._stretch_rounds()
+        item = self.round_plot.getPlotItem()
+        if tree:
+            for bars in (self._q_bars, self._p_bars):
+                bars.setOpts(x=[], height=[])
+            self._draws.setData(x=[], y=[])
+            item.hideAxis("left")
+            item.getViewBox().invertY(True)
+        else:
+            self.round_tree.hide()
+            self.round_plot.setToolTip("")
+            item.setLabel("bottom", "")
+            item.showAxis("left")
+            item.getViewBox().invertY(False)
+
+    def _draw_tree_round(self, index: int) -> None:
+        """A tree round: its nodes by depth and sibling order, the accepted path on the top row."""
+        self._round_mode(tree=True)
+        r = self.state.rounds[index]
+        item = self.round_plot.getPlotItem()
+        last, _height = self.round_tree.show(r)  # it sets the plot's range
+        # A short dock: the axis's title goes (the tree needs the height), its first tick says what it counts.
+        item.setLabel("bottom", "" if self._short else "depth in the tree (0: right after the context)")
+        ticks = [(float(d), "depth 0" if d == 0 and self._short and last < 8 else str(d)) for d in range(last + 1)]
+        item.getAxis("bottom").setTicks([[(-1.0, "ctx"), *ticks]])
+        n = len(r.drafted)
+        rejected = sum(kind == REJECTED for kind in self.round_tree.kinds)
+        if n:
+            item.setTitle(f"Round {index}: {r.accepted} of {n} nodes accepted, {rejected} turned down at the stop",
+                          size="10pt")
+        else:
+            item.setTitle(f"Round {index}: nothing drafted, the target's own token", size="10pt")
+        parts = self._round_note(r)  # one line: the tree takes the height (how it was judged: the tooltip)
+        self.round_note.setText(parts[0].replace("output steps", "steps").replace(" (one target pass)", ""))
+        self.round_note.setToolTip("<br>".join(parts[1:]))
+        self.round_plot.setToolTip(tree_table(r))
+
     def _show_verdict(self, slot: int, x: float, top: float, text: str, color: str) -> None:
         label = self._verdicts[slot]
         label.setText(text, color=color)
@@ -398,9 +485,20 @@ class SpeculativeView(FoldView):
         parts = [f"{step} · draft {r.draft_ms:.2f} ms · verify {r.verify_ms:.1f} ms (one target pass)"]
         if not r.drafted:
             parts.append("The drafter had no proposal: the target's pass gave its own token")
-        if state.do_sample:
+        if state.is_tree or r.is_tree:
+            parts.append("Tree: the target judged every node in one pass (a tree attention mask); the accepted path "
+                         "is the top row, the turned-down alternatives where it stopped are red, nodes it never "
+                         "reached grey")
+        if state.do_sample and (state.is_tree or r.is_tree):
+            parts.append("Sampled: at each node the children are tried in rank order by the rejection rule "
+                         "(accept with min(1, p/q)); when all are rejected the target draws its own token from the "
+                         "residual")
+        elif state.do_sample:
             parts.append("Sampled: the rejection rule. ▲ = the uniform draw u, placed at u × q: accepted when ▲ is "
                          "below p (u &lt; p/q); a rejected draft is replaced by a draw from max(0, p − q)")
+        elif state.is_tree or r.is_tree:
+            parts.append("Greedy: at each node the child equal to the target's top token is accepted (at most one "
+                         "is); the path stops where none is")
         else:
             parts.append("Greedy: a draft is accepted iff it is the target's top token; no draw; drafts after the "
                          "first rejection are discarded unjudged")
@@ -418,12 +516,82 @@ class SpeculativeView(FoldView):
             self._alpha_line.label.setFormat(f"α = {alpha:.2f} (all positions)")
         width = max(len(rates), state.draft_k, 1)
         judged = [*state.reached_at, *[0] * (width - len(state.reached_at))]
+        item = self.positions_plot.getPlotItem()
+        if state.is_tree:
+            item.setTitle("Acceptance by depth in the tree", size="10pt")
+            item.setLabel("bottom", "depth in the tree")
+        else:
+            item.setTitle("Acceptance by draft position", size="10pt")
+            item.setLabel("bottom", "draft position in the round")
         self.positions_plot.getPlotItem().setXRange(0.4, width + 0.6, padding=0)
+        roomy = width <= 6 and self.positions_plot.width() / width >= 90  # px a tick's "(n judged)" needs
         self.positions_plot.getPlotItem().getAxis("bottom").setTicks(
-            [[(i, f"{i} ({judged[i - 1]} judged)" if width <= 6 else str(i)) for i in range(1, width + 1)]])
+            [[(i, f"{i} ({judged[i - 1]} judged)" if roomy else str(i)) for i in range(1, width + 1)]])
+
+    def _what_if_mode(self, grid: bool) -> None:
+        """The what-if plot shows the tree's depth × width heat map or the chain's curve against k."""
+        if grid == self._what_if_as_grid:
+            return
+        self._what_if_as_grid = grid
+        item = self.what_if_plot.getPlotItem()
+        self._plain_line.setVisible(not grid)
+        self._what_if_curve.setVisible(not grid)
+        self._measured.setVisible(not grid)
+        if grid:
+            self._run_k_line.setVisible(False)
+            item.setTitle("What-if (estimate): tree depth × width", size="10pt")
+            item.setLabel("bottom", "depth kept (levels)")
+            item.setLabel("left", "width")
+        else:
+            self.tree_grid.hide()
+            item.setTitle("What-if (estimate): speed-up against k", size="10pt")
+            item.setLabel("bottom", "k (tokens drafted per round)")
+            item.setLabel("left", "speed-up ×")
+            item.getAxis("bottom").setTicks(None)
+            item.getAxis("left").setTicks(None)
+
+    def _draw_tree_what_if(self) -> None:
+        state = self.state
+        self._what_if_mode(grid=True)
+        what_if = state.tree_what_if()
+        item = self.what_if_plot.getPlotItem()
+        if what_if is None:
+            self.tree_grid.hide()
+            self.what_if_note.setText("<i>The tree what-if appears after the first round with a draft.</i>")
+            return
+        depths, widths = len(what_if.depths), len(what_if.widths)
+        item.setXRange(0.5, depths + 0.5, padding=0)
+        item.setYRange(0.5, widths + 0.5, padding=0)
+        self.tree_grid.show(what_if)
+        item.getAxis("bottom").setTicks([[(float(d), str(d)) for d in what_if.depths]])
+        item.getAxis("left").setTicks([[(float(w), str(w)) for w in what_if.widths]])
+        here_tokens, here_speedup = what_if.tokens[-1][-1], what_if.speedups[-1][-1]
+        plain = (f"the measured plain decoding, {what_if.plain_ms:.1f} ms per token" if what_if.plain_measured else
+                 f"c<sub>verify</sub>(0) = {what_if.plain_ms:.1f} ms as one plain step (an estimate until the "
+                 "measured plain speed comes at the end)")
+        tokens = ("exact for greedy verification" if what_if.exact else
+                  "an estimate for sampled verification, where a cut tree's draws would differ")
+        measured = f"; measured {state.speedup:.2f}×" if state.speedup is not None else ""
+        exact = "exact" if what_if.exact else "estimated (sampled)"
+        cells = ("<i>Estimate, not measured</i>: a cell is the tree cut to its first d levels and each node's first "
+                 f"w children (by the drafter's rank): mean <b>tokens per round</b> ({exact}) · <b>speed-up ×</b>. "
+                 f"Outlined: this run ({here_tokens:.2f} tokens, {here_speedup:.2f}×{measured}). <i>Hover for how."
+                 "</i>")
+        how = (f"Tokens per round: the accepted path within the cut + the target's own ({tokens}). Speed-up: "
+               f"those tokens for n·c<sub>draft</sub> + c<sub>verify</sub>(n) ms per round, n = the cut tree's "
+               f"nodes, c<sub>draft</sub> = {what_if.draft_ms:.2f} ms per node, c<sub>verify</sub>(n) = "
+               f"{what_if.verify_ms_0:.1f} + {what_if.verify_ms_per_node:.1f}·n ms (fitted to the rounds), "
+               f"against {plain}.")
+        self.what_if_note.setText(cells)  # how the cells are estimated: the tooltip (the heat map needs the height)
+        self.what_if_note.setToolTip(how)
 
     def _draw_what_if(self) -> None:
         state = self.state
+        if state.is_tree:
+            self._draw_tree_what_if()
+            return
+        self._what_if_mode(grid=False)
+        self.what_if_note.setToolTip("")
         what_if = state.what_if()
         item = self.what_if_plot.getPlotItem()
         if what_if is None:
@@ -461,6 +629,8 @@ class SpeculativeView(FoldView):
         if not state.rounds and not state.emitted:
             status = "waiting for the first round…" if not state.ended else "ended before any round"
             drafter = f" · {html.escape(state.drafter)} drafts {state.draft_k}" if state.drafter else ""
+            if state.drafter and state.is_tree:
+                drafter += f" deep, {state.tree_shape}"
             self.header.setText(f"<b>Speculative decoding</b>{drafter} · {status}")
             self.figures.setText("")
             return
@@ -471,9 +641,10 @@ class SpeculativeView(FoldView):
         else:
             status = "running…"
         mode = "sampled (rejection rule)" if state.do_sample else "greedy"
+        shape = f"k = {state.draft_k} deep, {state.tree_shape}" if state.is_tree else f"k = {state.draft_k}"
         self.header.setText(
             f"<b>Speculative decoding</b> · drafter <b>{html.escape(state.drafter)}</b> "
-            f"({html.escape(state.detail)}) · k = {state.draft_k} · {mode} verification · "
+            f"({html.escape(state.detail)}) · {shape} · {mode} verification · "
             f"{len(state.rounds)} rounds · {state.emitted} tokens · {status}")
         self.figures.setText(self._figures_html())
 
@@ -483,9 +654,14 @@ class SpeculativeView(FoldView):
         alpha = f"{s.alpha:.2f}" if s.alpha is not None else "—"
         mean = f"<b>{s.mean_accepted:.2f}</b>" if s.mean_accepted is not None else "—"
         per_call = s.emitted / s.target_calls if s.target_calls else 0.0
+        if s.is_tree:
+            acceptance = (f"Acceptance: {rate} of {s.drafted} drafted nodes ({s.accepted} accepted, {s.rejected} off "
+                          f"the path) · α = {alpha} per depth the target reached")
+        else:
+            acceptance = (f"Acceptance: {rate} of {s.drafted} drafts ({s.accepted} accepted, {s.rejected} rejected) · "
+                          f"α = {alpha} of the drafts the target judged")
         rows = [
-            f"Acceptance: {rate} of {s.drafted} drafts ({s.accepted} accepted, {s.rejected} rejected) · "
-            f"α = {alpha} of the drafts the target judged",
+            acceptance,
             f"Mean accepted per round: {mean} drafts · {per_call:.2f} tokens per target call",
             f"Target calls saved: <b>{s.calls_saved}</b> = {s.plain_calls} plain ({s.emitted} tokens) − "
             f"{s.target_calls} speculative (one per round, the first reading the prompt too)",
@@ -506,10 +682,12 @@ class SpeculativeView(FoldView):
             writer = csv.writer(out)
             writer.writerow(CSV_COLUMNS)
             for r in self.state.rounds:
-                for i, d in enumerate(r.drafted):
+                parents = r.parents or range(-1, len(r.drafted) - 1)
+                for i, (d, parent, depth) in enumerate(zip(r.drafted, parents, r.depths(), strict=True)):
                     writer.writerow([r.round, i, d.token_id, d.text, ACCEPTED if d.accepted else REJECTED,
                                      repr(d.draft_prob), repr(d.target_prob),
-                                     "" if d.draw is None else repr(d.draw), int(d.accepted)])
+                                     "" if d.draw is None else repr(d.draw), int(d.accepted), parent, depth, d.rank])
                 if r.target_kind != "none":
                     writer.writerow([r.round, len(r.drafted), r.target_token_id, r.target_text,
-                                     f"{TARGET} ({r.target_kind})", "", repr(r.target_prob), "", ""])
+                                     f"{TARGET} ({r.target_kind})", "", repr(r.target_prob), "", "",
+                                     r.accepted - 1, r.accepted, ""])
