@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=10, help="the layers drafter's layers (depth 4)")
     parser.add_argument("--model-k", type=int, default=4, help="the model drafters' depth")
     parser.add_argument("--quant", default="rtn-int4", help="the quantized drafter's copy")
-    parser.add_argument("--only", default="", help="comma-separated drafters to run (prompt-lookup,layers,quantized,suffix)")
+    parser.add_argument("--only", default="", help="drafters, e.g. prompt-lookup,suffix")
     args = parser.parse_args()
     fetch_default_model()
     lm = load_model(ModelSettings(device="cpu", dtype="float32"))

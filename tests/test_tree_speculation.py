@@ -7,6 +7,7 @@ tree by the target's argmax computed here; sampled verification (SpecInfer's rul
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
@@ -405,7 +406,7 @@ def test_a_lookup_tree_resumes_the_last_rounds_rejected_draft_after_the_targets_
                   tree_nodes=12)
     rounds = rounds_of(events)
     checked = 0
-    for before, after in zip(rounds, rounds[1:], strict=False):
+    for before, after in itertools.pairwise(rounds):
         if before.target_kind != "correction":
             continue
         parents = before.parents or tuple(range(-1, len(before.drafted) - 1))  # a tree round that drew a chain
