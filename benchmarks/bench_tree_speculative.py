@@ -7,7 +7,8 @@ printed). The suffix drafter learns from this session's earlier runs: "cold" for
 the prompt and the output so far), "warm" runs after a plain run of the same prompt (SuffixDecoding's repeated
 workload).
 
-    .venv/bin/python benchmarks/bench_tree_speculative.py [--new-tokens 64] [--repeats 3] [--width 3] [--nodes 24]
+    .venv/bin/python benchmarks/bench_tree_speculative.py [--new-tokens 64] [--repeats 3] [--width 2] [--nodes 14]
+        [--model-nodes 8] [--only prompt-lookup,suffix]
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--k", type=int, default=10, help="prompt lookup's and the suffix drafter's depth")
-    parser.add_argument("--width", type=int, default=3, help="the trees' width")
-    parser.add_argument("--nodes", type=int, default=24, help="the trees' node budget")
+    parser.add_argument("--width", type=int, default=2, help="the trees' width")
+    parser.add_argument("--nodes", type=int, default=14, help="the model-free trees' node budget")
+    parser.add_argument("--model-nodes", type=int, default=8, help="the model drafters' trees' node budget")
     parser.add_argument("--layers", type=int, default=10, help="the layers drafter's layers (depth 4)")
     parser.add_argument("--model-k", type=int, default=4, help="the model drafters' depth")
     parser.add_argument("--quant", default="rtn-int4", help="the quantized drafter's copy")
@@ -67,9 +69,11 @@ def main() -> None:
         if only and name.split()[0] not in only:
             continue
         configs[f"{name} chain"] = {"strategy": "speculative", **options}
-        configs[f"{name} tree"] = {"strategy": "speculative", **options, **tree}
+        budget = args.model_nodes if name in ("layers", "quantized") else nodes
+        configs[f"{name} tree"] = {"strategy": "speculative", **options, **tree, "tree_nodes": budget}
     rng = random.Random(0)
-    print(f"{lm.name} fp32 on {lm.device}, {n} new tokens, trees {width} wide <= {nodes} nodes, "
+    print(f"{lm.name} fp32 on {lm.device}, {n} new tokens, trees {width} wide <= {nodes} nodes (model drafters "
+          f"<= {args.model_nodes}), "
           f"{torch_threads()} threads")
     for label, prompts in (("grounded", GROUNDED), ("open-ended", OPEN_ENDED)):
         rates: dict[str, list[float]] = {c: [] for c in configs}
