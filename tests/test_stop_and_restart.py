@@ -41,6 +41,9 @@ STOP_CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "beam": ("beam --num-beams 3", (), 1),
     "speculative": ("speculative --draft prompt-lookup --draft-k 10 --prompt-lookup-ngram 1 --baseline-tokens 8",
                     ("baseline",), 11),
+    # A tree drafted depth by depth by the target's first layer, verified in one pass.
+    "speculative tree": ("speculative --draft layers --draft-layers 1 --tree-width 2 --baseline-tokens 8",
+                         ("baseline",), 5),
     "early-exit": ("early-exit --compare-full --exit-threshold 0.5", ("full_model",), 1),
     "layer-skip": ("layer-skip --skip-threshold 0.5 --compare-full", ("full_model",), 1),
     "kv-cache": ("kv-cache --paged --samples 2 --compare-no-cache --batch-sweep 1,2", ("no_cache", "batch_sweep"), 1),
