@@ -17,26 +17,17 @@ import argparse
 import os
 import random
 import statistics
-import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_speculative import GROUNDED, OPEN_ENDED
+from bench_speculative import ours as run
 
-from playground.config import ModelSettings, RunSettings
+from playground.config import ModelSettings
 from playground.engine import run_history
-from playground.engine.strategies import run_strategy
-from playground.events import RunFinished
 from playground.models.default_model import fetch_default_model
 from playground.models.loading import load_model
-
-
-def run(lm, prompt: str, new_tokens: int, **spec) -> tuple[list[int], float, dict]:
-    settings = RunSettings.from_flat(prompt=prompt, max_new_tokens=new_tokens, baseline_tokens=0, **spec)
-    start = time.perf_counter()
-    done = next(e for e in run_strategy(lm, settings) if isinstance(e, RunFinished))
-    return list(done.token_ids), time.perf_counter() - start, dict(done.figures)
 
 
 def main() -> None:
