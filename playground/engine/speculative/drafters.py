@@ -1,4 +1,5 @@
-"""Who proposes the tokens the target verifies: four drafters behind one small interface.
+"""Who proposes the tokens the target verifies: drafters behind one small interface (``propose`` a chain,
+``propose_tree`` a tree; ``suffix.py`` holds the SuffixDecoding drafter).
 
 - ``PromptLookupDrafter``: copies what followed an earlier occurrence of the text's last n-gram (no model): the
   latest one with k tokens after it.
@@ -8,6 +9,9 @@
   quantized copy (``QuantizedDrafter``).
 - ``JacobiDrafter``: the target refining a guess in parallel: each verification pass re-predicts every guessed
   position, and those predictions are the next guess (a Jacobi iteration towards the greedy fixed point).
+
+Trees: prompt lookup's are several matches plus the draft the target turned down last round, resumed after its token
+(``ResumedDraft``); a model drafter grows its tree depth by depth, one pass a depth, through a tree attention mask.
 """
 
 from __future__ import annotations

@@ -16,13 +16,6 @@ from playground.engine.speculative.rollback import roll_back
 from playground.engine.speculative.tree import DraftTree, ancestors_mask
 
 
-def tree_positions(start: int, tail: int, tree: DraftTree) -> list[int]:
-    """Absolute positions of a pass's inputs: ``tail`` context tokens from ``start`` on, then each node at
-    the position after the tail plus its depth."""
-    after = start + tail
-    return list(range(start, after)) + [after + d for d in tree.depths()]
-
-
 def _layer_mask(context: int, past: int, tail: int, tree: DraftTree, read: int, window: int | None) -> torch.Tensor:
     """[q, past + q] bool for one layer. The cache holds ``context`` context tokens, then the tree's first ``read``
     nodes; the pass reads ``tail`` more context tokens, then the nodes from ``read`` on; the layer's cache shows
