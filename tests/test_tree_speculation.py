@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -445,3 +446,27 @@ def test_after_an_inserted_token_the_lookup_tree_resumes_the_copy():
     assert drafter.propose_tree(after, 4, 2, 12).first_branch() == [12, 13, 14]
     plain = PromptLookupDrafter(2)
     assert len(plain.propose_tree(after, 4, 2, 12)) == 0, "precondition: no lookup matches after 99"
+
+
+def test_the_lens_of_a_tree_run_reads_each_emitted_tokens_own_position(tiny_lm):
+    """--lens on a tree run: every emitted token's layer entropies are those of the lens (final norm + head on
+    ``output_hidden_states``) after its own context, computed cache-free here; a row of another node would differ."""
+    events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=16, draft="layers", draft_layers=1, draft_k=3,
+                  tree_width=2, lens=True, lens_precision="model")
+    start, finished = events[0], events[-1]
+    full = list(start.prompt_token_ids) + list(finished.token_ids)
+    n = len(start.prompt_token_ids)
+    lens_steps = {e.step: e for e in events if type(e).__name__ == "LayerStep"}
+    assert len(lens_steps) == len(finished.token_ids)
+    model = tiny_lm.model
+    for step, lens_step in lens_steps.items():
+        with torch.no_grad():
+            hidden = model(torch.tensor([full[: n + step]]), output_hidden_states=True,
+                           use_cache=False).hidden_states
+            heads = [model.lm_head(h if i == len(hidden) - 2 else model.model.norm(h))
+                     for i, h in enumerate(x[0, -1] for x in hidden[1:])]
+        for layer, entropy in enumerate(lens_step.layer_entropy):
+            logits = heads[layer].double()
+            logp = logits.log_softmax(dim=-1)
+            bits = float(-(logp.exp() * logp).sum() / math.log(2))
+            assert entropy == pytest.approx(bits, abs=2e-3), (step, layer)
