@@ -415,6 +415,30 @@ def test_model_drafter_equals_transformers_assisted_generation(tiny_lm, drafts, 
         assert 0 < run.accepted < run.drafted
 
 
+@pytest.mark.parametrize("assistant", ["same", "perturbed"])
+def test_a_draft_models_tree_keeps_greedy_and_its_first_choices_are_the_chain(tiny_lm, drafts, assistant):
+    """A separate draft model drafting trees 3 wide: the output is plain greedy; the tree's rank-0 branch is what
+    the draft model itself decodes greedily, computed here; the target's own copy has every path accepted."""
+    run = spec(tiny_lm, prompt="Hello", max_new_tokens=30, draft_k=3, tree_width=3, tree_nodes=9,
+               **drafter_options("model", drafts, assistant))
+    assert run.ids == cached_reference(tiny_lm, run.prompt_ids, max_new_tokens=30)
+    full = run.prompt_ids + run.ids
+    draft_model = drafts["models"][assistant]
+    for rnd in run.rounds:
+        assert rnd.is_tree
+        context = full[: len(run.prompt_ids) + rnd.first_step]
+        first, node = [], -1
+        while (kids := [i for i, p in enumerate(rnd.parents) if p == node and rnd.drafted[i].rank == 0]):
+            node = kids[0]
+            first.append(rnd.drafted[node].token_id)
+        expected = []
+        for _ in first:
+            expected.append(int(all_logits(draft_model, context + expected)[-1].argmax()))
+        assert first == expected
+        if assistant == "same":
+            assert rnd.accepted == max(rnd.depths()) + 1 or rnd.target_kind == "none"
+
+
 # -------------------------------------------------------------------------- 3. every round, recomputed by hand
 
 
