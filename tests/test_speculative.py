@@ -380,6 +380,10 @@ def test_forced_tokens_branch_like_plain_greedy(tiny_lm, drafts, drafter, penalt
     assert [s.forced for s in run.steps] == [True, True] + [False] * 22
     assert run.start.forced_token_ids == (a, b)
     assert all(r.first_step >= 2 for r in run.rounds)  # the forced tokens are no drafter's round
+    if drafter in ("prompt-lookup", "layers") and not penalties:  # the same branch, drafting trees
+        tree = spec(tiny_lm, prompt="Hello", chat=False, max_new_tokens=24, forced_token_ids=(a, b), draft_k=4,
+                    tree_width=2, **drafter_options(drafter, drafts))
+        assert tree.ids == expected and [s.forced for s in tree.steps] == [True, True] + [False] * 22
 
 
 def test_greedy_until_the_context_is_full(tiny_lm, drafts):
