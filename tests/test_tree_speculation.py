@@ -470,3 +470,30 @@ def test_the_lens_of_a_tree_run_reads_each_emitted_tokens_own_position(tiny_lm):
             logp = logits.log_softmax(dim=-1)
             bits = float(-(logp.exp() * logp).sum() / math.log(2))
             assert entropy == pytest.approx(bits, abs=2e-3), (step, layer)
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "layers"])
+def test_a_tree_run_stops_at_eos_and_at_a_stop_string_as_plain_greedy(tiny_lm_eos, drafter):
+    """An EOS accepted inside a tree's path ends the run there; so does a stop string completed inside a round."""
+    reasons = set()
+    for prompt in ("Hello", "Hello there, hello there, hello", "One two one two one"):
+        events = spec(tiny_lm_eos, prompt=prompt, max_new_tokens=40, draft_k=4, tree_width=2,
+                      **TREE_DRAFTERS[drafter])
+        ids = list(events[0].prompt_token_ids)
+        expected = generate(tiny_lm_eos, ids, 40, eos_token_id=tiny_lm_eos.tokenizer.eos_token_id)
+        assert list(events[-1].token_ids) == expected
+        steps = [e for e in events if isinstance(e, TokenStep)]
+        assert [s.token_id for s in steps] == expected
+        assert sum(r.emitted for r in rounds_of(events)) == len(expected)
+        reasons.add(events[-1].stop_reason)
+    assert "eos" in reasons, "precondition: a run ends at EOS"
+    # A stop string that completes mid-run, on the model that does not end early.
+    tiny = build_tiny_lm(seed=0)
+    prompt_ids = list(spec(tiny, prompt=REPEATING, max_new_tokens=1)[0].prompt_token_ids)
+    ids = generate(tiny, prompt_ids, 30)
+    stop = tiny.tokenizer.decode(ids[:13], skip_special_tokens=False)[-5:]
+    cut = next(i for i in range(len(ids)) if stop in tiny.tokenizer.decode(ids[: i + 1], skip_special_tokens=False))
+    assert 0 < cut < len(ids) - 1 and len(stop) >= 3
+    events = spec(tiny, prompt=REPEATING, max_new_tokens=30, draft_k=4, tree_width=2, stop_strings=(stop,),
+                  **TREE_DRAFTERS[drafter])
+    assert events[-1].stop_reason == "stop_string" and list(events[-1].token_ids) == ids[: cut + 1]
