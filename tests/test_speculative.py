@@ -806,8 +806,8 @@ def cache_spy(monkeypatch):
         drafter = real_make_drafter(*args)
         real_after = drafter.after_round
 
-        def after_round(kept, choices, accepted):
-            real_after(kept, choices, accepted)
+        def after_round(kept, choices, accepted, **more):
+            real_after(kept, choices, accepted, **more)
             if hasattr(drafter, "cache"):
                 record["drafter"].append(snapshot(drafter.cache))
 
@@ -1249,7 +1249,7 @@ def test_a_round_that_drafted_a_token_the_target_lacks_records_it_at_probability
     q[0, vocab + 3] = 1.0
     draft = chain([vocab + 3])
     draft.probs = q
-    event = _round_event(0, 0, 1, draft, True, Verdict(0, 5, (0.5,)), [], target, tiny_lm,
+    event = _round_event(0, 0, 1, draft, True, False, Verdict(0, 5, (0.5,)), [], target, tiny_lm,
                          TokenTextCache(tiny_lm.tokenizer), "correction", 0.0, 0.0, 0, 0)
     assert event.drafted[0].target_prob == 0.0 and event.drafted[0].draft_prob == 1.0
     assert event.target_prob == pytest.approx(1.0 / vocab)

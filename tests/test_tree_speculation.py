@@ -497,3 +497,60 @@ def test_a_tree_run_stops_at_eos_and_at_a_stop_string_as_plain_greedy(tiny_lm_eo
     events = spec(tiny, prompt=REPEATING, max_new_tokens=30, draft_k=4, tree_width=2, stop_strings=(stop,),
                   **TREE_DRAFTERS[drafter])
     assert events[-1].stop_reason == "stop_string" and list(events[-1].token_ids) == ids[: cut + 1]
+
+
+def test_a_later_siblings_draw_is_judged_against_the_reduced_distribution():
+    """Children 1 then 3 (fixed): the first is accepted with p(1); after its rejection the second with p′(3), p′ = p
+    without token 1, renormalised: the thresholds each draw was compared with, computed here."""
+    tree = trie([[1], [3]], budget=4)
+    rows = torch.stack([P, P, P])
+    generator = torch.Generator().manual_seed(3)
+    seen_second = False
+    for _ in range(200):
+        verdict = verify_tree_sampled(tree, rows, generator)
+        assert verdict.thresholds[0] == pytest.approx(float(P[1]))
+        if len(verdict.thresholds) > 1:
+            seen_second = True
+            assert verdict.thresholds[1] == pytest.approx(float(P[3] / (1 - P[1])))
+    assert seen_second
+
+
+def test_sampled_tree_rounds_carry_each_draws_threshold(tiny_lm):
+    events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=20, draft="layers", draft_layers=1, draft_k=2,
+                  tree_width=2, do_sample=True, seed=2)
+    judged = [(r, i) for r in rounds_of(events) for i, d in enumerate(r.drafted) if d.draw is not None]
+    assert judged
+    for r, i in judged:
+        d = r.drafted[i]
+        assert d.accept_prob is not None and d.accepted == (d.draw < d.accept_prob)
+        if d.rank == 0:  # a node's first child is judged against the target's own p
+            assert d.accept_prob == pytest.approx(min(1.0, d.target_prob / d.draft_prob), abs=1e-6)
+
+
+def test_the_resumed_draft_follows_the_accepted_tokens_not_the_argmax():
+    from playground.engine.speculative.drafters import PromptLookupDrafter
+
+    ids = [5, 10, 11, 12, 13, 14, 6, 7, 20, 10, 11, 15, 16, 8, 10]
+    drafter = PromptLookupDrafter(1)
+    tree = drafter.propose_tree(ids, 3, 2, 12)
+    assert {tuple(tree.path_tokens(n)) for n in range(len(tree)) if not tree.children(n)} == {(11, 15, 16),
+                                                                                               (11, 12, 13)}
+    # Sampling accepted 11 then 12 (the second branch), though the target's argmax after 11 was 15.
+    drafter.after_round(len(ids) + 2, [11, 15, 9], 2, path_tokens=[11, 12])
+    assert drafter.resumed.rest == [13]
+
+
+def test_budgets_small_trees_and_chain_shaped_rounds(tiny_lm):
+    # A sampled model tree whose budget is below its width still drafts (the first draws of a group).
+    events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=12, draft="layers", draft_layers=1, draft_k=3,
+                  tree_width=3, tree_nodes=2, do_sample=True)
+    rounds = rounds_of(events)
+    assert all(1 <= len(r.drafted) <= 2 for r in rounds[:-1])
+    # The suffix drafter's chain (width 1) is as deep as draft tokens, whatever the node budget.
+    run_history.forget(tiny_lm.model)
+    spec(tiny_lm, prompt=REPEATING, max_new_tokens=20)
+    events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=20, draft="suffix", draft_k=4, tree_nodes=2)
+    assert max(len(r.drafted) for r in rounds_of(events)) == 4
+    # Every round of a tree run says it is one, chain-shaped or not.
+    events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=30, draft="prompt-lookup", tree_width=2)
+    assert all(r.is_tree for r in rounds_of(events) if r.drafted)

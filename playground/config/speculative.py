@@ -32,11 +32,11 @@ class SpeculativeSettings(SettingsGroup):
     adaptive_k: bool = setting(False, "adaptive k", "change the draft length each round as transformers' "
                                "heuristic schedule does: +2 after a fully accepted draft, −1 after a rejection "
                                "(between 1 and 16, starting at draft tokens); off: always draft tokens")
-    tree_width: int = setting(1, "tree width", "candidates per depth: 1 drafts a chain; more drafts a tree (prompt "
-                              "lookup: that many matches, and the draft the target turned down last round resumed "
-                              "after its token; a model drafter: its likeliest tokens at each depth; "
-                              "suffix: children per node), verified by the target in one pass with a tree "
-                              "attention mask", minimum=1, maximum=8)
+    tree_width: int = setting(1, "tree width", "candidates per depth: 1 drafts a chain; more drafts a tree, verified "
+                              "by the target in one pass with a tree attention mask (prompt lookup: that many "
+                              "matches; a model drafter: its likeliest tokens at each depth; suffix: children per "
+                              "node; prompt lookup and suffix also resume the draft the target turned down last "
+                              "round, right after its token)", minimum=1, maximum=8)
     tree_nodes: int = setting(16, "tree nodes", "a tree's node budget: at most this many drafted tokens per round "
                               "(its depth is draft tokens)", minimum=1, maximum=64)
     do_sample: bool = setting(False, "sample", "sample with the sampling settings, verified by the rejection rule "

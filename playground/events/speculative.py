@@ -36,6 +36,9 @@ class DraftToken:
     accepted: bool
     draw: float | None  # sampling: the uniform draw compared with min(1, p/q); greedy: None (accepted iff argmax)
     rank: int = 0  # a tree's node: its place among its parent's children as the drafter ranked them (0 = first)
+    # Sampling: what ``draw`` was compared with, min(1, p'/q): a tree's later sibling is judged against the target's
+    # distribution left after the earlier siblings' rejections (p' = p for a chain and a first child). None: greedy.
+    accept_prob: float | None = None
 
 
 @dataclass(frozen=True)

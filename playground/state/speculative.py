@@ -244,7 +244,7 @@ class SpeculativeState(RunEnd):
             kept = 0
             for depth in range(1, rows + 1):
                 kept += sum(counts[depth - 1][:w])
-                tokens[depth - 1][w - 1] += min(path, depth) + 1
+                tokens[depth - 1][w - 1] += min(path, depth) + int(r.target_kind != "none")
                 nodes[depth - 1][w - 1] += kept
 
     def _add_token(self, step: TokenStep) -> None:

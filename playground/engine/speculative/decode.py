@@ -105,6 +105,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
     forced = list(settings.forced_token_ids)
     k = spec.draft_k  # tokens to draft next round
+    tree_run = spec.tree_width > 1  # every round drafts a tree (one may come out chain-shaped)
     rounds = drafted_total = accepted_total = target_calls = 0
     draft_ms_total = verify_ms_total = 0.0
 
@@ -121,8 +122,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             tree = chain(forced[len(generated) : len(generated) + room])
         elif room <= 1:
             tree = DraftTree()
-        elif spec.tree_width > 1 or spec.draft == "suffix":
-            tree = drafter.propose_tree(ids, min(k, room - 1), spec.tree_width, spec.tree_nodes)
+        elif tree_run or spec.draft == "suffix":
+            depth = min(k, room - 1)
+            tree = drafter.propose_tree(ids, depth, spec.tree_width, spec.tree_nodes if tree_run else depth)
         else:
             draft = drafter.propose(ids, min(k, room - 1))
             tree = chain(draft.tokens[: max(0, room - 1)])
@@ -149,7 +151,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         else:
             keep_path(cache, len(ids), path)
         choices = processed.argmax(dim=-1).tolist()
-        drafter.after_round(kept, [choices[row] for row in rows] if not is_chain else choices, verdict.accepted)
+        drafter.after_round(kept, [choices[row] for row in rows] if not is_chain else choices, verdict.accepted,
+                            path_tokens=emitted[: verdict.accepted])
         verify_ms = (time.perf_counter() - start) * 1000
         first_step = len(generated)
         kv_bytes = kv_cache_bytes(cache)
@@ -183,8 +186,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             if not forcing:
                 cut = n < len(emitted)  # the run ended inside the round
                 leaf = not tree.children(path[-1] if path else -1)
-                out.append(_round_event(round_index, first_step, n, tree, is_chain, verdict, path, target_probs, lm,
-                                        token_text, "none" if cut or not with_target else
+                out.append(_round_event(round_index, first_step, n, tree, is_chain, tree_run, verdict, path,
+                                        target_probs, lm, token_text, "none" if cut or not with_target else
                                         ("bonus" if leaf else "correction"),
                                         draft_ms, verify_ms, kv_bytes, prompt_read))
             for j, token_step in enumerate(steps):
@@ -283,9 +286,10 @@ def _verify(tree: DraftTree, processed: torch.Tensor, sample: bool, generator: t
     return verify_sampled(tree.tokens, q, probs, generator), probs
 
 
-def _round_event(index: int, first_step: int, emitted: int, tree: DraftTree, is_chain: bool, verdict: Verdict,
-                 path: list[int], target_probs: torch.Tensor, lm: LoadedModel, token_text: TokenTextCache, kind: str,
-                 draft_ms: float, verify_ms: float, kv_bytes: int, prompt_read: int) -> SpeculativeRound:
+def _round_event(index: int, first_step: int, emitted: int, tree: DraftTree, is_chain: bool, tree_run: bool,
+                 verdict: Verdict, path: list[int], target_probs: torch.Tensor, lm: LoadedModel,
+                 token_text: TokenTextCache, kind: str, draft_ms: float, verify_ms: float, kv_bytes: int,
+                 prompt_read: int) -> SpeculativeRound:
     # A tree round lists the accepted path first, then the other nodes in tree order (parents before children).
     accepted = set(path)
     order = path + [i for i in range(len(tree)) if i not in accepted]
@@ -293,19 +297,23 @@ def _round_event(index: int, first_step: int, emitted: int, tree: DraftTree, is_
     ranks = tree.ranks()
     judged = range(len(verdict.draws)) if is_chain else verdict.draw_nodes  # the node each draw judged
     draws = dict(zip(judged, verdict.draws, strict=True))
+    thresholds = dict(zip(verdict.draw_nodes, verdict.thresholds, strict=True))  # a tree's; a chain's: min(1, p/q)
     drafted = []
     for node in order:
         token = tree.tokens[node]
         row = 0 if tree.parents[node] < 0 else 1 + tree.parents[node]  # the target's row at the node's position
         q = float(tree.probs[node, token]) if tree.probs is not None else 1.0
-        drafted.append(DraftToken(
-            # A wider draft head may propose a row the target lacks: the target gives it probability 0 (rejected).
-            token_id=token, text=token_text(token), draft_prob=q,
-            target_prob=float(target_probs[row, token]) if token < target_probs.shape[-1] else 0.0,
-            accepted=node in accepted, draw=draws.get(node), rank=ranks[node]))
+        # A wider draft head may propose a row the target lacks: the target gives it probability 0 (rejected).
+        p = float(target_probs[row, token]) if token < target_probs.shape[-1] else 0.0
+        draw = draws.get(node)
+        accept_prob = None if draw is None else thresholds.get(node, min(1.0, p / q) if q > 0 else 0.0)
+        drafted.append(DraftToken(token_id=token, text=token_text(token), draft_prob=q, target_prob=p,
+                                  accepted=node in accepted, draw=draw, rank=ranks[node], accept_prob=accept_prob))
     last = 1 + path[-1] if path else 0
     target_prob = float(target_probs[last, verdict.token_id])
-    parents = () if is_chain else tuple(where[p] if p >= 0 else -1 for p in (tree.parents[n] for n in order))
+    # Every round of a tree run carries its parents, a chain-shaped one too (the view tells trees from chains by them).
+    parents = () if is_chain and not tree_run else \
+        tuple(where[p] if p >= 0 else -1 for p in (tree.parents[n] for n in order))
     return SpeculativeRound(
         round=index, first_step=first_step, emitted=emitted, drafted=tuple(drafted), accepted=verdict.accepted,
         target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,

@@ -43,19 +43,19 @@ class Drafter:
         raise NotImplementedError
 
     def propose_tree(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
-        """A tree of candidates, at most ``depth`` deep, ``width`` wide and ``budget`` nodes; a drafter that
-        drafts only chains proposes its chain."""
+        """A tree of candidates, at most ``depth`` deep and ``budget`` nodes, ``width`` candidates per depth (a
+        model-free tree adds the draft the target turned down last round); a drafter that drafts only chains
+        proposes its chain."""
         draft = self.propose(ids, min(depth, budget))
         tree = chain(draft.tokens)
         tree.probs = draft.probs
         return tree
 
-    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+    def after_round(self, kept: int, target_choices: list[int], accepted: int,
+                    path_tokens: list[int] | None = None) -> None:
         """``kept``: tokens now confirmed (context + accepted drafts, before the target's own token);
-        ``target_choices``: the target's argmax at each verified position."""
-
-    def run_ended(self, ids: list[int]) -> None:
-        """The run's prompt and output, once it ended (a drafter that learns from earlier runs keeps them)."""
+        ``target_choices``: the target's argmax at each verified position (of a tree: along the accepted path);
+        ``path_tokens``: the accepted drafts (under sampling they need not be the argmax)."""
 
 
 class PromptLookupDrafter(Drafter):
@@ -79,8 +79,9 @@ class PromptLookupDrafter(Drafter):
             graft(tree, branch, budget)
         return self.resumed.proposed(tree)
 
-    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
-        self.resumed.verdict(target_choices, accepted)
+    def after_round(self, kept: int, target_choices: list[int], accepted: int,
+                    path_tokens: list[int] | None = None) -> None:
+        self.resumed.verdict(path_tokens if path_tokens is not None else target_choices[:accepted])
 
 
 class ResumedDraft:
@@ -101,11 +102,11 @@ class ResumedDraft:
         self.last = tree
         return tree
 
-    def verdict(self, target_choices: list[int], accepted: int) -> None:
-        """``target_choices[:accepted]``: the accepted path's tokens (the target chose each of them)."""
+    def verdict(self, path_tokens: list[int]) -> None:
+        """``path_tokens``: the accepted drafts of the round, from the context down."""
         tree, self.last, self.rest = self.last, DraftTree(), []
         node = -1
-        for token in target_choices[:accepted]:
+        for token in path_tokens:
             found = next((c for c in tree.children(node) if tree.tokens[c] == token), None)
             if found is None:
                 return
@@ -194,7 +195,8 @@ class ModelDrafter(Drafter):
             context = torch.cat([context, context.new_tensor([[token]])], dim=1)
         return Draft(tokens, torch.stack(rows) if rows else None)
 
-    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+    def after_round(self, kept: int, target_choices: list[int], accepted: int,
+                    path_tokens: list[int] | None = None) -> None:
         roll_back(self.cache, kept)
 
     def _distribution(self, context: list[int], logits: torch.Tensor) -> torch.Tensor:
@@ -229,11 +231,9 @@ class ModelDrafter(Drafter):
             for node, q, score in frontier[:width]:
                 groups.append((node, self._children(q, width), q, score))
             start = len(tree)
-            if self.sample:
+            if self.sample:  # the first draws of a group are independent draws too: a group may be cut
                 for node, tokens, q, _score in groups:
-                    if len(tree) + len(tokens) > budget:
-                        break
-                    for token in tokens:
+                    for token in tokens[: budget - len(tree)]:
                         tree.add(token, node)
                         rows.append(q)
             else:
@@ -290,7 +290,8 @@ class JacobiDrafter(Drafter):
         guess = (guess + [guess[-1]] * k)[:k] if guess else []
         return Draft(guess, None)
 
-    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
+    def after_round(self, kept: int, target_choices: list[int], accepted: int,
+                    path_tokens: list[int] | None = None) -> None:
         # choices[accepted] is the target's own next token; the positions after it were predicted from the
         # guess: they are the next guess (one Jacobi update).
         self.guess = target_choices[accepted + 1 :]

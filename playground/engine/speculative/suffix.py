@@ -57,9 +57,7 @@ class SuffixDrafter(Drafter):
         self._index_current(ids)
         found = []
         for s, end in self.index.get(ids[-1], ()):
-            sequence = self.corpus[s]
-            if s == self.current and end >= len(ids):
-                continue  # the text's own end has nothing after it
+            sequence = self.corpus[s]  # (the current text is indexed up to its last token: its end is no hit)
             length = 1
             while (length < self.max_pattern and end - length - 1 >= 0 and length < len(ids)
                    and sequence[end - length - 1] == ids[-length - 1]):
@@ -84,8 +82,9 @@ class SuffixDrafter(Drafter):
         tree = self._likeliest(ids, depth, width, budget - len(resumed))
         return self.resumed.proposed(graft(tree, resumed, budget))
 
-    def after_round(self, kept: int, target_choices: list[int], accepted: int) -> None:
-        self.resumed.verdict(target_choices, accepted)
+    def after_round(self, kept: int, target_choices: list[int], accepted: int,
+                    path_tokens: list[int] | None = None) -> None:
+        self.resumed.verdict(path_tokens if path_tokens is not None else target_choices[:accepted])
 
     def _likeliest(self, ids: list[int], depth: int, width: int, budget: int) -> DraftTree:
         tree = DraftTree()

@@ -48,12 +48,14 @@ def tree_inputs(model, cache, tail: int, tree: DraftTree, device: torch.device, 
     """The attention mask (a float 4D tensor, or a dict of them by layer type) and position ids [1, q] for a pass
     over ``tail`` unread context tokens followed by ``tree``'s nodes from ``read`` on (nodes before ``read`` were
     read by an earlier pass and are the cache's last entries). ``ConfigError`` for a cache this cannot address."""
+    if read and tail:
+        raise ValueError("a pass reads either the context's tail or more of a tree, not both")
     context = cache.get_seq_length() - read
     depths = tree.depths()
     end = context + tail
     positions = torch.tensor(list(range(context, end)) + [end + d for d in depths[read:]])
     q = len(positions)
-    dtype = next(model.parameters()).dtype
+    dtype = model.get_input_embeddings().weight.dtype  # the attention's dtype (a first weight may be packed ints)
     if not dtype.is_floating_point:
         dtype = torch.float32
     layers = getattr(cache, "layers", None)
@@ -96,6 +98,11 @@ def keep_path(cache, tree_start: int, path: list[int]) -> None:
     layer's cache, in node order."""
     n_before = cache.get_seq_length()
     nodes = n_before - tree_start
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is None or keys.shape[-2] < nodes:
+            raise ConfigError("tree speculation: a cache layer does not hold the tree's nodes (a shared or "
+                              "uninitialised layer); draft a chain (--tree-width 1)")
     if path != list(range(len(path))):
         for layer in cache.layers:
             base = layer.keys.shape[-2] - nodes

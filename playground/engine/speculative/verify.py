@@ -23,6 +23,7 @@ class Verdict:
     draws: tuple[float, ...]  # sampling: the uniform draw of each examined draft position (of a tree: node)
     path: tuple[int, ...] = ()  # a tree: the accepted nodes, from the context down
     draw_nodes: tuple[int, ...] = ()  # a tree: the node each of ``draws`` judged
+    thresholds: tuple[float, ...] = ()  # a tree: min(1, p'(c) / q(c)) each of ``draws`` was compared with
 
 
 def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> Verdict:
@@ -98,6 +99,7 @@ def verify_tree_sampled(tree: DraftTree, target_probs: torch.Tensor, generator: 
     path: list[int] = []
     draws: list[float] = []
     draw_nodes: list[int] = []
+    thresholds: list[float] = []
     node = -1
     while True:
         p = target_probs[node + 1]
@@ -116,11 +118,13 @@ def verify_tree_sampled(tree: DraftTree, target_probs: torch.Tensor, generator: 
             draws.append(draw)
             draw_nodes.append(child)
             p_token = float(p[token]) if token < width else 0.0
-            if q_token > 0 and draw < min(1.0, p_token / q_token):
+            threshold = min(1.0, p_token / q_token) if q_token > 0 else 0.0
+            thresholds.append(threshold)
+            if draw < threshold:
                 path.append(child)
                 node, moved = child, True
                 break
             p = residual_distribution(p, q)
         if not moved:
             token_id = int(torch.multinomial(p, 1, generator=generator).item())
-            return Verdict(len(path), token_id, tuple(draws), tuple(path), tuple(draw_nodes))
+            return Verdict(len(path), token_id, tuple(draws), tuple(path), tuple(draw_nodes), tuple(thresholds))

@@ -145,8 +145,12 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
         return f"{head} · the target's own token ({kind}) · p {_pct(r.target_prob)} · step {mark.step}"
     d = r.drafted[mark.position]
     verdict = "accepted" if mark.kind == ACCEPTED else "rejected: not in the output"
-    draw = f" · draw u {d.draw:.3f} vs min(1, p/q) {min(1.0, d.target_prob / d.draft_prob):.3f}" \
-        if d.draw is not None and d.draft_prob > 0 else ""
+    # What the draw was compared with: min(1, p'/q), p' the target's distribution left after earlier siblings'
+    # rejections (a saved run from before it was recorded: min(1, p/q), right for chains and first children).
+    threshold = d.accept_prob if d.accept_prob is not None else \
+        (min(1.0, d.target_prob / d.draft_prob) if d.draft_prob > 0 else None)
+    draw = f" · draw u {d.draw:.3f} vs min(1, p′/q) {threshold:.3f}" if d.draw is not None and threshold is not None \
+        else ""
     where = (f"depth {r.depths()[mark.position]} · the drafter's choice #{d.rank + 1}" if r.is_tree else
              f"draft position {mark.position + 1}")
     if r.is_tree and mark.kind == REJECTED:

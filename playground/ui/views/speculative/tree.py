@@ -45,7 +45,10 @@ def short_text(text: str, limit: int) -> str:
 def node_kinds(r: SpeculativeRound) -> list[str]:
     """Each drafted token's kind: on the accepted path, rejected where the path stopped, or never reached."""
     rejected = set(rejected_nodes(r))
-    return [ACCEPTED if i < r.accepted else REJECTED if i in rejected else UNREACHED for i in range(len(r.drafted))]
+    # Sampled: a sibling tried and rejected before the one accepted was judged too.
+    judged = {i for i, d in enumerate(r.drafted) if d.draw is not None}
+    return [ACCEPTED if i < r.accepted else REJECTED if i in rejected or i in judged else UNREACHED
+            for i in range(len(r.drafted))]
 
 
 def tree_layout(r: SpeculativeRound) -> tuple[list[int], int | None, int]:
@@ -75,9 +78,13 @@ def tree_layout(r: SpeculativeRound) -> tuple[list[int], int | None, int]:
 
 def node_tooltip(r: SpeculativeRound, i: int, kind: str, depth: int) -> str:
     d = r.drafted[i]
-    verdict = {ACCEPTED: "accepted: on the path", REJECTED: "rejected: the target's choice differed here",
+    rejected = "rejected: its draw was not below min(1, p′/q)" if d.draw is not None else \
+        "rejected: the target's choice differed here"
+    verdict = {ACCEPTED: "accepted: on the path", REJECTED: rejected,
                UNREACHED: "not reached: its parent was not accepted, or the path went another way"}[kind]
     draw = f" · draw u {d.draw:.3f}" if d.draw is not None else ""
+    if d.draw is not None and d.accept_prob is not None:
+        draw += f" vs min(1, p′/q) {d.accept_prob:.3f}"
     return (f"<code>{html.escape(visible_token_text(d.text))}</code> · depth {depth} · the drafter's choice "
             f"#{d.rank + 1} here<br>{verdict}<br>drafter's q {html.escape(format_percent(d.draft_prob))} · "
             f"target's p {html.escape(format_percent(d.target_prob))}{draw}")
