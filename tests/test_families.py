@@ -9,11 +9,11 @@ pass their window in every run.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
-from torch import nn
 from transformers import DynamicCache
 
 from playground.config import ConfigError, RunSettings
@@ -179,18 +179,19 @@ def test_early_exit_that_never_exits_equals_generate(lm):
     assert list(done(events).token_ids) == generate(lm, ids)
 
 
+@contextlib.contextmanager
 def without_layer(model, skipped: int):
-    """The model with one layer (0-based) replaced by the identity, run cache-free: the reference of a fixed skip
-    (a skipped layer's filled keys and values are read by no other layer)."""
-    anatomy = anatomy_of(model)
-
-    class Identity(nn.Module):
-        def forward(self, hidden, *args, **kwargs):
-            return hidden
-
-    original = anatomy.layers[skipped]
-    anatomy.layers[skipped] = Identity()
-    return original, anatomy
+    """The model with one layer (0-based) passing its input through, run cache-free: the reference of a fixed skip
+    (a skipped layer's filled keys and values are read by no other layer). The layer's own forward is replaced on
+    the instance, so the module stays where it is: transformers records ``output_hidden_states`` with hooks it puts
+    on the layers at the first such call, and a module swapped in then would keep them after it is swapped out (every
+    later reference's hidden states would be wrong)."""
+    layer = anatomy_of(model).layers[skipped]
+    layer.forward = lambda hidden, *args, **kwargs: hidden
+    try:
+        yield
+    finally:
+        del layer.forward
 
 
 def skipped_greedy(model, ids: list[int], skipped: int, n: int, eos: set[int]) -> list[int]:
@@ -201,8 +202,7 @@ def skipped_greedy(model, ids: list[int], skipped: int, n: int, eos: set[int]) -
     out: list[int] = []
     with torch.inference_mode():
         model(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True)
-        original, anatomy = without_layer(model, skipped)
-        try:
+        with without_layer(model, skipped):
             token = ids[-1]
             for _ in range(n):
                 logits = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
@@ -210,8 +210,6 @@ def skipped_greedy(model, ids: list[int], skipped: int, n: int, eos: set[int]) -
                 out.append(token)
                 if token in eos:
                     break
-        finally:
-            anatomy.layers[skipped] = original
     return out
 
 
@@ -281,12 +279,8 @@ def test_filled_keys_and_values_are_the_layers_own_over_many_tokens(lm):
             token = int(step.logits.argmax())
             fed.append(token)
     fed = fed[:-1]  # the last token was chosen, not read
-    original, anatomy = without_layer(model, 1)
-    try:
-        with torch.inference_mode():
-            hidden = model(input_ids=torch.tensor([fed]), output_hidden_states=True, use_cache=False).hidden_states
-    finally:
-        anatomy.layers[1] = original
+    with without_layer(model, 1), torch.inference_mode():
+        hidden = model(input_ids=torch.tensor([fed]), output_hidden_states=True, use_cache=False).hidden_states
     hidden_in = hidden[1]  # the state entering layer 2 (index 1): layer 1's output
     keys, values = attention_kv(model, 1, hidden_in)
     layer_cache = cache.layers[1]
