@@ -22,7 +22,7 @@ from playground.engine.speculative import decode as decode_module
 from playground.engine.speculative.drafters import lookup_branches
 from playground.engine.speculative.rollback import keep_past
 from playground.engine.speculative.suffix import SuffixDrafter
-from playground.engine.speculative.tree import DraftTree, chain, trie
+from playground.engine.speculative.tree import DraftTree, chain, graft, trie
 from playground.engine.speculative.tree_pass import has_sliding_layers, keep_path, tree_inputs
 from playground.engine.speculative.verify import verify_tree_greedy, verify_tree_sampled
 from playground.engine.strategies import run_strategy
@@ -139,6 +139,27 @@ def test_tree_helpers():
     assert tree.depths() == [0, 1, 2, 1] and tree.ranks() == [0, 0, 0, 1]
     assert tree.children(-1) == [0] and tree.children(0) == [1, 3]
     assert tree.first_branch() == [1, 2, 3] and not tree.is_chain() and chain([4, 5]).is_chain()
+    assert chain([4, 5]).parents == [-1, 0] and chain([]).parents == []
+    assert tree.path_to(2) == [0, 1, 2] and tree.path_tokens(3) == [1, 4] and tree.path_to(-1) == []
+    # graft: shared prefixes are reused, new nodes go under them, the budget cuts the rest
+    grown = graft(trie([[1, 2]], budget=8), [1, 5, 6], budget=8)
+    assert grown.tokens == [1, 2, 5, 6] and grown.parents == [-1, 0, 0, 2]
+    assert graft(trie([[1, 2]], budget=3), [1, 5, 6], budget=3).tokens == [1, 2, 5]
+    assert graft(trie([[1, 2]], budget=8), [1, 2], budget=8).tokens == [1, 2]
+    assert graft(trie([[1, 2]], budget=8), [7], budget=8).parents == [-1, 0, -1]
+
+
+def test_keep_path_refuses_a_layer_that_does_not_hold_the_tree():
+    cache = DynamicCache()
+    keys = torch.zeros((1, 1, 4, 1))
+    cache.update(keys, keys, 0)  # layer 0: 4 entries, all of them the tree's
+    keep_path(cache, 0, [1])  # the tree may fill a layer
+    assert cache.get_seq_length() == 1
+    short = DynamicCache()
+    short.update(torch.zeros((1, 1, 6, 1)), torch.zeros((1, 1, 6, 1)), 0)
+    short.update(torch.zeros((1, 1, 2, 1)), torch.zeros((1, 1, 2, 1)), 1)  # holds 2 of the 4 nodes
+    with pytest.raises(ConfigError, match="does not hold the tree's nodes"):
+        keep_path(short, 2, [0])
 
 
 # ------------------------------------------------------------------------------------- 2. verification rules
@@ -513,6 +534,44 @@ def test_a_later_siblings_draw_is_judged_against_the_reduced_distribution():
             seen_second = True
             assert verdict.thresholds[1] == pytest.approx(float(P[3] / (1 - P[1])))
     assert seen_second
+
+
+def test_sampled_tree_verification_draws_only_from_its_generator_and_reports_every_draw():
+    """The same generator seed gives the same verdict whatever the global RNG did; every draw is reported with the
+    node it judged and its threshold; the accepted count is the path's length."""
+    tree = trie([[1, 0], [3], [4]], budget=8)
+    rows = torch.stack([P, P_AFTER_1, P, P, P])
+    verdicts = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        verdicts.append([verify_tree_sampled(tree, rows, torch.Generator().manual_seed(s)) for s in range(40)])
+    assert verdicts[0] == verdicts[1]
+    for v in verdicts[0]:
+        assert v.accepted == len(v.path) and len(v.draws) == len(v.draw_nodes) == len(v.thresholds) >= 1
+        assert all(0.0 <= d < 1.0 for d in v.draws) and all(0.0 <= t <= 1.0 for t in v.thresholds)
+        assert set(v.path) <= set(v.draw_nodes)
+
+
+def test_sampled_tree_verification_rejects_what_the_target_cannot_emit_and_caps_thresholds():
+    """A child the target's vocabulary lacks (id past its width) is never accepted; a child q gave no mass is
+    rejected (threshold 0); where p > q the threshold is 1."""
+    width = len(P)
+    beyond = DraftTree([width + 1], [-1])  # deterministic: one-hot q on a token the target lacks
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(50):
+        v = verify_tree_sampled(beyond, torch.stack([P, P]), generator)
+        assert v.path == () and v.thresholds == (0.0,) and v.token_id < width
+    q = torch.zeros((1, width + 3))
+    q[0, 2] = 1.0  # a sampled child whose q row says token 4 has no mass
+    no_mass = DraftTree([4], [-1], q)
+    for _ in range(20):
+        v = verify_tree_sampled(no_mass, torch.stack([P, P]), generator)
+        assert v.path == () and v.thresholds == (0.0,)
+    q = torch.full((1, width), 0.01)
+    q[0, 1] = 1 - 0.01 * (width - 1)
+    low = DraftTree([2], [-1], q.double())  # q(2) = 0.01 < p(2) = 0.25
+    v = verify_tree_sampled(low, torch.stack([P, P]), generator)
+    assert v.thresholds == (1.0,) and v.path == (0,)
 
 
 def test_sampled_tree_rounds_carry_each_draws_threshold(tiny_lm):
