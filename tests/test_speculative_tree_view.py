@@ -192,7 +192,7 @@ def grid_by_hand(events: list) -> tuple[list[list[float]], list[list[float]], li
         for d in range(deepest):
             for w in range(widest):
                 path, kept = cut_counts(r, d + 1, w + 1)
-                tokens[d][w] += (path + 1) / len(rounds)
+                tokens[d][w] += (path + (r.target_kind != "none")) / len(rounds)  # + the target's own, if any
                 nodes[d][w] += kept / len(rounds)
     a, b = verify_line(rounds)
     c_draft = sum(r.draft_ms for r in rounds) / sum(len(r.drafted) for r in rounds)
@@ -201,6 +201,19 @@ def grid_by_hand(events: list) -> tuple[list[list[float]], list[list[float]], li
     speedups = [[t * plain_ms / (n * c_draft + a + b * n) for t, n in zip(trow, nrow, strict=True)]
                 for trow, nrow in zip(tokens, nodes, strict=True)]
     return tokens, nodes, speedups
+
+
+def test_the_tree_what_ifs_costs_are_the_rounds_own(greedy_tree):
+    """The costs the speed-ups rest on, from the rounds here: draft ms per node, the verify line, plain ms per token
+    (the measured baseline), the number of rounds."""
+    rounds = rounds_of(greedy_tree)
+    what_if = folded(greedy_tree).tree_what_if()
+    a, b = verify_line(rounds)
+    assert what_if.draft_ms == pytest.approx(sum(r.draft_ms for r in rounds) / sum(len(r.drafted) for r in rounds))
+    assert (what_if.verify_ms_0, what_if.verify_ms_per_node) == pytest.approx((a, b))
+    baseline = greedy_tree[-1].figures["baseline_tokens_per_s"]
+    assert what_if.plain_measured and what_if.plain_ms == pytest.approx(1000.0 / baseline)
+    assert what_if.rounds == len(rounds)
 
 
 @pytest.mark.parametrize("fixture", ["greedy_tree", "sampled_tree"])
@@ -215,7 +228,7 @@ def test_the_tree_what_if_grid_is_the_cut_trees_recounted(fixture, request):
     assert what_if.exact == (fixture == "greedy_tree")
     # The whole tree is this run: its tokens per round and its nodes.
     rounds = rounds_of(events)
-    assert what_if.tokens[-1][-1] == pytest.approx(np.mean([r.accepted + 1 for r in rounds]))
+    assert what_if.tokens[-1][-1] == pytest.approx(np.mean([r.accepted + (r.target_kind != "none") for r in rounds]))
     assert what_if.nodes[-1][-1] == pytest.approx(np.mean([len(r.drafted) for r in rounds]))
     assert len({round(t, 9) for row in what_if.tokens for t in row}) > 2  # the cuts differ
     # A chain run has no grid.
