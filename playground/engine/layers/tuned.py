@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from playground.engine.quant.calibration import load_text, text_ids
+from playground.models.anatomy import anatomy_of
 from playground.models.paths import cache_root
 
 WINDOW = 256  # tokens per forward pass when collecting hidden states
@@ -197,7 +198,7 @@ def model_key(model) -> str:
     same folder name and shape do not share translators)."""
     config = model.config
     name = Path(str(getattr(config, "name_or_path", "") or config.model_type)).name
-    head = model.get_output_embeddings().weight
+    head = anatomy_of(model).lm_head.weight
     fingerprint = f"{float(head.detach()[:8].double().sum()):.6e}"
     return f"{name}-{hashlib.sha1(fingerprint.encode()).hexdigest()[:8]}"
 

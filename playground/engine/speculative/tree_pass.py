@@ -14,6 +14,7 @@ import torch
 from playground.config import ConfigError
 from playground.engine.speculative.rollback import roll_back
 from playground.engine.speculative.tree import DraftTree, ancestors_mask
+from playground.models.anatomy import anatomy_of
 
 
 def _layer_mask(context: int, past: int, tail: int, tree: DraftTree, read: int, window: int | None) -> torch.Tensor:
@@ -55,7 +56,8 @@ def tree_inputs(model, cache, tail: int, tree: DraftTree, device: torch.device, 
     end = context + tail
     positions = torch.tensor(list(range(context, end)) + [end + d for d in depths[read:]])
     q = len(positions)
-    dtype = model.get_input_embeddings().weight.dtype  # the attention's dtype (a first weight may be packed ints)
+    anatomy = anatomy_of(model)  # ConfigError naming a family the seam cannot open
+    dtype = anatomy.embed.weight.dtype  # the attention's dtype (a first weight may be packed ints)
     if not dtype.is_floating_point:
         dtype = torch.float32
     layers = getattr(cache, "layers", None)
@@ -73,7 +75,7 @@ def tree_inputs(model, cache, tail: int, tree: DraftTree, device: torch.device, 
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[None, None].to(device)
 
-    types = list(getattr(model.config, "layer_types", None) or [])
+    types = anatomy.layer_types
     position_ids = positions[None].to(device)
     if len(set(types)) > 1:  # a hybrid model: its forward picks each layer's mask by type
         masks: dict[str, torch.Tensor] = {}
