@@ -23,7 +23,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QColor, QMouseEvent, QPainter, QPixmap, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QSplitter, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QSplitter, QToolTip, QVBoxLayout, QWidget
 
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeStep
 from playground.state import Run, flowing_token_text, visible_token_text
@@ -32,7 +32,7 @@ from playground.ui.marked_text import MarkedTextEdit
 from playground.ui.style import format_percent, mono_font, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import fill_with_scroll, static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the strip and figures redraw at most this often
 # One colour per meaning (Paul Tol's colour-blind-safe "vibrant" set, as the speculative view: the cheap model's
@@ -232,13 +232,7 @@ class CascadeView(FoldView):
         layout.addWidget(self.legend)
         layout.addWidget(top, 1)
         layout.addWidget(self.strip, 1)
-        scroll = QScrollArea(self)  # a small dock scrolls instead of squeezing the strip
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        fill_with_scroll(self, content)
 
     # --- the view interface ---------------------------------------------------------------------------------
     def empty_text(self, run: Run | None) -> str:

@@ -29,11 +29,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
-    QScrollArea,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -46,7 +44,7 @@ from playground.state.contrastive import AlphaReplay, ContrastiveState, StepReco
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, PROCESSED_COLOR, RAW_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import LeastHeight, TallEnough, TextsInside, clear_bars, static_plot
+from playground.ui.views.drawing import LeastHeight, TallEnough, TextsInside, clear_bars, fill_with_scroll, static_plot
 
 LIVE_DRAW_MS = 200
 SHORT_DOCK = 600  # px: a view lower than this is a short dock (1280 x 800's is 531)
@@ -284,13 +282,7 @@ class ContrastiveView(FoldView):
         bottom.addWidget(self.dola_plot, 2)
         layout.addLayout(bottom, 1)
         layout.addWidget(self.figures)
-        scroll = QScrollArea(self)  # a dock lower than the panels' least heights scrolls instead of squeezing them
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        fill_with_scroll(self, content)
 
     def resizeEvent(self, event) -> None:
         self._arrange(event.size().height() < SHORT_DOCK)

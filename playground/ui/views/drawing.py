@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QPointF, QSize, QTimer
-from PySide6.QtWidgets import QLayout, QWidget
+from PySide6.QtWidgets import QFrame, QLayout, QScrollArea, QVBoxLayout, QWidget
 
 
 def static_plot(parent: QWidget, title: str, bottom: str, left: str, min_height: int | None = None) -> pg.PlotWidget:
@@ -70,6 +70,19 @@ class LeastHeight(QWidget):
     def sizeHint(self) -> QSize:
         hint = super().sizeHint()
         return QSize(hint.width(), self.heightForWidth(hint.width())) if self.layout() is not None else hint
+
+
+def fill_with_scroll(view: QWidget, content: QWidget) -> QScrollArea:
+    """Fill ``view`` with a frameless scroll area holding ``content``: a dock lower than the panels' least heights
+    scrolls instead of squeezing them. Returns the scroll area (a view may set its bar policies)."""
+    scroll = QScrollArea(view)
+    scroll.setWidget(content)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.Shape.NoFrame)
+    outer = QVBoxLayout(view)
+    outer.setContentsMargins(0, 0, 0, 0)
+    outer.addWidget(scroll)
+    return scroll
 
 
 class ThrottledDraw(QObject):

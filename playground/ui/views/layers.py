@@ -25,11 +25,9 @@ from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QComboBox,
-    QFrame,
     QGraphicsRectItem,
     QHBoxLayout,
     QLabel,
-    QScrollArea,
     QSlider,
     QSpinBox,
     QSplitter,
@@ -45,7 +43,7 @@ from playground.state.layers import ENTROPY, MAX_PROB, METRICS, LayerState, Laye
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import fill_with_scroll, static_plot
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
 NOT_RUN_COLOR = "#A8A8A8"  # a layer that did not run: neutral grey, in no colour map
@@ -289,13 +287,7 @@ class LayersView(FoldView):
         for label in (self.header, self.explanation, self.legend):
             layout.addWidget(label)
         layout.addWidget(split, 1)
-        scroll = QScrollArea(self)  # a small dock scrolls instead of squeezing the plots
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        fill_with_scroll(self, content)
 
     # --- the view interface ---------------------------------------------------------------------------------
     def applies_to(self, run: Run) -> bool:

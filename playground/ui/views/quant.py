@@ -21,10 +21,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
-    QFrame,
     QGridLayout,
     QHeaderView,
-    QScrollArea,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -39,7 +37,7 @@ from playground.state.quant import QuantState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import LeastHeight, static_plot
+from playground.ui.views.drawing import LeastHeight, fill_with_scroll, static_plot
 from playground.ui.views.side_by_side import DIVERGE_BG, SideBySidePanes
 
 PLOT_HEIGHT = 110  # px: a plot's least height (title, axis, a readable curve)
@@ -149,13 +147,7 @@ class QuantView(FoldView):
         # Three plots side by side down to 1280 x 800's dock, and everything in its height (the minimum heights
         # above sum to what that dock holds: it scrolls only in a smaller one).
         content.setMinimumWidth(820)
-        scroll = QScrollArea(self)
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        fill_with_scroll(self, content)
         self._channels_of = None  # the QuantReady whose layers the combo lists
         self._start_drawing()
 

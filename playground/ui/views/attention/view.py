@@ -13,11 +13,9 @@ import html
 
 from PySide6.QtWidgets import (
     QComboBox,
-    QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -30,6 +28,7 @@ from playground.ui.views import register_view
 from playground.ui.views.attention.heatmap import HeatmapPanel, LayerProfilePanel
 from playground.ui.views.attention.summary import SummaryPanel
 from playground.ui.views.base import FoldView
+from playground.ui.views.drawing import fill_with_scroll
 
 TEXT_WINDOW = 400  # positions of text shown around the selected token (a 2,000-token prompt stays readable)
 
@@ -75,13 +74,7 @@ class AttentionView(FoldView):
         layout.addLayout(controls)
         layout.addLayout(grid, 1)
         layout.addWidget(self.text)
-        scroll = QScrollArea(self)  # a small dock scrolls instead of squeezing the plots
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        fill_with_scroll(self, content)
         self.step_box.valueChanged.connect(self._step_chosen)
         self.head_box.currentIndexChanged.connect(lambda _: self._draw())
         self.heatmap.position_clicked.connect(self._position_clicked)

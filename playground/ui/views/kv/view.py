@@ -15,7 +15,7 @@ import html
 import math
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QScrollArea, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QTabWidget, QVBoxLayout, QWidget
 
 from playground.events.kv import KVStep
 from playground.state import Run
@@ -23,7 +23,7 @@ from playground.state.kv import KVState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import LeastHeight
+from playground.ui.views.drawing import LeastHeight, fill_with_scroll
 from playground.ui.views.kv.blocks import BlockPanel
 from playground.ui.views.kv.latency import LatencyPanel
 from playground.ui.views.kv.layers import LayerPanel
@@ -97,15 +97,9 @@ class KVView(FoldView):
         layout.addLayout(grid, 1)
         layout.addWidget(self.pages, 1)
         layout.addWidget(self.figures)
-        scroll = QScrollArea(self)  # a dock lower than the panels' least heights scrolls instead of squeezing them
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll = fill_with_scroll(self, content)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # two columns when narrow
         content.setMinimumWidth(620)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
 
     def _arrange(self, columns: int, paged: bool = False) -> None:
         """The six panels in three columns (two rows), or in two columns (three rows) in a narrow dock, where three

@@ -23,7 +23,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from playground.events.speculative import SpeculativeRound
 from playground.state import visible_token_text
@@ -31,7 +31,7 @@ from playground.state.speculative import ACCEPTED, REJECTED, TARGET, Speculative
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import LeastHeight, TextsInside, static_plot
+from playground.ui.views.drawing import LeastHeight, TextsInside, fill_with_scroll, static_plot
 from playground.ui.views.speculative.text import (
     ACCEPTED_COLOR,
     DRAFT_Q_COLOR,
@@ -224,13 +224,7 @@ class SpeculativeView(FoldView):
         layout.addWidget(self.legend)
         layout.addWidget(top, 5)
         layout.addLayout(bottom, 3)
-        scroll = QScrollArea(self)
-        scroll.setWidget(content)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        outer = QVBoxLayout(self)
-        outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(scroll)
+        fill_with_scroll(self, content)
 
     def resizeEvent(self, event) -> None:
         self._arrange(event.size().height() < SHORT_DOCK)
