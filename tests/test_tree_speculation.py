@@ -23,11 +23,12 @@ from playground.engine.speculative.drafters import lookup_branches
 from playground.engine.speculative.rollback import keep_past
 from playground.engine.speculative.suffix import SuffixDrafter
 from playground.engine.speculative.tree import DraftTree, chain, graft, trie
-from playground.engine.speculative.tree_pass import has_sliding_layers, keep_path, tree_inputs
+from playground.engine.speculative.tree_pass import keep_path, tree_inputs
 from playground.engine.speculative.verify import verify_tree_greedy, verify_tree_sampled
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
+from playground.models.anatomy import anatomy_of
 from playground.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88}
@@ -104,7 +105,7 @@ def test_a_tree_pass_gives_every_node_its_own_paths_logits_and_keeps_the_accepte
         mask, positions = tree_inputs(model, split, 0, head, torch.device("cpu"))
         model(input_ids=torch.tensor([head.tokens]), cache=split, use_cache=True, attention_mask=mask,
               position_ids=positions)
-        if has_sliding_layers(split):  # the window's last entries would be nodes, not the context a node sees
+        if anatomy_of(model).has_sliding_layers:  # the window would hold nodes, not the context a node sees
             with pytest.raises(ConfigError, match="sliding-window"):
                 tree_inputs(model, split, 0, tree, torch.device("cpu"), read=4)
         else:

@@ -122,9 +122,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
             tree = chain(forced[len(generated) : len(generated) + room])
         elif room <= 1:
             tree = DraftTree()
-        elif tree_run or spec.draft == "suffix":
-            depth = min(k, room - 1)
-            tree = drafter.propose_tree(ids, depth, spec.tree_width, spec.tree_nodes if tree_run else depth)
+        elif tree_run:
+            tree = drafter.propose_tree(ids, min(k, room - 1), spec.tree_width, spec.tree_nodes)
         else:
             draft = drafter.propose(ids, min(k, room - 1))
             tree = chain(draft.tokens[: max(0, room - 1)])

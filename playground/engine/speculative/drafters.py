@@ -25,7 +25,8 @@ from transformers import DynamicCache
 from playground.engine.processors import NamedTransform, run_pipeline
 from playground.engine.speculative.rollback import keep_past, roll_back
 from playground.engine.speculative.tree import DraftTree, chain, graft, trie
-from playground.engine.speculative.tree_pass import has_sliding_layers, tree_inputs
+from playground.engine.speculative.tree_pass import tree_inputs
+from playground.models.anatomy import anatomy_of
 
 
 @dataclass
@@ -220,6 +221,7 @@ class ModelDrafter(Drafter):
         if depth <= 0 or budget <= 0:
             return tree
         rows: list[torch.Tensor] = []  # each node's q: the distribution it was chosen from
+        sliding = anatomy_of(self.model).has_sliding_layers
         cached = self.cache.get_seq_length()
         logits = self.model(input_ids=torch.tensor([ids[cached:]], device=self.device), cache=self.cache,
                             use_cache=True).logits[0, -1]
@@ -247,7 +249,7 @@ class ModelDrafter(Drafter):
             new = list(range(start, len(tree)))
             if not new or level == depth - 1 or len(tree) >= budget:
                 break
-            if has_sliding_layers(self.cache):  # a sliding window cannot hold cached nodes: re-read the tree
+            if sliding:  # a sliding window cannot hold cached nodes: re-read the tree
                 roll_back(self.cache, len(ids))
                 read = 0
             mask, positions = tree_inputs(self.model, self.cache, 0, tree, self.device, read=read)

@@ -63,7 +63,7 @@ def tree_inputs(model, cache, tail: int, tree: DraftTree, device: torch.device, 
     layers = getattr(cache, "layers", None)
     if not layers:
         raise ConfigError("tree speculation needs a cache with per-layer sizes (a transformers DynamicCache)")
-    if read and has_sliding_layers(cache):
+    if read and anatomy.has_sliding_layers:
         # A sliding layer shows a pass only its last window - 1 entries: cached nodes would push out the context
         # positions a new node still sees. Read the whole tree in one pass instead.
         raise ConfigError("a tree cannot be read in parts through a sliding-window cache")
@@ -88,10 +88,6 @@ def tree_inputs(model, cache, tail: int, tree: DraftTree, device: torch.device, 
         raise ConfigError("tree speculation: this model's layers see different spans of the cache, and its forward "
                           "takes one attention mask for all of them")
     return mask_for(layers[0]), position_ids
-
-
-def has_sliding_layers(cache) -> bool:
-    return any(getattr(layer, "sliding_window", None) is not None for layer in getattr(cache, "layers", ()))
 
 
 def keep_path(cache, tree_start: int, path: list[int]) -> None:
