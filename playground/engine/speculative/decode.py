@@ -158,9 +158,10 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         # Recording the round's tokens is part of its time, as a plain step's is: token j follows ids + the
         # round's first j tokens (every emitted token but the last is an accepted draft).
         analyses = []
+        line = torch.tensor([ids + emitted], device=lm.device)  # one tensor: token j follows its first len(ids) + j
         for j, token in enumerate(emitted):
-            context = torch.tensor([ids + emitted[:j]], device=lm.device)
-            analysis = analyse_step(pipeline, context, raw[rows[j] : rows[j] + 1], settings.num_candidates)
+            analysis = analyse_step(pipeline, line[:, : len(ids) + j], raw[rows[j] : rows[j] + 1],
+                                    settings.num_candidates)
             analysis.token_id = token
             analyses.append(analysis)
         lens_steps = [captured.step_event(rows[j], first_step + j, lens.top, token_text, raw[rows[j]])
@@ -258,9 +259,11 @@ def _score(lm: LoadedModel, cache: object, ids: list[int], tree: DraftTree,
     raw = out.logits[0, -rows:].float()
     if not pipeline:
         return raw, raw
-    contexts = [ids] + [ids + tree.path_tokens(i) for i in range(len(tree))]
-    processed = torch.cat([run_pipeline(pipeline, torch.tensor([c], device=lm.device), raw[j : j + 1])
-                           for j, c in enumerate(contexts)])
+    # Each row's context: a chain's are prefixes of one tensor; a tree node's is the context + its own path.
+    context = torch.tensor([ids + (tree.tokens if tree.is_chain() else [])], device=lm.device)
+    contexts = [context[:, : len(ids) + j] for j in range(rows)] if tree.is_chain() else \
+        [context] + [torch.cat([context, context.new_tensor([tree.path_tokens(i)])], dim=1) for i in range(len(tree))]
+    processed = torch.cat([run_pipeline(pipeline, c, raw[j : j + 1]) for j, c in enumerate(contexts)])
     return raw, processed
 
 
