@@ -11,8 +11,9 @@ import itertools
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QImage, QTextCursor
+from windows import open_window
 
 from playground.config import CascadeSettings, RunSettings
 from playground.engine.strategies import run_strategy
@@ -227,14 +228,7 @@ def test_a_streamed_per_response_verdict_restyles_the_drawn_response(rewritten_e
 
 
 def test_the_window_shows_the_cascade_view_and_the_tokens_view(qtbot, tmp_path, tiny_lm):
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=cascade(max_new_tokens=10, cascade_threshold=0.12), store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, cascade(max_new_tokens=10, cascade_threshold=0.12))
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     run = w.session.runs[0]

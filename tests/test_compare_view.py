@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from windows import open_window
 
 from playground.config import CompareSettings, QuantSettings, RunSettings
 from playground.engine.strategies import run_strategy
@@ -191,20 +192,14 @@ def test_views_are_registered_and_pick_their_runs(tiny_lm, quant_view, compare_v
 
 
 def test_the_window_builds_the_copy_with_progress_and_shows_the_lab(qtbot, tmp_path, tiny_lm):
-    from PySide6.QtCore import QSettings, Qt
+    from PySide6.QtCore import Qt
 
     from playground.engine.quantized.apply import clear_cache
-    from playground.ui.main_window import MainWindow
 
     clear_cache()  # the copy is built in this run, with progress
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     settings = RunSettings(prompt="Once upon", max_new_tokens=6,
                            groups=(QuantSettings(quant="rtn-int8", compare=True),))
-    w = MainWindow(run_settings=settings, store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, settings)
     seen: list[int] = []
     w.picker.progress.valueChanged.connect(seen.append)
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)

@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPointF, QSettings, Qt
+from PySide6.QtCore import QPointF, Qt
+from windows import open_window
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -242,15 +243,8 @@ def test_a_saved_trace_gives_the_same_view_as_live(contrast_events, tmp_path, qt
 
 
 def test_the_window_shows_a_contrastive_run(qtbot, tmp_path, tiny_lm):
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     settings = RunSettings.from_flat(strategy="contrastive", prompt=PROMPT, max_new_tokens=8)
-    w = MainWindow(run_settings=settings, store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, settings)
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     run = w.session.runs[0]

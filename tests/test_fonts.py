@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from PySide6.QtGui import QFont, QFontDatabase, QFontMetrics
+from windows import open_window
 
 from playground.config import ModelSettings, RunSettings
 from playground.ui.fonts import covered, uncovered_characters
@@ -84,18 +85,12 @@ def test_a_token_holding_a_space_and_three_bytes_of_an_emoji(default_lm):
 
 
 def test_hover_and_chart_say_which_byte_of_which_character(qtbot, tiny_lm, tmp_path):
-    from PySide6.QtCore import QPoint, QSettings, Qt
+    from PySide6.QtCore import QPoint, Qt
     from PySide6.QtGui import QTextCursor
     from PySide6.QtWidgets import QToolTip
 
-    from playground.ui.main_window import MainWindow
-
     ids = tuple(tiny_lm.tokenizer("长城", add_special_tokens=False)["input_ids"])
-    w = MainWindow(store=QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, name="s.ini")
     w.start_run(RunSettings(prompt="x", chat=False, max_new_tokens=len(ids) + 1, forced_token_ids=ids))
     qtbot.waitUntil(lambda: not w.busy, timeout=20000)
     view = w.views["tokens"]

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 from PySide6.QtGui import QColor
+from windows import open_window
 
 from playground.config import ConfigError, RunSettings
 from playground.engine.strategies import run_strategy
@@ -552,17 +553,10 @@ def test_a_real_run_live_in_batches_equals_its_saved_trace(real_runs, tmp_path, 
 
 @needs_strategy
 def test_the_window_brings_the_kv_view_to_the_front(qtbot, tmp_path, tiny_lm):
-    from PySide6.QtCore import QSettings, Qt
+    from PySide6.QtCore import Qt
 
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     settings = RunSettings.from_flat(strategy="kv-cache", prompt=PROMPT, max_new_tokens=6, compare_no_cache=False)
-    w = MainWindow(run_settings=settings, store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, settings)
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=20000)
     run = w.session.runs[0]

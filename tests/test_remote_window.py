@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_server import start_server
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 from test_remote_failures import Misbehaving, QuietServer
+from windows import let_go, open_window
 
 from playground.config import RunSettings
 from playground.events.remote import RemoteTokenStep
@@ -76,15 +77,9 @@ def generate(qtbot, w: MainWindow) -> None:
 
 @pytest.fixture
 def window(qtbot, tmp_path):
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=8), store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
+    w = open_window(qtbot, tmp_path, run_settings=RunSettings(max_new_tokens=8))
     yield w
-    if w.job is not None:
-        w.job.stop()
-        w.job.wait(5000)
+    let_go(w, 5000)
 
 
 # --- the tests -------------------------------------------------------------------------------------------------------

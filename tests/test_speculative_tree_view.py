@@ -11,9 +11,10 @@ import re
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPointF, QSettings, QSize, Qt
+from PySide6.QtCore import QPointF, QSize, Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QApplication, QScrollArea
+from windows import open_window
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -403,16 +404,9 @@ def test_a_tree_run_fits_the_window_whole(qtbot, tmp_path, tree_lm, size, sample
     """A tree run live in the window (sampled trees are the bushiest): no vertical scroll, every text whole."""
     from test_view_edges import edge_problems
 
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
     settings = tree_settings(do_sample=True, temperature=0.8) if sampled else tree_settings(draft_layers=1,
                                                                                           draft_k=5)
-    w = MainWindow(run_settings=settings, store=store)
-    qtbot.addWidget(w)
-    w.resize(*size)
-    w.show()
-    w.set_model(tree_lm)
+    w = open_window(qtbot, tmp_path, tree_lm, settings, size=size)
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=60000)
     w.docks["speculative"].raise_()

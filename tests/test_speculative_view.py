@@ -10,8 +10,9 @@ import math
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPoint, QPointF, QSettings, Qt
+from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QColor, QImage, QTextCursor
+from windows import open_window
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -341,14 +342,7 @@ def test_a_saved_trace_gives_the_same_state_as_live(greedy_events, tmp_path, qtb
 
 
 def test_the_window_shows_the_speculative_view_and_the_tokens_view(qtbot, tmp_path, tiny_lm):
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=speculative(max_new_tokens=12), store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm, speculative(max_new_tokens=12))
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     run = w.session.runs[0]

@@ -364,10 +364,7 @@ def test_a_view_that_raises_does_not_leave_the_window_stuck(qtbot, window, capfd
 
     register_view(Broken)
     try:
-        w = MainWindow(run_settings=RunSettings(max_new_tokens=4), store=window.store)
-        qtbot.addWidget(w)
-        w.show()
-        w.set_model(window.lm)
+        w = open_window(qtbot, lm=window.lm, run_settings=RunSettings(max_new_tokens=4), size=None, store=window.store)
         for _ in range(2):
             qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
             qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)

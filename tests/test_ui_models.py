@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
+from windows import let_go, open_window
 
 from playground.config import ModelSettings, RunSettings
-from playground.ui.main_window import MainWindow
 
 TIMEOUT_MS = 120_000
 
@@ -23,14 +23,9 @@ class ShippedLlama(LlamaForCausalLM):
 
 @pytest.fixture
 def window(qtbot, tmp_path):
-    store = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=6), store=store)
-    qtbot.addWidget(w)
-    w.show()
+    w = open_window(qtbot, tmp_path, run_settings=RunSettings(max_new_tokens=6), size=None)
     yield w
-    if w.job is not None:
-        w.job.stop()
-        w.job.wait(10_000)
+    let_go(w, 10_000)
 
 
 def test_model_code_runs_only_after_the_user_trusts_it(qtbot, window, tiny_lm, tmp_path, monkeypatch):

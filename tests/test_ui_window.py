@@ -292,10 +292,7 @@ def test_screenshots_show_the_output_and_the_chart(qtbot, window, tiny_lm, tmp_p
     empty = tmp_path / "empty.png"
     w.resize(1200, 800)
     w.session.selected = None
-    idle = MainWindow(run_settings=RunSettings(), store=w.store)
-    qtbot.addWidget(idle)
-    idle.resize(1200, 800)
-    idle.show()
+    idle = open_window(qtbot, tmp_path, run_settings=RunSettings(), size=(1200, 800), store=w.store)
     idle.grab().save(str(empty))
     assert changed_fraction(QImage(str(empty)), image) > 0.02
 

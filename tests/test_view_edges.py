@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QPoint, QRect, QRectF, QSettings, QSize, Qt
+from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QTextEdit,
     QWidget,
 )
+from windows import open_window
 
 from playground.config import RunSettings
 from playground.config.words import settings_from_pane
@@ -289,12 +290,7 @@ def show_live_run(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened:
     """The window at ``size`` after a run of view ``name``'s strategy, generated live (the worker streams it in
     batches, as a user sees it), with that view's dock in front during the run (``opened`` "during") or behind
     another one until the run has ended ("after": first shown then)."""
-    store = QSettings(str(tmp_path / f"{name}-{size[0]}.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=view_settings(name), store=store)
-    qtbot.addWidget(w)
-    w.resize(*size)
-    w.show()
-    w.set_model(lm)
+    w = open_window(qtbot, tmp_path, lm, view_settings(name), size=size, name=f"{name}-{size[0]}.ini")
     settings = view_settings(name)
     w.set_run_settings(settings)
     assert w.current_settings() == settings

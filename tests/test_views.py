@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
+from windows import open_window
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -24,17 +25,6 @@ from playground.ui.views import register_view, unregister_view, view_classes
 from playground.ui.views.base import View
 
 RUN_TIMEOUT_MS = 20000
-
-
-def make_window(qtbot, tmp_path, lm=None, settings: RunSettings | None = None, name: str = "settings.ini"):
-    store = QSettings(str(tmp_path / name), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=settings, store=store)
-    qtbot.addWidget(w)
-    w.resize(1500, 950)
-    w.show()
-    if lm is not None:
-        w.set_model(lm)
-    return w
 
 
 def generate(qtbot, w: MainWindow) -> None:
@@ -65,7 +55,7 @@ def test_a_registered_view_gets_a_runs_events_without_any_other_change(qtbot, tm
 
     register_view(StepCounter)
     try:
-        w = make_window(qtbot, tmp_path, tiny_lm, RunSettings(max_new_tokens=6))
+        w = open_window(qtbot, tmp_path, tiny_lm, RunSettings(max_new_tokens=6))
         assert "step-counter" in w.views and "step-counter" in w.docks
         generate(qtbot, w)
         counter, run = w.views["step-counter"], w.session.runs[0]
@@ -78,7 +68,7 @@ def test_a_registered_view_gets_a_runs_events_without_any_other_change(qtbot, tm
 
 
 def test_views_pick_runs_by_their_events_and_say_why_they_are_empty(qtbot, tmp_path, tiny_lm):
-    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2,
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2,
                                                                     max_new_tokens=4))
     generate(qtbot, w)
     assert w.docks["beam"].pages.currentWidget() is w.views["beam"]
@@ -91,7 +81,7 @@ WIDE = (2600, 950)  # every view's dock side by side needs the width (their mini
 
 
 def test_two_views_side_by_side_and_the_layout_persists(qtbot, tmp_path, tiny_lm):
-    w = make_window(qtbot, tmp_path, tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm)
     w.resize(*WIDE)
     tokens, beam = w.docks["tokens"], w.docks["beam"]
     others = [dock for name, dock in w.docks.items() if name != "tokens"]
@@ -103,7 +93,7 @@ def test_two_views_side_by_side_and_the_layout_persists(qtbot, tmp_path, tiny_lm
     w.controls.widgets["max_new_tokens"].setValue(17)
     w.close()
 
-    again = make_window(qtbot, tmp_path, tiny_lm)  # the same settings file: a later launch
+    again = open_window(qtbot, tmp_path, tiny_lm)  # the same settings file: a later launch
     again.resize(*WIDE)
     t2, b2 = again.docks["tokens"], again.docks["beam"]
     assert not again.tabifiedDockWidgets(t2)
@@ -124,7 +114,7 @@ def save_tiny_trace(lm, path: Path, **settings) -> list:
 
 def test_a_saved_run_opens_without_a_model_in_every_view_that_applies(qtbot, tmp_path, tiny_lm):
     events = save_tiny_trace(tiny_lm, tmp_path / "run.jsonl", prompt="Hello", max_new_tokens=8)
-    w = make_window(qtbot, tmp_path)  # no model at all
+    w = open_window(qtbot, tmp_path)  # no model at all
     run = w.open_run(tmp_path / "run.jsonl")
     assert w.lm is None and run is not None and run.events == events
     tokens = w.views["tokens"]
@@ -142,7 +132,7 @@ def test_a_damaged_trace_opens_what_it_can_and_says_what_it_skipped(qtbot, tmp_p
     lines = (tmp_path / "run.jsonl").read_text().splitlines()
     damaged = [lines[0], lines[1], "{not json", json.dumps({"type": "mystery"}), *lines[2:6]]  # no "done"
     (tmp_path / "bad.jsonl").write_text("\n".join(damaged) + "\n")
-    w = make_window(qtbot, tmp_path)
+    w = open_window(qtbot, tmp_path)
     run = w.open_run(tmp_path / "bad.jsonl")
     assert run is not None and len(run.steps) == 4 and run.status == "failed"
     text = w.banner.label.text()
@@ -154,7 +144,7 @@ def test_a_damaged_trace_opens_what_it_can_and_says_what_it_skipped(qtbot, tmp_p
 
 
 def test_each_view_exports_png_and_svg_and_tokens_exports_csv(qtbot, tmp_path, tiny_lm):
-    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings(prompt="Hello", max_new_tokens=6))
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings(prompt="Hello", max_new_tokens=6))
     generate(qtbot, w)
     run = w.session.runs[0]
     for name in w.views:
@@ -178,7 +168,7 @@ def test_each_view_exports_png_and_svg_and_tokens_exports_csv(qtbot, tmp_path, t
 def test_a_preset_fills_the_form_shows_its_view_and_runs(qtbot, tmp_path, tiny_lm):
     from playground.presets import load_preset
 
-    w = make_window(qtbot, tmp_path, tiny_lm)
+    w = open_window(qtbot, tmp_path, tiny_lm)
     w.apply_preset("beam-length-penalty-2", run=True)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     preset = load_preset("beam-length-penalty-2")
@@ -313,7 +303,7 @@ def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path,
 ])
 def test_the_view_a_run_asked_for_comes_to_the_front(qtbot, tmp_path, tiny_lm, settings, front):
     settings = {"prompt": "Hello", "max_new_tokens": 3, **settings}
-    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(**settings))
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(**settings))
     generate(qtbot, w)
     qtbot.wait(50)
     visible = [name for name, dock in w.docks.items() if not dock.visibleRegion().isEmpty()]
@@ -323,7 +313,7 @@ def test_the_view_a_run_asked_for_comes_to_the_front(qtbot, tmp_path, tiny_lm, s
 
 def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, tmp_path, tiny_lm):
     # A beam run's strategy yields beam steps; with --paged it also yields KV steps, which only the events tell.
-    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2, paged=True,
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2, paged=True,
                                                                     max_new_tokens=4, prompt="Hello"))
     generate(qtbot, w)
     run = w.session.runs[0]
@@ -337,7 +327,7 @@ def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, tmp_path, 
     ({"strategy": "greedy"}, "prefill "),  # its own pass, in ms
 ])
 def test_the_status_bar_says_where_the_prompt_was_read(qtbot, tmp_path, tiny_lm, settings, expected):
-    w = make_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(prompt="Hello", max_new_tokens=3, **settings))
+    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(prompt="Hello", max_new_tokens=3, **settings))
     generate(qtbot, w)
     text = w.status.labels["prefill"].text()
     assert text.startswith(expected) and (expected != "prefill " or text.endswith(" ms"))

@@ -8,14 +8,21 @@ from PySide6.QtCore import QSettings
 from playground.config import RunSettings
 
 
-def open_window(qtbot, tmp_path, lm=None, run_settings: RunSettings | None = None, size: tuple[int, int] = (1500, 950),
-                name: str = "settings.ini"):
+def open_window(qtbot, tmp_path=None, lm=None, run_settings: RunSettings | None = None,
+                size: tuple[int, int] | None = (1500, 950), name: str = "settings.ini",
+                store: QSettings | None = None):
+    """A ``MainWindow`` registered with ``qtbot``, resized to ``size`` (``None``: its own default size) and shown,
+    given ``lm`` if not ``None``. Its settings file is ``tmp_path / name`` unless ``store`` is given (a later launch
+    reading the same settings as an earlier window)."""
     from playground.ui.main_window import MainWindow
 
-    store = QSettings(str(tmp_path / name), QSettings.Format.IniFormat)
+    if store is None:
+        assert tmp_path is not None, "a window's settings file: give tmp_path or store"
+        store = QSettings(str(tmp_path / name), QSettings.Format.IniFormat)
     w = MainWindow(run_settings=run_settings, store=store)
     qtbot.addWidget(w)
-    w.resize(*size)
+    if size is not None:
+        w.resize(*size)
     w.show()
     if lm is not None:
         w.set_model(lm)
