@@ -9,7 +9,7 @@ MODEL_STAMP := $(VENV)/.default-model
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup model llama-server gui-deps fonts run test lint mutate shot bench clean
+.PHONY: setup model llama-server gui-deps fonts run test test-fast lint mutate shot bench clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ run: model gui-deps fonts
 TEST_JOBS ?= 2
 test: model fonts llama-server
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
+
+# The tiny-model and Qt tests alone: no default model fetched, no llama-server built (the tests that need either are
+# marked `model` or `server`, pyproject.toml; tests/conftest.py marks those that ask for its fixtures).
+test-fast: $(STAMP) fonts
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model and not server"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check playground tests benchmarks

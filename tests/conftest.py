@@ -10,6 +10,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 
+# A test that asks for one of these fixtures, however indirectly, carries the marker: `-m "not model and not server"`
+# (`make test-fast`) then leaves out every test that needs the real default model or a built llama-server.
+MARKED_BY_FIXTURE = {"default_lm": "model", "llama_server_url": "server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, marker in MARKED_BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
 
 @pytest.fixture(scope="session")
 def tiny_lm():

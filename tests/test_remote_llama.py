@@ -18,7 +18,7 @@ from playground.remote.decode import run_remote
 from playground.remote.errors import RemoteError
 from playground.remote.source import RemoteSource
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.server]  # every test talks to a real llama-server
 
 # llama.cpp multiplies the Q4_1 weights with activations quantized to 8 bits (Q8_1); our engine uses the same
 # weights dequantized, in float32. Measured here: chosen-token probabilities differ by up to ~0.06 (mean ~0.01), and
