@@ -19,13 +19,14 @@ import math
 
 import pytest
 import torch
+from runs import Run
 from transformers import DynamicCache
 
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.scores import plausible_set
 from playground.engine.strategies import run_strategy
 from playground.engine.variants import quantized_copy
-from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
+from playground.events import RunFinished, TokenStep, dumps_event, event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.models.loaded import LoadedModel
 from playground.tiny_models import build_tiny_lm
@@ -34,22 +35,9 @@ PROMPT = "the cat sat on the mat"
 ATOL = 2e-4  # a cached decode step against a cache-free recomputation (float32)
 
 
-class Run:
-    def __init__(self, events: list) -> None:
-        self.events = events
-        self.start: RunStarted = events[0]
-        self.done: RunFinished = events[-1]
-        assert isinstance(self.start, RunStarted) and isinstance(self.done, RunFinished)
-        self.started = next(e for e in events if isinstance(e, ContrastiveStarted))
-        self.steps = [e for e in events if isinstance(e, ContrastStep)]
-        self.tokens = [e for e in events if isinstance(e, TokenStep)]
-        self.prompt_ids = list(self.start.prompt_token_ids)
-        self.ids = list(self.done.token_ids)
-
-
 def contrastive(lm, **settings) -> Run:
     settings = {"strategy": "contrastive", "prompt": PROMPT, **settings}
-    return Run(list(run_strategy(lm, RunSettings.from_flat(**settings))))
+    return Run.from_events(run_strategy(lm, RunSettings.from_flat(**settings)))
 
 
 def reference_generate(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
@@ -134,9 +122,9 @@ def test_a_uniform_amateur_leaves_expert_greedy(tiny_lm, amateur, alpha):
     run = contrastive(tiny_lm, amateur=amateur, amateur_quant="rtn-int8", alpha=alpha, amateur_temperature=1e12,
                       max_new_tokens=24)
     assert run.ids == reference_generate(tiny_lm, run.prompt_ids, 24)
-    assert not any(s.changed for s in run.steps)
+    assert not any(s.changed for s in run.of(ContrastStep))
     assert all(c.amateur_logprob == pytest.approx(-math.log(len(tiny_lm.tokenizer)), abs=1e-5)
-               for s in run.steps for c in s.candidates)
+               for s in run.of(ContrastStep) for c in s.candidates)
 
 
 def test_a_uniform_model_amateur_leaves_expert_greedy(tiny_lm, amateur_folder):
@@ -150,9 +138,10 @@ def test_model_amateur_scores_equal_two_independent_models(tiny_lm, amateur_fold
     amateur = build_tiny_lm(seed=2).model  # the same weights as the saved folder, loaded independently
     run = contrastive(tiny_lm, amateur="model", amateur_model=amateur_folder, alpha=0.05, amateur_temperature=0.7,
                       max_new_tokens=12)
-    assert any(s.changed for s in run.steps) and any(not s.changed for s in run.steps), "precondition: both kinds"
-    assert run.started.amateur == "model" and run.started.alpha == 0.05
-    for step, token in zip(run.steps, run.tokens, strict=True):
+    assert any(s.changed for s in run.of(ContrastStep)) and any(not s.changed for s in run.of(ContrastStep)), \
+        "precondition: both kinds"
+    assert run.first(ContrastiveStarted).amateur == "model" and run.first(ContrastiveStarted).alpha == 0.05
+    for step, token in zip(run.of(ContrastStep), run.steps, strict=True):
         ids = run.prompt_ids + run.ids[: step.step]
         check_step(step, token, last_logits(tiny_lm.model, ids), last_logits(amateur, ids), 0.05, 0.7)
 
@@ -176,7 +165,7 @@ def test_tokens_a_narrower_amateur_lacks_score_minus_infinity(tiny_lm, amateur_f
     run = contrastive(wide, amateur="model", amateur_model=amateur_folder, alpha=alpha,
                       amateur_temperature=temperature, max_new_tokens=8)
     lacked = 0
-    for step in run.steps:
+    for step in run.of(ContrastStep):
         ids = run.prompt_ids + run.ids[: step.step]
         lp_e = last_logits(expert, ids).double().log_softmax(dim=-1)  # [vocab + 8]
         lp_a = (last_logits(amateur, ids).double() / temperature).log_softmax(dim=-1)  # [vocab]
@@ -196,8 +185,8 @@ def test_quantized_amateur_scores_equal_its_own_recomputation(tiny_lm):
     copy_ = quantized_copy(tiny_lm, "rtn-int4")
     run = contrastive(tiny_lm, amateur="quantized", amateur_quant="rtn-int4", max_new_tokens=10,
                       repetition_penalty=1.3)
-    assert any(s.changed for s in run.steps), "precondition: the contrast changed something"
-    for step, token in zip(run.steps, run.tokens, strict=True):
+    assert any(s.changed for s in run.of(ContrastStep)), "precondition: the contrast changed something"
+    for step, token in zip(run.of(ContrastStep), run.steps, strict=True):
         ids = run.prompt_ids + run.ids[: step.step]
         raw = last_logits(tiny_lm.model, ids)
         expert = raw.clone()  # through the repetition penalty first (CTRL's rule)
@@ -208,16 +197,16 @@ def test_quantized_amateur_scores_equal_its_own_recomputation(tiny_lm):
 
 def test_layer_amateur_is_the_lens_of_its_layer(deep_lm):
     run = contrastive(deep_lm, amateur_layer=2, amateur_temperature=1.5, alpha=0.2, max_new_tokens=10)
-    assert run.started.amateur_layer == 2 and run.started.layers == 4
-    assert any(s.changed for s in run.steps), "precondition: the contrast changed something"
-    for step, token in zip(run.steps, run.tokens, strict=True):
+    assert run.first(ContrastiveStarted).amateur_layer == 2 and run.first(ContrastiveStarted).layers == 4
+    assert any(s.changed for s in run.of(ContrastStep)), "precondition: the contrast changed something"
+    for step, token in zip(run.of(ContrastStep), run.steps, strict=True):
         ids = run.prompt_ids + run.ids[: step.step]
         check_step(step, token, last_logits(deep_lm.model, ids), layer_logits(deep_lm.model, ids, 2), 0.2, 1.5)
 
 
 def test_the_default_amateur_layer_is_half_way_up(deep_lm, tiny_lm):
-    assert contrastive(deep_lm, max_new_tokens=1).started.amateur_layer == 2
-    assert contrastive(tiny_lm, max_new_tokens=1).started.amateur_layer == 1
+    assert contrastive(deep_lm, max_new_tokens=1).first(ContrastiveStarted).amateur_layer == 2
+    assert contrastive(tiny_lm, max_new_tokens=1).first(ContrastiveStarted).amateur_layer == 1
 
 
 # ------------------------------------------------------------------------------------------- the cut's boundary
@@ -243,7 +232,7 @@ def test_the_cut_is_exact_at_its_boundary(tiny_lm, k):
     if k > 1:
         cases.append((math.nextafter(at, 2.0), k - 1))  # the next float up: the k-th token is out
     for alpha, count in cases:
-        step = contrastive(tiny_lm, alpha=alpha, max_new_tokens=1).steps[0]
+        step = contrastive(tiny_lm, alpha=alpha, max_new_tokens=1).of(ContrastStep)[0]
         assert step.plausible_count == count
         inside = {c.token_id for c in step.candidates if c.plausible}
         assert inside == set(torch.topk(ratios, count).indices.tolist()) & {c.token_id for c in step.candidates}
@@ -288,7 +277,7 @@ def test_a_sampled_step_draws_from_the_normalised_scores(tiny_lm):
         run = contrastive(tiny_lm, contrast_sample=True, seed=seed, alpha=0.02, max_new_tokens=1)
         expected = int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed)).item())
         assert run.ids == [expected]
-        assert run.tokens[0].prob == pytest.approx(float(probs[0, expected]), rel=1e-6)
+        assert run.steps[0].prob == pytest.approx(float(probs[0, expected]), rel=1e-6)
         draws.add(expected)
     assert len(draws) > 1  # the draw really varies with the seed
 
@@ -307,28 +296,29 @@ def test_ends_at_eos_stop_strings_and_stop(tiny_lm, tiny_lm_eos):
     assert eos.done.stop_reason == "eos" and eos.ids[-1] in tiny_lm_eos.eos_token_ids
     assert eos.ids == reference_generate(tiny_lm_eos, eos.prompt_ids, 64)
     full = contrastive(tiny_lm, max_new_tokens=20)
-    text = "".join(t.text for t in full.tokens)
+    text = "".join(t.text for t in full.steps)
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), "precondition: a stop string to look for"
     cut = contrastive(tiny_lm, max_new_tokens=20, stop_strings=(stop,))
-    assert cut.done.stop_reason == "stop_string" and stop in "".join(t.text for t in cut.tokens)
+    assert cut.done.stop_reason == "stop_string" and stop in "".join(t.text for t in cut.steps)
     assert cut.ids == full.ids[: len(cut.ids)] and len(cut.ids) < 20
     calls = iter(range(100))
-    stopped = Run(list(run_strategy(tiny_lm, RunSettings.from_flat(strategy="contrastive", prompt=PROMPT,
-                                                                   max_new_tokens=20),
-                                    should_stop=lambda: next(calls) >= 4)))
+    stopped = Run.from_events(run_strategy(tiny_lm, RunSettings.from_flat(strategy="contrastive", prompt=PROMPT,
+                                                                          max_new_tokens=20),
+                                           should_stop=lambda: next(calls) >= 4))
     assert stopped.done.stop_reason == "stopped" and 0 < len(stopped.ids) < 20
     assert full.done.stop_reason == "max_new_tokens" and len(full.ids) == 20
 
 
 def test_forced_tokens_branch_and_the_contrast_still_records_its_choice(tiny_lm):
     plain = contrastive(tiny_lm, max_new_tokens=6)
-    forced = (plain.steps[0].candidates[-1].token_id, 100)
+    forced = (plain.of(ContrastStep)[0].candidates[-1].token_id, 100)
     run = contrastive(tiny_lm, max_new_tokens=6, forced_token_ids=forced)
     assert tuple(run.ids[:2]) == forced
-    assert [s.forced for s in run.steps] == [True, True, False, False, False, False]
-    assert run.steps[0].contrast_token_id == plain.steps[0].token_id  # the same first step, overruled
-    assert all(t.forced == s.forced for t, s in zip(run.tokens, run.steps, strict=True))
+    assert [s.forced for s in run.of(ContrastStep)] == [True, True, False, False, False, False]
+    # the same first step, overruled
+    assert run.of(ContrastStep)[0].contrast_token_id == plain.of(ContrastStep)[0].token_id
+    assert all(t.forced == s.forced for t, s in zip(run.steps, run.of(ContrastStep), strict=True))
 
 
 def test_settings_are_checked_before_the_first_event(tiny_lm, tmp_path):
@@ -357,19 +347,20 @@ def test_events_order_figures_and_round_trip(tiny_lm):
     kinds = [e.type for e in run.events]
     assert kinds[:3] == ["start", "contrast_start", "prefill"] and kinds[-1] == "done"
     assert kinds[3:-1] == ["contrast", "token"] * 8  # each step's contrast event right before its token event
-    assert [s.step for s in run.steps] == list(range(8))
-    assert any(c.score == -math.inf for s in run.steps for c in s.candidates), "precondition: a cut candidate"
+    assert [s.step for s in run.of(ContrastStep)] == list(range(8))
+    assert any(c.score == -math.inf for s in run.of(ContrastStep) for c in s.candidates), \
+        "precondition: a cut candidate"
     for event in run.events:
         assert event_from_dict(json.loads(dumps_event(event))) == event
     figures = run.done.figures
-    assert figures["changed_steps"] == sum(s.changed for s in run.steps)
-    assert figures["mean_plausible"] == pytest.approx(sum(s.plausible_count for s in run.steps) / 8)
+    assert figures["changed_steps"] == sum(s.changed for s in run.of(ContrastStep))
+    assert figures["mean_plausible"] == pytest.approx(sum(s.plausible_count for s in run.of(ContrastStep)) / 8)
     assert figures["greedy_tokens_per_s"] > 0 and figures["step_cost"] > 0
     greedy = reference_generate(tiny_lm, run.prompt_ids, 8)
     same = [a == b for a, b in zip(run.ids, greedy, strict=True)]
     assert figures["first_divergence"] == (same.index(False) if False in same else -1)
     # The plausibility cut shows in the token events as a processor that removed the implausible candidates.
-    cut = [c for t in run.tokens for c in t.candidates if c.cut_by == "plausibility"]
+    cut = [c for t in run.steps for c in t.candidates if c.cut_by == "plausibility"]
     assert cut and all(c.processed_prob == 0.0 for c in cut)
     assert "greedy_tokens_per_s" not in contrastive(tiny_lm, max_new_tokens=2).done.figures
 
@@ -382,15 +373,15 @@ def test_the_preset_on_the_default_model(default_lm):
     from playground.presets import load_preset
 
     preset = load_preset("contrastive-early-layer")
-    run = Run(list(run_strategy(default_lm, preset.settings)))
+    run = Run.from_events(run_strategy(default_lm, preset.settings))
     greedy = list(run_strategy(default_lm, preset.settings.replace(strategy="greedy")))[-1]
     assert isinstance(greedy, RunFinished)
     assert "reflects off the surface of the Earth" in greedy.text
     assert run.done.text.startswith("A rainbow is formed when sunlight interacts with water droplets suspended in "
                                     "the atmosphere")
-    assert run.started.amateur_layer == 15 and 0.2 < run.done.figures["changed_fraction"] < 0.6
+    assert run.first(ContrastiveStarted).amateur_layer == 15 and 0.2 < run.done.figures["changed_fraction"] < 0.6
     for index in (0, 20):
-        step = run.steps[index]
+        step = run.of(ContrastStep)[index]
         ids = run.prompt_ids + run.ids[:index]
-        check_step(step, run.tokens[index], last_logits(default_lm.model, ids),
+        check_step(step, run.steps[index], last_logits(default_lm.model, ids),
                    layer_logits(default_lm.model, ids, 15), 0.1, 1.0)

@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from runs import Run
 from transformers import (
     DynamicCache,
     LlamaConfig,
@@ -31,7 +32,7 @@ from playground.engine.speculative.drafters import lookup_continuation
 from playground.engine.speculative.verify import residual_distribution, verify_greedy, verify_sampled
 from playground.engine.strategies import run_strategy
 from playground.engine.variants import quantized_copy
-from playground.events import PrefillDone, RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
+from playground.events import PrefillDone, TokenStep, dumps_event, event_from_dict
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
 from playground.models.loaded import LoadedModel
 from playground.tiny_models import build_tiny_lm, build_tokenizer
@@ -44,41 +45,9 @@ CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-class Run:
-    """One speculative run's events, split by kind."""
-
-    def __init__(self, events: list) -> None:
-        self.events = events
-        self.start: RunStarted = events[0]
-        self.done: RunFinished = events[-1]
-        assert isinstance(self.start, RunStarted) and isinstance(self.done, RunFinished)
-        self.steps = [e for e in events if isinstance(e, TokenStep)]
-        self.rounds = [e for e in events if isinstance(e, SpeculativeRound)]
-        self.prompt_ids = list(self.start.prompt_token_ids)
-        self.ids = list(self.done.token_ids)
-
-    def round_steps(self) -> list[list[TokenStep]]:
-        """The TokenSteps that follow each round event (up to the next round or the end)."""
-        out: list[list[TokenStep]] = []
-        for event in self.events:
-            if isinstance(event, SpeculativeRound):
-                out.append([])
-            elif isinstance(event, TokenStep) and out:
-                out[-1].append(event)
-        return out
-
-    @property
-    def drafted(self) -> int:
-        return sum(len(r.drafted) for r in self.rounds)
-
-    @property
-    def accepted(self) -> int:
-        return sum(r.accepted for r in self.rounds)
-
-
 def spec(lm: LoadedModel, **settings) -> Run:
     settings = {"strategy": "speculative", "baseline_tokens": 0, **settings}
-    return Run(list(run_strategy(lm, RunSettings.from_flat(**settings))))
+    return Run.from_events(run_strategy(lm, RunSettings.from_flat(**settings)))
 
 
 def reference_generate(lm: LoadedModel, prompt_ids: list[int], **kwargs) -> list[int]:
