@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.prompt import encode_prompt
 from playground.engine.strategies import run_strategy
 from playground.events.attention import AttentionRow, AttentionStarted
 from playground.models.anatomy import anatomy_of
-from playground.tiny_models import build_tiny_lm
 
 PROMPT = "the cat sat on the mat"
 NEW = 5

@@ -22,6 +22,7 @@ import torch
 from runs import Run
 from transformers import DynamicCache
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.scores import plausible_set
 from playground.engine.strategies import run_strategy
@@ -29,7 +30,6 @@ from playground.engine.variants import quantized_copy
 from playground.events import RunFinished, TokenStep, dumps_event, event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.models.loaded import LoadedModel
-from playground.tiny_models import build_tiny_lm
 
 PROMPT = "the cat sat on the mat"
 ATOL = 2e-4  # a cached decode step against a cache-free recomputation (float32)
@@ -331,7 +331,7 @@ def test_settings_are_checked_before_the_first_event(tiny_lm, tmp_path):
 
 
 def test_a_model_amateur_with_another_tokenizer_is_refused(tiny_lm, tmp_path):
-    from playground.tiny_models import build_tokenizer
+    from devtools.tiny_models import build_tokenizer
 
     other = build_tiny_lm(seed=3)
     tokenizer = build_tokenizer(vocab_size=300)

@@ -15,12 +15,12 @@ import math
 import pytest
 import torch
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.dola import candidate_layers
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, dumps_event, event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
-from playground.tiny_models import build_tiny_lm
 
 PROMPT = "the cat sat on the mat and the cat"
 ATOL = 2e-4

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from test_dola import PROMPT, reference_step
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished
 from playground.events.contrastive import ContrastStep
 from playground.state import Run
-from playground.tiny_models import build_tiny_lm
 from playground.traces import read_trace, write_trace
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.contrastive import ContrastiveView

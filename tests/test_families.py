@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.layers.loop import LayerLoop, skip_rule
 from playground.engine.prompt import encode_prompt
@@ -25,7 +26,6 @@ from playground.events.contrastive import ContrastStep
 from playground.events.layers import LayerStep
 from playground.events.speculative import SpeculativeRound
 from playground.models.anatomy import anatomy_of, family_name
-from playground.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 
 LAYERS = 4
 NEW = 14

@@ -8,10 +8,10 @@ import pytest
 from PySide6.QtCore import Qt
 from windows import open_window
 
+from devtools.tiny_models import FAMILIES, build_tiny_lm, build_tokenizer
 from playground.config import LensSettings, RunSettings
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
-from playground.tiny_models import FAMILIES, build_tiny_lm, build_tokenizer
 from playground.ui.main_window import MainWindow
 
 RUN_TIMEOUT_MS = 30000

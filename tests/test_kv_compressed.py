@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.prompt import encode_prompt
 from playground.engine.strategies import run_strategy
 from playground.events.kv import KVQuality, KVStep
-from playground.tiny_models import build_tiny_lm
 
 PROMPT = "the cat sat on the mat"
 NEW = 8

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.kv import decode as kv_decode
 from playground.engine.kv.paged import PagedCache
@@ -24,7 +25,6 @@ from playground.engine.prompt import encode_prompt
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, TokenStep
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
-from playground.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 
 SHORT = "the cat sat"  # 6 tokens: the prefill fits the window, decoding crosses it
 LONG = "The weather in Shanghai is sunny"  # longer than the window: the prefill itself crosses it

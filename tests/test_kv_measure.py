@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
+from devtools.tiny_models import build_tiny_lm
 from playground.engine.kv import batch, measure
 from playground.engine.kv_cache import kv_bytes_per_token, kv_cache_bytes
-from playground.tiny_models import build_tiny_lm
 
 TEXTS = ["The capital of France is", "Beam search keeps several hypotheses; sampling draws from", "I would"]
 # The tiny config: 2 layers, hidden 32, 4 heads, 2 KV heads, head_dim 8, MLP 64.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import KVSettings, RunSettings
 from playground.config.words import settings_from_pane
 from playground.engine.forward import PREFILL_CHUNK, prefill_in_chunks
@@ -14,7 +15,6 @@ from playground.engine.kv.decode import new_cache
 from playground.engine.strategies import run_strategy
 from playground.events import PrefillDone, PrefillProgress, RunFinished, TokenStep
 from playground.events.kv import KVPhase, KVStep
-from playground.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 
 HOLDERS = {  # the KV lab's holders, as its options name them
     "contiguous": "",

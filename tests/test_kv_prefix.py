@@ -11,13 +11,13 @@ import math
 import pytest
 from PySide6.QtGui import QColor
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import CompareSettings, KVSettings, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import PrefillDone, RunFinished
 from playground.events.kv import KVPhase, KVStep
 from playground.events.panes import PaneFinished
 from playground.state import Run
-from playground.tiny_models import build_tiny_lm
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.kv.blocks import REUSED_COLOR
 from playground.ui.views.kv.panel import TOTAL_COLOR

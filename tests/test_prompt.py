@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 from tokenizers import processors
 
+from devtools.tiny_models import build_tokenizer
 from playground.config import ConfigError, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunStarted
-from playground.tiny_models import build_tokenizer
 
 
 def started(lm, **settings) -> RunStarted:

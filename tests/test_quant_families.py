@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from devtools.tiny_models import FAMILIES, TRAINING_TEXT, build_tiny_lm, build_tokenizer, tiny_config
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.engine.quant import awq as awq_module
 from playground.engine.quant.awq import InputScaledLinear, awq, fold_scales
@@ -30,7 +31,6 @@ from playground.events.quant import QuantReady
 from playground.models.anatomy import anatomy_of, family_name
 from playground.models.loaded import LoadedModel
 from playground.state.quant import QuantState
-from playground.tiny_models import FAMILIES, TRAINING_TEXT, build_tiny_lm, build_tokenizer, tiny_config
 
 TEXT = TRAINING_TEXT * 2
 TOKENS = 48

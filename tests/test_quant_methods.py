@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from devtools.tiny_models import TRAINING_TEXT, build_tiny_lm
 from playground.engine.quant import awq as awq_module
 from playground.engine.quant.awq import InputScaledLinear, awq, awq_scales, fold_scales
 from playground.engine.quant.calibration import (
@@ -28,7 +29,6 @@ from playground.engine.quant.smoothquant import (
     smoothquant,
 )
 from playground.models.anatomy import anatomy_of
-from playground.tiny_models import TRAINING_TEXT, build_tiny_lm
 
 TEXT = TRAINING_TEXT * 2
 MAX_TOKENS = 120

@@ -26,6 +26,7 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
+from devtools.tiny_models import build_tiny_lm, build_tokenizer
 from playground.config import ConfigError, RunSettings
 from playground.engine.speculative import decode as decode_module
 from playground.engine.speculative.drafters import lookup_continuation
@@ -35,7 +36,6 @@ from playground.engine.variants import quantized_copy
 from playground.events import PrefillDone, TokenStep, dumps_event, event_from_dict
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
 from playground.models.loaded import LoadedModel
-from playground.tiny_models import build_tiny_lm, build_tokenizer
 
 # Chi-square critical values at the 0.1% level, by degrees of freedom.
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59,

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine import run_history
 from playground.engine.speculative import decode as decode_module
@@ -29,7 +30,6 @@ from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
 from playground.models.anatomy import anatomy_of
-from playground.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88}
 REPEATING = "the cat sat on the mat and the cat sat on the hat and the cat ran to the mat and the cat"

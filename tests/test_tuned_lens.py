@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.layers.lens import LayerStack
 from playground.engine.layers.tuned import (
@@ -31,7 +32,6 @@ from playground.engine.strategies import run_strategy
 from playground.events import RunFinished
 from playground.events.layers import LayersStarted, LayerStep
 from playground.state import Run
-from playground.tiny_models import build_tiny_lm
 from playground.traces import read_trace, write_trace
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.layers import LayersView

@@ -8,11 +8,11 @@ import functools
 import pytest
 from windows import let_go, open_window
 
+from devtools.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.layers import tune_job, tuned
 from playground.engine.strategies import run_strategy
 from playground.events.layers import LayersStarted
-from playground.tiny_models import build_tiny_lm
 
 TIMEOUT_MS = 60000
 

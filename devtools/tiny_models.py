@@ -1,6 +1,6 @@
 """Tiny random-weight causal LMs with a real byte-level BPE tokenizer, built in memory in a second.
 
-Used by the engine tests and the benchmarks' smoke runs: real transformers classes, no download.
+Used by the tests and the benchmarks' smoke runs (not shipped in the package): real transformers classes, no download.
 """
 
 from __future__ import annotations
