@@ -26,7 +26,7 @@ model: $(STAMP)
 
 # llama.cpp's server (remote models), built once per machine into the user cache from a pinned source; prints its path.
 llama-server: $(STAMP)
-	$(PY) -m devtools.llama_build
+	PYTHONPATH=tests $(PY) -m support.llama_build
 
 # Qt's X11 plugin needs a few system libraries pip cannot install (libxcb-cursor0 and friends): add them if missing.
 gui-deps: $(STAMP)

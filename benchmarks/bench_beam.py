@@ -20,7 +20,7 @@ from side_by_side import report
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import repo_root  # noqa: F401  (devtools/ on the path: the tiny models, the llama-server build)
+import support_path  # noqa: F401  (tests/support on sys.path)
 import torch
 
 from playground.config import BeamSettings, ModelSettings, RunSettings
@@ -34,7 +34,7 @@ PROMPT = "Write a long story about a dragon who learns to bake bread."
 
 def load(args: argparse.Namespace) -> LoadedModel:
     if args.tiny:
-        from devtools.tiny_models import build_tiny_lm
+        from support.tiny_models import build_tiny_lm
 
         return build_tiny_lm(seed=0)
     from playground.models.default_model import fetch_default_model, is_default_model_ready

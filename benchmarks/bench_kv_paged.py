@@ -22,7 +22,7 @@ from collections.abc import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import repo_root  # noqa: F401  (devtools/ on the path: the tiny models, the llama-server build)
+import support_path  # noqa: F401  (tests/support on sys.path)
 import torch
 from transformers import DynamicCache
 
@@ -39,7 +39,7 @@ NewCache = Callable[[], object]
 
 def load(tiny: bool) -> LoadedModel:
     if tiny:
-        from devtools.tiny_models import build_tiny_lm
+        from support.tiny_models import build_tiny_lm
 
         return build_tiny_lm(seed=0)
     from playground.models.default_model import fetch_default_model

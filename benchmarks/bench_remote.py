@@ -27,7 +27,7 @@ import urllib.request
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import repo_root  # noqa: F401  (devtools/ on the path: the tiny models, the llama-server build)
+import support_path  # noqa: F401  (tests/support on sys.path)
 from side_by_side import report
 
 from playground.config import RunSettings
@@ -44,7 +44,7 @@ AGREEMENT_PROMPTS = [("def fibonacci(n):", False), ("The capital of France is", 
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    from devtools.llama_build import ensure_server
+    from support.llama_build import ensure_server
     from playground.models.default_model import ensure_default_gguf
 
     binary = ensure_server(lambda message: print(message, file=sys.stderr))

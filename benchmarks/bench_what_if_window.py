@@ -18,10 +18,10 @@ import time
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import repo_root  # noqa: F401  (devtools/ on the path: the tiny models, the llama-server build)
+import support_path  # noqa: F401  (tests/support on sys.path)
 from PySide6.QtWidgets import QApplication
 
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.state import Session

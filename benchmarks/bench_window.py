@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import repo_root  # noqa: F401  (devtools/ on the path: the tiny models, the llama-server build)
+import support_path  # noqa: F401  (tests/support on sys.path)
 from side_by_side import report
 
 from playground.config import ModelSettings, RunSettings
@@ -117,7 +117,7 @@ def main() -> None:
     qInstallMessageHandler(quiet)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     if args.tiny:
-        from devtools.tiny_models import build_tiny_lm
+        from support.tiny_models import build_tiny_lm
 
         lm = build_tiny_lm(seed=0, max_positions=max(256, new_tokens + 64))
     else:

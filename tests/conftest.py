@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def tiny_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0)
 
@@ -33,7 +33,7 @@ def tiny_lm():
 @pytest.fixture(scope="session")
 def tiny_lm_eos():
     """A tiny model that often ends at EOS within a few tokens."""
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=1, eos_bias=2.5)
 

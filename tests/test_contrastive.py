@@ -22,7 +22,7 @@ import torch
 from runs import Run
 from transformers import DynamicCache
 
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.scores import plausible_set
 from playground.engine.strategies import run_strategy
@@ -331,7 +331,7 @@ def test_settings_are_checked_before_the_first_event(tiny_lm, tmp_path):
 
 
 def test_a_model_amateur_with_another_tokenizer_is_refused(tiny_lm, tmp_path):
-    from devtools.tiny_models import build_tokenizer
+    from support.tiny_models import build_tokenizer
 
     other = build_tiny_lm(seed=3)
     tokenizer = build_tokenizer(vocab_size=300)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_dola import PROMPT, reference_step
 
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished

@@ -22,13 +22,13 @@ QT_FREE_PACKAGES = (playground.engine, playground.models, playground.events, pla
 QT_FREE_MODULES = [
     info.name for package in QT_FREE_PACKAGES
     for info in pkgutil.walk_packages(package.__path__, prefix=package.__name__ + ".")
-] + ["playground.cli", "playground.cli_options", "playground.presets", "playground.traces", "devtools.tiny_models"]
+] + ["playground.cli", "playground.cli_options", "playground.presets", "playground.traces", "support.tiny_models"]
 
 
 def _loaded_after(code: str) -> set[str]:
     probe = f"{code}\nimport sys\nprint('LOADED', ' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         cwd=ROOT)  # the repository root: devtools/ is importable there
+                         cwd=ROOT / "tests")  # tests/support (the tiny models) is importable there
     line = next(line for line in out.stdout.splitlines() if line.startswith("LOADED "))
     return set(line.split()[1:])
 
@@ -44,7 +44,7 @@ def test_engine_imports_no_qt_even_while_running_every_strategy():
 from playground.config import RunSettings
 from playground.config.catalog import STRATEGIES
 from playground.engine.strategies import run_strategy
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 lm = build_tiny_lm(seed=0)
 for name in STRATEGIES:
     events = list(run_strategy(lm, RunSettings(strategy=name, prompt="Hello", max_new_tokens=3)))

@@ -35,7 +35,7 @@ def strict_loads(line: str):
 @pytest.fixture(scope="module")
 def long_lm():
     """A tiny model with a long context: for prompts read in several prefill chunks."""
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, layers=1, max_positions=4096)
 

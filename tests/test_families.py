@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
+from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.layers.loop import LayerLoop, skip_rule
 from playground.engine.prompt import encode_prompt

@@ -8,7 +8,7 @@ import pytest
 from PySide6.QtCore import Qt
 from windows import open_window
 
-from devtools.tiny_models import FAMILIES, build_tiny_lm, build_tokenizer
+from support.tiny_models import FAMILIES, build_tiny_lm, build_tokenizer
 from playground.config import LensSettings, RunSettings
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel

@@ -86,7 +86,7 @@ def test_paged_greedy_equals_dynamic_cache(model, config, block_size, prompt_len
 
 
 def test_paged_greedy_equals_dynamic_cache_with_eager_attention():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     eager = build_tiny_lm(seed=0).model
     eager.set_attn_implementation("eager")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
+from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.kv import decode as kv_decode
 from playground.engine.kv.paged import PagedCache

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 from playground.engine.kv import batch, measure
 from playground.engine.kv_cache import kv_bytes_per_token, kv_cache_bytes
 

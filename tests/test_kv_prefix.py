@@ -11,7 +11,7 @@ import math
 import pytest
 from PySide6.QtGui import QColor
 
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 from playground.config import CompareSettings, KVSettings, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import PrefillDone, RunFinished

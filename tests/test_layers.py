@@ -25,7 +25,7 @@ PROMPT = "the cat sat on the mat"
 
 @pytest.fixture(scope="module")
 def deep_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=5, layers=LAYERS)
 

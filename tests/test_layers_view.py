@@ -267,7 +267,7 @@ def test_the_slider_replays_without_regenerating(view):
 # --- real runs ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def deep_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=5, layers=6)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devtools.llama_build import ENV_OVERRIDE, BuildError, build_server, cached_server, server_dir
+from support.llama_build import ENV_OVERRIDE, BuildError, build_server, cached_server, server_dir
 
 
 def test_the_override_wins_and_a_missing_override_finds_nothing(tmp_path, monkeypatch):

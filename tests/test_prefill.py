@@ -15,7 +15,7 @@ from playground.events.speculative import SpeculativeRound
 
 @pytest.fixture(scope="module")
 def long_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, max_positions=4096)
 

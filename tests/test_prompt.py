@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 from tokenizers import processors
 
-from devtools.tiny_models import build_tokenizer
+from support.tiny_models import build_tokenizer
 from playground.config import ConfigError, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunStarted

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from devtools.tiny_models import TRAINING_TEXT, build_tiny_lm
+from support.tiny_models import TRAINING_TEXT, build_tiny_lm
 from playground.engine.quant import awq as awq_module
 from playground.engine.quant.awq import InputScaledLinear, awq, awq_scales, fold_scales
 from playground.engine.quant.calibration import (

@@ -26,7 +26,7 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from devtools.tiny_models import build_tiny_lm, build_tokenizer
+from support.tiny_models import build_tiny_lm, build_tokenizer
 from playground.config import ConfigError, RunSettings
 from playground.engine.speculative import decode as decode_module
 from playground.engine.speculative.drafters import lookup_continuation

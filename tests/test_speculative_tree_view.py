@@ -39,7 +39,7 @@ def tree_settings(**options) -> RunSettings:
 
 @pytest.fixture(scope="module")
 def tree_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=3, layers=4, family="llama")
 

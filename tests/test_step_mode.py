@@ -156,7 +156,7 @@ def test_sampling_space_takes_the_seeded_draw(qtbot, tiny_lm, tmp_path):
 
 def test_the_engine_chooser_forces_and_stops():
     """The engine's hook without the window: a chooser that picks another token, the own one, then stops."""
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     lm = build_tiny_lm(seed=0)
     settings = RunSettings(prompt=PROMPT, chat=False, max_new_tokens=5)

@@ -75,7 +75,7 @@ def unit_key(event) -> tuple | None:
 @pytest.fixture(scope="module")
 def long_lm():
     """A tiny model with a long context, so a run is still going when it is stopped."""
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, max_positions=4096)
 
@@ -410,7 +410,7 @@ CLOSE_SCRIPT = textwrap.dedent('''
         w.load_model(ModelSettings(path="/nowhere"))
     else:  # a long prompt read: one prefill chunk takes 2 s and Stop is seen only between chunks
         import playground.engine.strategies as strategies
-        from devtools.tiny_models import build_tiny_lm
+        from support.tiny_models import build_tiny_lm
 
         def slow_prompt(lm, settings, should_stop=None, progress=None):
             end = time.monotonic() + 2
@@ -435,8 +435,8 @@ def test_closing_the_window_mid_job_exits_cleanly(tmp_path, job):
     script = tmp_path / "close_mid_job.py"
     script.write_text(CLOSE_SCRIPT)
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "tests"), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, str(script), job, str(tmp_path / "settings.ini")], capture_output=True,
-                          text=True, timeout=120, cwd=root, env=env)  # the repository root: devtools/ importable
+                          text=True, timeout=120, cwd=root, env=env)  # tests/ on the path: tests/support importable
     assert done.returncode == 0, done.stderr[-2000:]
     assert "window closed" in done.stdout and "Destroyed while thread" not in done.stderr

@@ -27,7 +27,7 @@ LONG = " ".join(["one two three four"] * 40)  # ~600 tokens of the tiny tokenize
 
 @pytest.fixture(scope="module")
 def long_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, max_positions=4096)
 

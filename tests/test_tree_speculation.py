@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from devtools.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
+from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine import run_history
 from playground.engine.speculative import decode as decode_module

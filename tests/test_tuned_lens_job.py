@@ -8,7 +8,7 @@ import functools
 import pytest
 from windows import let_go, open_window
 
-from devtools.tiny_models import build_tiny_lm
+from support.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.layers import tune_job, tuned
 from playground.engine.strategies import run_strategy

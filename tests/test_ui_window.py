@@ -24,7 +24,7 @@ RUN_TIMEOUT_MS = 20000
 @pytest.fixture(scope="module")
 def long_lm():
     """A tiny model with a long context, for runs that must still be going when we stop them."""
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, max_positions=4096)
 

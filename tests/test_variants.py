@@ -83,7 +83,7 @@ def test_one_quantized_copy_per_model_and_method(tiny_lm, built):
 
 
 def test_a_freed_model_takes_its_variants_with_it(built):
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     lm = build_tiny_lm(seed=5)
     copy_ = weakref.ref(variant(lm, QuantizedCopy.quick("rtn-int4")).model)
@@ -298,7 +298,7 @@ def test_the_drafter_amateur_cheap_model_and_quant_share_one_copy(tiny_lm, built
 
 @pytest.fixture(scope="module")
 def long_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, max_positions=4096)
 

@@ -281,7 +281,7 @@ def view_settings(name: str) -> RunSettings:
 
 @pytest.fixture(scope="module")
 def edge_lm():
-    from devtools.tiny_models import build_tiny_lm
+    from support.tiny_models import build_tiny_lm
 
     return build_tiny_lm(seed=0, max_positions=4096)
 
