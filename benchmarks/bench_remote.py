@@ -45,6 +45,7 @@ AGREEMENT_PROMPTS = [("def fibonacci(n):", False), ("The capital of France is", 
 
 def start_server() -> tuple[subprocess.Popen, str]:
     from support.llama_build import ensure_server
+
     from playground.models.default_model import ensure_default_gguf
 
     binary = ensure_server(lambda message: print(message, file=sys.stderr))

@@ -20,8 +20,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import support_path  # noqa: F401  (tests/support on sys.path)
 from PySide6.QtWidgets import QApplication
-
 from support.tiny_models import build_tiny_lm
+
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.state import Session

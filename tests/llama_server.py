@@ -14,6 +14,7 @@ from pathlib import Path
 def start_server(log_path: Path | None = None, *extra: str) -> tuple[subprocess.Popen, str]:
     """A started llama-server and its root URL; ``extra`` options may name the model file as ``{gguf}``."""
     from support.llama_build import cached_server
+
     from playground.models.default_model import ensure_default_gguf
 
     binary = cached_server()

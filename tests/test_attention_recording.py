@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support.tiny_models import build_tiny_lm
+
 from playground.config import RunSettings
 from playground.engine.prompt import encode_prompt
 from playground.engine.strategies import run_strategy

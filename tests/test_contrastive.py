@@ -20,9 +20,9 @@ import math
 import pytest
 import torch
 from runs import Run
+from support.tiny_models import build_tiny_lm
 from transformers import DynamicCache
 
-from support.tiny_models import build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.scores import plausible_set
 from playground.engine.strategies import run_strategy

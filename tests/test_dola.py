@@ -14,8 +14,8 @@ import math
 
 import pytest
 import torch
-
 from support.tiny_models import build_tiny_lm
+
 from playground.config import ConfigError, RunSettings
 from playground.engine.contrastive.dola import candidate_layers
 from playground.engine.strategies import run_strategy

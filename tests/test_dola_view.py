@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.tiny_models import build_tiny_lm
 from test_dola import PROMPT, reference_step
 
-from support.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished

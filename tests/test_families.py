@@ -14,9 +14,9 @@ import math
 
 import pytest
 import torch
+from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from transformers import DynamicCache
 
-from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.layers.loop import LayerLoop, skip_rule
 from playground.engine.prompt import encode_prompt

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
+from support.tiny_models import FAMILIES, build_tiny_lm, build_tokenizer
 from windows import open_window
 
-from support.tiny_models import FAMILIES, build_tiny_lm, build_tokenizer
 from playground.config import LensSettings, RunSettings
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from transformers import DynamicCache
 
-from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine.kv import decode as kv_decode
 from playground.engine.kv.paged import PagedCache

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from support.tiny_models import build_tiny_lm
+
 from playground.engine.strategies import run_strategy
 from playground.events.panes import PaneFinished
 from playground.presets import RESOURCES_DIR, load_preset

@@ -9,9 +9,9 @@ import json
 
 import pytest
 import torch
+from support.tiny_models import build_tiny_lm
 from transformers import DynamicCache, LlamaForCausalLM
 
-from support.tiny_models import build_tiny_lm
 from playground.engine.kv import batch, measure
 from playground.engine.kv_cache import kv_bytes_per_token, kv_cache_bytes
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
+
 from playground.config import KVSettings, RunSettings
 from playground.config.words import settings_from_pane
 from playground.engine.forward import PREFILL_CHUNK, prefill_in_chunks

@@ -10,8 +10,8 @@ import math
 
 import pytest
 from PySide6.QtGui import QColor
-
 from support.tiny_models import build_tiny_lm
+
 from playground.config import CompareSettings, KVSettings, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import PrefillDone, RunFinished

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from support.llama_build import ENV_OVERRIDE, BuildError, build_server, cached_server, server_dir
 
 

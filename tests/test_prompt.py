@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from support.tiny_models import build_tokenizer
 from tokenizers import processors
 
-from support.tiny_models import build_tokenizer
 from playground.config import ConfigError, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunStarted

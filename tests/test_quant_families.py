@@ -13,10 +13,10 @@ import dataclasses
 
 import pytest
 import torch
+from support.tiny_models import FAMILIES, TRAINING_TEXT, build_tiny_lm, build_tokenizer, tiny_config
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from support.tiny_models import FAMILIES, TRAINING_TEXT, build_tiny_lm, build_tokenizer, tiny_config
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.engine.quant import awq as awq_module
 from playground.engine.quant.awq import InputScaledLinear, awq, fold_scales

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-
 from support.tiny_models import TRAINING_TEXT, build_tiny_lm
+
 from playground.engine.quant import awq as awq_module
 from playground.engine.quant.awq import InputScaledLinear, awq, awq_scales, fold_scales
 from playground.engine.quant.calibration import (

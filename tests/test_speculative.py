@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 from runs import Run
+from support.tiny_models import build_tiny_lm, build_tokenizer
 from transformers import (
     DynamicCache,
     LlamaConfig,
@@ -26,7 +27,6 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from support.tiny_models import build_tiny_lm, build_tokenizer
 from playground.config import ConfigError, RunSettings
 from playground.engine.speculative import decode as decode_module
 from playground.engine.speculative.drafters import lookup_continuation

@@ -435,7 +435,8 @@ def test_closing_the_window_mid_job_exits_cleanly(tmp_path, job):
     script = tmp_path / "close_mid_job.py"
     script.write_text(CLOSE_SCRIPT)
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "tests"), os.environ.get("PYTHONPATH")]))}
+    paths = [str(root / "tests"), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     done = subprocess.run([sys.executable, str(script), job, str(tmp_path / "settings.ini")], capture_output=True,
                           text=True, timeout=120, cwd=root, env=env)  # tests/ on the path: tests/support importable
     assert done.returncode == 0, done.stderr[-2000:]

@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 import torch
+from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from transformers import DynamicCache
 
-from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from playground.config import ConfigError, RunSettings
 from playground.engine import run_history
 from playground.engine.speculative import decode as decode_module

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from support.tiny_models import build_tiny_lm
+
 from playground.config import ConfigError, RunSettings
 from playground.engine.layers.lens import LayerStack
 from playground.engine.layers.tuned import (

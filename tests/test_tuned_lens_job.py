@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 
 import pytest
+from support.tiny_models import build_tiny_lm
 from windows import let_go, open_window
 
-from support.tiny_models import build_tiny_lm
 from playground.config import RunSettings
 from playground.engine.layers import tune_job, tuned
 from playground.engine.strategies import run_strategy
