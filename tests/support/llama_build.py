@@ -4,7 +4,8 @@ The source is the llama.cpp that the ``llama-cpp-python`` sdist vendors (PyPI ha
 Only the ``llama-server`` target is built, statically, for the x86-64 AVX2 baseline without AMX: some of these
 machines advertise AMX but trap on its instructions, and a CI machine may be another CPU than the one that built it.
 ``PYTHONPATH=tests python -m support.llama_build`` (``make llama-server``) builds it if missing and prints its path
-last. The app does not need it (a server is any URL the user gives); the remote-model tests and ``benchmarks/bench_remote.py`` do.
+last. The app does not need it (a server is any URL the user gives); the remote-model tests and
+``benchmarks/bench_remote.py`` do.
 """
 
 from __future__ import annotations
