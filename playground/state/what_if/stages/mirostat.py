@@ -1,0 +1,21 @@
+"""Mirostat v2's cut at each step's mu (``derive`` iterates mu to its fixed point from the chosen tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from playground.config import RunSettings
+from playground.state.what_if.bounds import _below_probability, _Chain
+from playground.state.what_if.recorded import LOGPROB_STEP
+from playground.state.what_if.stages import stage
+
+
+@stage("mirostat")
+def _mirostat(c: _Chain, s: RunSettings, *_: object) -> None:
+    """Mirostat v2's cut: surprise −log2 p above mu removed (the likeliest kept), mu per step from ``re_derive``."""
+    assert c.mu is not None
+    err = c.err
+    # mu itself carries the rounding of every earlier chosen probability: the cut's border is that much wider.
+    c.err = err + s.mirostat_eta * 2 * (0.5 / LOGPROB_STEP) * np.arange(c.x.shape[0])
+    _below_probability(c, 2.0 ** -c.mu, protect_top=True)
+    c.err = err
