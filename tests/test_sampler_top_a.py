@@ -39,6 +39,7 @@ def kept_by_engine(probs: list[float], top_a: float, samplers: str = "", **other
     ([0.9, 0.05, 0.05], 0.1, {0}),  # line 0.081
     ([0.25, 0.25, 0.25, 0.25], 1.0, {0, 1, 2, 3}),  # flat: line 0.0625
     ([0.3, 0.3, 0.0, 0.4], 0.9, {0, 1, 3}),  # renormalised among the finite ones; line 0.144
+    ([1.0, 0.0, 0.0], 1.0, {0}),  # one token left: p = 1 = top_a · 1² is not below the line, so it stays
 ])
 def test_kept_sets_on_hand_cases(probs, top_a, expected):
     assert kept_by_definition(probs, top_a) == expected

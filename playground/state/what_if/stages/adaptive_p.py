@@ -45,6 +45,9 @@ def _adaptive_p(c: _Chain, s: RunSettings, *_: object) -> None:
         adapted[row] = adaptive_target(g.adaptive_target, weighted, total)
         weighted, total = adaptive_accept(weighted, total, prob, g.adaptive_decay)
     c.x = np.where(np.isfinite(c.x), transform(probs, adapted[:, None]), c.x)
+    # The transform's slope in log p is at most SHARPNESS / WIDTH · p: the recorded log-probabilities' rounding
+    # grows by that much (exact means: up to this rounding).
+    c.err = c.err * np.maximum(1.0, ADAPTIVE_SHARPNESS / ADAPTIVE_WIDTH * probs.max(axis=1, initial=0.0))
     # The tail: each token's probability in [0, p_top]; its new logit between the ends' (the curve peaks at adapted).
     with np.errstate(invalid="ignore", over="ignore"):
         p_top = np.where(c.alive, np.minimum(np.exp(c.top - c.log_z(c.lo, lse)[:, 0]), 1.0), 0.0)
