@@ -80,3 +80,42 @@ def test_exact_steps_are_the_engines(tiny_lm, recorded, values):  # noqa: F811
 def _settings(values: dict) -> RunSettings:
     return RunSettings.from_flat(strategy="sample", prompt=BASE.prompt, max_new_tokens=BASE.max_new_tokens,
                                  record_candidates=BASE.record_candidates, seed=BASE.seed, **values).validate()
+
+
+def _one_step(logits: torch.Tensor, record: int, chosen: int) -> TokenStep:
+    """A recorded step of these raw logits [1, vocab] (the likeliest ``record`` packed, as a run records them)."""
+    from playground.engine.step_analysis import analyse_step
+
+    analysis = analyse_step((), torch.zeros(1, 1, dtype=torch.long), logits, 5, record=record)
+    analysis.token_id = chosen
+    return analysis.to_event(step=0, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=str)
+
+
+@pytest.mark.parametrize("values", [dict(top_a=0.05), dict(top_a=0.3), dict(min_p=0.05, tfs=0.6), dict(top_k=30, tfs=0.9),
+                                    dict(top_k=30, adaptive_target=0.1), dict(top_k=30, top_a=0.1)])
+def test_on_synthetic_steps_an_exact_claim_is_the_engines(values):
+    """Many random steps (400 tokens, 40 recorded, peaked or flat): wherever the what-if claims exact, the engine's
+    chain on the whole vocabulary keeps no unrecorded token and gives the same probabilities."""
+    from playground.state.what_if import RecordedRun
+    from playground.state.what_if import re_derive as derive
+
+    settings = _settings(values)
+    generator = torch.Generator().manual_seed(11)
+    exact = 0
+    for case in range(60):
+        logits = torch.randn(1, 400, generator=generator) * (0.5 + case / 10)
+        step = _one_step(logits, 40, int(logits.argmax()))
+        what_if = derive(RecordedRun.of([step], [1]), settings)
+        if not what_if.exact[0]:
+            continue
+        exact += 1
+        run = SamplerRun.of(settings, torch.Generator().manual_seed(0), sampling=True)
+        probs = run_pipeline(build_pipeline(settings, sampling=True, run=run), torch.zeros(1, 1, dtype=torch.long),
+                             logits.double()).softmax(-1)[0]
+        recorded_ids = set(unpack_raw_candidates(step.raw_top)[0].tolist())
+        outside = sorted(set(range(400)) - recorded_ids)
+        assert math.isclose(what_if.tail_prob[0], float(probs[outside].sum()), rel_tol=1e-2, abs_tol=1e-6), case
+        for j, token in enumerate(what_if.ids[0]):
+            if token >= 0:
+                assert math.isclose(what_if.probs[0, j], float(probs[token]), rel_tol=1e-2, abs_tol=1e-5), case
+    assert exact >= 5, "precondition: some steps are exact"
