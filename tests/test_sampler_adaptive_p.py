@@ -69,7 +69,7 @@ def test_transformed_probabilities_and_the_average_follow_llama_cpps_formulas():
 
 def test_it_cuts_nothing_and_keeps_removed_tokens_removed():
     settings = RunSettings.from_flat(strategy="sample", adaptive_target=0.5, top_k=3, samplers="top_k;adaptive_p")
-    run, pipeline = _chain(settings)
+    _run, pipeline = _chain(settings)
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.1, -1.0]])
     out = run_pipeline(pipeline, torch.zeros(1, 1, dtype=torch.long), logits)
     assert torch.isfinite(out[0, :3]).all() and torch.isinf(out[0, 3:]).all()
@@ -77,7 +77,7 @@ def test_it_cuts_nothing_and_keeps_removed_tokens_removed():
 
 def test_state_resets_clones_and_rolls_back():
     settings = RunSettings.from_flat(strategy="sample", adaptive_target=0.2, adaptive_decay=0.5)
-    run, (sampler,) = _chain(settings)
+    _run, (sampler,) = _chain(settings)
     start = sampler.snapshot()
     assert start == (0.2 / 0.5, 1 / 0.5)
     logits = torch.tensor([[1.0, 0.0, -1.0]])
@@ -101,7 +101,7 @@ def test_greedy_skips_it_and_a_strategy_without_the_run_refuses_it_by_name(tiny_
     assert build_pipeline(RunSettings.from_flat(adaptive_target=0.3), sampling=False) == ()
     settings = RunSettings.from_flat(strategy="speculative", do_sample=True, prompt="Hello", max_new_tokens=4,
                                      adaptive_target=0.3)
-    with pytest.raises(ConfigError, match="^adaptive_p is not available with the speculative strategy"):
+    with pytest.raises(ConfigError, match=r"^adaptive_p is not available with the speculative strategy"):
         list(run_strategy(tiny_lm, settings))
 
 

@@ -72,7 +72,7 @@ def test_compact_chain_equals_the_whole_vocabulary():
         torch.testing.assert_close(runs[0].processed_probs, runs[1].processed_probs, rtol=1e-5, atol=1e-7)
     probs = logits.softmax(-1)[0]
     top = torch.topk(probs, 40)
-    reference = {int(top.indices[i]) for i in kept_by_definition(top.values.double().tolist() + [0.0, 0.0], 0.7)
+    reference = {int(top.indices[i]) for i in kept_by_definition([*top.values.double().tolist(), 0.0, 0.0], 0.7)
                  if i < 40}
     settings = RunSettings.from_flat(strategy="sample", top_k=40, tfs=0.7, samplers="top_k;tfs")
     out = run_pipeline(build_pipeline(settings, sampling=True), torch.zeros(1, 1, dtype=torch.long), logits)

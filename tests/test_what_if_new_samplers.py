@@ -91,8 +91,9 @@ def _one_step(logits: torch.Tensor, record: int, chosen: int) -> TokenStep:
     return analysis.to_event(step=0, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=str)
 
 
-@pytest.mark.parametrize("values", [dict(top_a=0.05), dict(top_a=0.3), dict(min_p=0.05, tfs=0.6), dict(top_k=30, tfs=0.9),
-                                    dict(top_k=30, adaptive_target=0.1), dict(top_k=30, top_a=0.1),
+@pytest.mark.parametrize("values", [dict(top_a=0.05), dict(top_a=0.3), dict(min_p=0.05, tfs=0.6),
+                                    dict(top_k=30, tfs=0.9), dict(top_k=30, adaptive_target=0.1),
+                                    dict(top_k=30, top_a=0.1),
                                     dict(temperature=0.6, top_a=0.2), dict(temperature=1.5, top_a=0.5)])
 def test_on_synthetic_steps_an_exact_claim_is_the_engines(values):
     """Many random steps (400 tokens, 40 recorded, peaked or flat): wherever the what-if claims exact, the engine's
