@@ -39,3 +39,15 @@ def test_a_saved_run_with_the_new_samplers_round_trips_through_the_form(qtbot):
     saved = RunSettings.from_plain_dict(settings.as_plain_dict())[0]
     controls.set_run_settings(saved)
     assert controls.run_settings(settings.prompt) == settings
+
+
+def test_the_what_if_panel_names_and_carries_a_samplers_own_settings():
+    from playground.ui.views.tokens.what_if import branch_settings, settings_diff
+
+    run = RunSettings.from_flat(strategy="sample", top_a=0.2, max_new_tokens=4)
+    new = RunSettings.from_flat(strategy="sample", tfs=0.8, adaptive_target=0.3)
+    assert sorted(settings_diff(run, new)) == sorted(["top-a 0.2 → 0", "tail-free z 1 → 0.8",
+                                                      "adaptive-P target -1 → 0.3"])
+    branch = branch_settings(run, new, (5, 6))
+    assert branch == RunSettings.from_flat(strategy="sample", tfs=0.8, adaptive_target=0.3, max_new_tokens=4,
+                                           forced_token_ids=(5, 6))
