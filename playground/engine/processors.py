@@ -59,10 +59,6 @@ class SamplerRun:
         for sampler in self.samplers:
             sampler.accept(token_id, prob)
 
-    def chose(self, prob: float) -> None:
-        """As ``accept`` for a caller that knows only the probability."""
-        self.accept(-1, prob)
-
 
 def _build(name: str, s: RunSettings, context: BuildContext) -> Sampler:
     spec = SPECS[name]
