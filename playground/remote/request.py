@@ -68,8 +68,7 @@ def _llama_chain(settings: RunSettings, sampling: bool) -> list[str]:
     """llama-server's ``samplers``: the run's order in its words; the four it always had stay (neutral when off)
     so a plain run asks what it always asked."""
     chain: list[str] = []
-    order = parse_sampler_order(settings.samplers)
-    for name in [n for n in order if not SPECS[n].selecting] + [n for n in order if SPECS[n].selecting]:
+    for name in parse_sampler_order(settings.samplers):
         word = SPECS[name].server.llama_word
         neutral = word in ("penalties", "temperature", "top_k", "top_p", "min_p")
         if word is None or word in chain or not (neutral or sampler_is_on(settings, name)):
@@ -77,7 +76,7 @@ def _llama_chain(settings: RunSettings, sampling: bool) -> list[str]:
         if SPECS[name].sampling_only and not sampling and not neutral:
             continue
         chain.append(word)
-    selecting = [w for w in chain if any(s.selecting and s.server.llama_word == w for s in SPECS.values())]
+    selecting = [w for w in chain if w in {s.server.llama_word for s in SPECS.values() if s.selecting}]
     chain = [w for w in chain if w not in selecting]
     for word in ("penalties", "temperature", "top_k", "top_p", "min_p"):  # left out of a user's order: off anyway
         if word not in chain:
