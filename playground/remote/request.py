@@ -40,8 +40,9 @@ def candidates_asked(settings: RunSettings, engine: str) -> int:
 
 
 # Each sampler's words come from its declaration (``SamplerSpec.server``): its llama-server chain word and fields,
-# or why no server, or only llama-server, has it. What is not one sampler's stays here: dynamic temperature is
-# temperature's variant, and an explicit order is llama-server's only.
+# other servers' fields (or their refusal), OpenAI's own fields, or why no server, or only llama-server, has it.
+# What is not one sampler's stays here: dynamic temperature is temperature's variant, an explicit order is
+# llama-server's only, llama-server's always-sent neutral values, and the logit bias's token-id translation.
 LLAMA_ONLY_EXTRA = {"dynatemp": "dynamic temperature", "samplers": "the sampler order"}
 OPENAI_BIAS_LIMIT = 100.0  # OpenAI's logit_bias range: [-100, 100] (-100 bans)
 
@@ -84,10 +85,16 @@ def _llama_chain(settings: RunSettings, sampling: bool) -> list[str]:
     return chain + selecting  # a selecting sampler last, as llama.cpp forces it
 
 
+def _applied(settings: RunSettings, sampling: bool) -> list[str]:
+    """The samplers the run applies, in its order (the sampling-only ones only when sampling)."""
+    return [name for name in parse_sampler_order(settings.samplers)
+            if sampler_is_on(settings, name) and (sampling or not SPECS[name].sampling_only)]
+
+
 def _check_samplers(settings: RunSettings, info: EngineInfo, sampling: bool) -> None:
     s = settings
     on = [name for name in parse_sampler_order(s.samplers) if sampler_is_on(s, name)]
-    applied = [name for name in on if sampling or not SPECS[name].sampling_only]
+    applied = _applied(s, sampling)
     for name in applied:
         if SPECS[name].server.nowhere:
             raise _refuse(name.replace("_", " "), SPECS[name].server.nowhere)
@@ -121,21 +128,19 @@ def _sampler_extras(settings: RunSettings, info: EngineInfo, sampling: bool) -> 
             extra.update(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
         if s.logit_bias:
             extra["logit_bias"] = _logit_bias(s, llama=True)
-        for name in parse_sampler_order(s.samplers):  # each sampler's own fields, from its declaration
+        for name in _applied(s, sampling):  # each sampler's own fields, from its declaration
             words = SPECS[name].server.llama
-            if words is not None and sampler_is_on(s, name) and (sampling or not SPECS[name].sampling_only):
+            if words is not None:
                 extra.update(words(s, sampling))
         return extra
     extra = {}
-    if sampling and s.top_k > 0:
-        extra["top_k"] = s.top_k
-    if sampling and s.min_p > 0:
-        extra["min_p"] = s.min_p
-    if s.repetition_penalty != 1.0:
-        if info.engine != "vllm":
-            raise RemoteError("repetition penalty: this server (a generic OpenAI-compatible one) has no such "
-                              "setting; turn it off (1.0) or use a local model")
-        extra["repetition_penalty"] = s.repetition_penalty
+    for name in _applied(s, sampling):  # other servers' fields for each sampler, from its declaration
+        words = SPECS[name].server.other
+        if words is not None:
+            got = words(s, info.engine, sampling)
+            if isinstance(got, str):
+                raise RemoteError(got)
+            extra.update(got)
     return extra
 
 
@@ -145,10 +150,10 @@ def _openai_penalties(settings: RunSettings, info: EngineInfo) -> dict[str, Any]
         return {}
     s = settings
     out: dict[str, Any] = {}
-    if s.presence_penalty != 0.0:
-        out["presence_penalty"] = s.presence_penalty
-    if s.frequency_penalty != 0.0:
-        out["frequency_penalty"] = s.frequency_penalty
+    for name in _applied(s, s.strategy == "sample"):
+        words = SPECS[name].server.openai
+        if words is not None:
+            out.update(words(s))
     if s.logit_bias:
         out["logit_bias"] = _logit_bias(s, llama=False)
     return out

@@ -25,6 +25,10 @@ class ServerWords:
     llama: Callable[[Any, bool], dict[str, Any]] | None = None  # (settings, sampling) -> llama-server's body fields
     nowhere: str = ""  # why no server takes it ("" when some do)
     llama_only: str = ""  # its label where only llama-server has it ("" when every server takes it, or none)
+    # Other OpenAI-compatible servers (vLLM, generic): (settings, engine, sampling) -> their extra fields for it, or
+    # the whole refusal when that engine lacks it; and OpenAI's own request fields, which every such server takes.
+    other: Callable[[Any, str, bool], dict[str, Any] | str] | None = None
+    openai: Callable[[Any], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,18 @@ def _dry_words(s, sampling: bool) -> dict:
                 dry_sequence_breakers=[unescape_breaker(b) for b in s.dry_sequence_breakers])
 
 
+def _openai_penalties(s) -> dict:
+    return {k: v for k, v in (("presence_penalty", s.presence_penalty), ("frequency_penalty", s.frequency_penalty))
+            if v != 0.0}
+
+
 register_sampler(SamplerSpec(
     name="penalties", position=50, aliases=("presence_penalty", "frequency_penalty"), sampling_only=False,
     reads=("presence_penalty", "frequency_penalty"),
     help="presence and frequency penalties (--presence-penalty, --frequency-penalty)",
     is_on=lambda s: s.presence_penalty != 0.0 or s.frequency_penalty != 0.0,
-    server=ServerWords(llama_word="penalties"), what_if="exact while no tail token is raised"))
+    server=ServerWords(llama_word="penalties", openai=_openai_penalties),
+    what_if="exact while no tail token is raised"))
 register_sampler(SamplerSpec(
     name="dry", position=60, sampling_only=False,
     reads=("dry_multiplier", "dry_base", "dry_allowed_length", "dry_sequence_breakers"),
