@@ -11,7 +11,6 @@ import numpy as np
 from playground.config import RunSettings
 from playground.config.catalog import STRATEGIES
 from playground.config.samplers import active_samplers
-from playground.sampler_maths import mirostat_next_mu
 from playground.state.what_if.bounds import _MIROSTAT, _NOT_RECORDED, _TAIL_WEIGHT, REASONS, WhatIf, _Chain
 from playground.state.what_if.recorded import RecordedRun
 from playground.state.what_if.stages import STAGES
@@ -39,53 +38,47 @@ def _re_derive(run: RecordedRun, settings: RunSettings, sampling: bool | None,
         entry = STRATEGIES.get(settings.strategy)
         sampling = entry is not None and "sampling" in entry.sections
     names = active_samplers(settings, sampling)
-    if "mirostat" not in names:
+    follows = [n for n in names if n in STAGES and STAGES[n].feedback is not None]
+    if not follows:
         return _chain_once(run, settings, names, encode, breaker_ids, None)
-    # Mirostat's mu at each step follows the earlier steps' choices under these settings: start from 2·tau
-    # everywhere, derive, recompute mu from the chosen tokens' probabilities (a running sum), and again until mu
-    # stops moving. Step 0's mu is exact from the start and each pass fixes at least one more, so the fixed point
-    # is the sequential answer; steps whose mu still moved after the last pass are marked not exact.
-    mu = np.full(len(run.steps), 2.0 * settings.mirostat_tau)
+    # A stage whose state follows the chosen tokens' final probabilities (mirostat's mu): start it from its first
+    # value everywhere, derive, recompute the state from the chosen tokens' probabilities, and again until it stops
+    # moving. Step 0's state is exact from the start and each pass fixes at least one more, so the fixed point is
+    # the sequential answer; steps whose state still moved after the last pass are marked not exact.
+    entry = STAGES[follows[0]]
+    assert entry.feedback is not None
+    state = entry.feedback(np.zeros(0), settings, len(run.steps))
     before = _Progress(_Chain(run), [], np.full(run.x.shape, -1, dtype=np.int16))
-    _run_stages(before, run, settings, names[:names.index("mirostat")], encode, breaker_ids)  # once for all passes
+    _run_stages(before, run, settings, names[:names.index(follows[0])], encode, breaker_ids)  # once for all passes
     for _ in range(MIROSTAT_PASSES):
-        result = _chain_once(run, settings, names, encode, breaker_ids, mu, before)
-        following = _mirostat_mu(result.chosen_prob, settings)
-        moved = following != mu
+        result = _chain_once(run, settings, names, encode, breaker_ids, state, before)
+        following = entry.feedback(result.chosen_prob, settings, len(run.steps))
+        moved = following != state
         if not moved.any():
             break
-        # Past the first step that is not exact every mu is marked not exact anyway: no pass can change that.
+        # Past the first step that is not exact every state is marked not exact anyway: no pass can change that.
         first_moved, first_inexact = int(np.argmax(moved)), int(np.argmin(result.exact))
         if not result.exact.all() and first_moved > first_inexact:
             break
-        mu = following
+        state = following
     else:
-        result = _chain_once(run, settings, names, encode, breaker_ids, mu, before)
-    # A step's mu is only as exact as every earlier step's chosen probability.
+        result = _chain_once(run, settings, names, encode, breaker_ids, state, before)
+    # A step's state is only as exact as every earlier step's chosen probability.
     earlier = np.concatenate([[False], np.cumsum(~result.exact)[:-1] > 0])
-    unsettled = (_mirostat_mu(result.chosen_prob, settings) != mu) | earlier
+    unsettled = (entry.feedback(result.chosen_prob, settings, len(run.steps)) != state) | earlier
     reasons = tuple(REASONS[_MIROSTAT] if bad and not why else why for bad, why in zip(unsettled, result.reasons,
                                                                                          strict=True))
     return dataclasses.replace(result, exact=result.exact & ~unsettled, reasons=reasons)
 
 
-MIROSTAT_PASSES = 8
-
-
-def _mirostat_mu(chosen_prob: np.ndarray, s: RunSettings) -> np.ndarray:
-    """mu at each step [S]: 2·tau, moved after each step by eta·(surprise − tau) of the chosen token (a token the
-    chain removed, probability 0, teaches nothing), as the engine's ``MirostatState.update``."""
-    mu, out = 2.0 * s.mirostat_tau, []
-    for prob in chosen_prob.tolist():
-        out.append(mu)
-        mu = mirostat_next_mu(mu, prob, s.mirostat_tau, s.mirostat_eta)
-    return np.array(out, dtype=np.float64)
+MIROSTAT_PASSES = 8  # the passes of a stage that follows the chosen tokens (mirostat)
 
 
 def _chain_once(run: RecordedRun, settings: RunSettings, names: list[str],
                 encode: Callable[[str], Sequence[int]] | None, breaker_ids: frozenset[int] | None,
                 mu: np.ndarray | None, start: _Progress | None = None) -> WhatIf:
-    """The chain over every step; ``start``: the state after the stages before mirostat, already run."""
+    """The chain over every step; ``start``: the chain after the stages before the one that follows the chosen
+    tokens, already run; ``mu``: that stage's state per step (mirostat's mu)."""
     progress = start.copy() if start is not None else _Progress(_Chain(run), [],
                                                                  np.full(run.x.shape, -1, dtype=np.int16))
     progress.chain.mu = mu

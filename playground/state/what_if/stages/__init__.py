@@ -16,15 +16,23 @@ from typing import Any
 class StageEntry:
     fn: Callable[..., None]
     label: Callable[[Any], str]  # the stage's name for these settings ("dynatemp" for temperature with a range)
+    # A stage whose state follows the chosen tokens' final probabilities (mirostat's mu): (chosen_prob [S] or
+    # empty for the start, settings, steps) -> its state per step [S], which ``derive`` iterates to its fixed point
+    # and hands the stage as ``chain.mu``.
+    feedback: Callable[[Any, Any, int], Any] | None = None
 
 
 STAGES: dict[str, StageEntry] = {}
 
 
-def stage(name: str, label: Callable[[Any], str] | None = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
+StageFn = Callable[..., None]
+
+
+def stage(name: str, label: Callable[[Any], str] | None = None,
+          feedback: Callable[[Any, Any, int], Any] | None = None) -> Callable[[StageFn], StageFn]:
     """Decorator: the what-if's stage for the declared sampler ``name``."""
     def register(fn: Callable[..., None]) -> Callable[..., None]:
-        STAGES[name] = StageEntry(fn, label or (lambda settings: name))
+        STAGES[name] = StageEntry(fn, label or (lambda settings: name), feedback)
         return fn
     return register
 
