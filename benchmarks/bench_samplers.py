@@ -73,7 +73,7 @@ def main() -> None:
             start = time.perf_counter()
             analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)
             token = analysis.draw(run.generator)
-            run.chose(float(analysis.processed_probs[0, token]))
+            run.accept(token, float(analysis.processed_probs[0, token]))
             chain_ms.append((time.perf_counter() - start) * 1000)
             start = time.perf_counter()
             analyse_step((), ids, logits.float(), settings.num_candidates)  # what every step records anyway

@@ -162,6 +162,6 @@ def _choose(
         analysis.extra["chosen_by_user"] = taken != token_id
         analysis.token_id = token_id = taken
     analysis.mirostat_mu = mu
-    if run.mirostat is not None:
-        run.chose(float(analysis.processed_probs[0, token_id].item()))
+    if run.samplers:  # each sampler's state follows the token taken (mirostat's mu, Adaptive-P's average)
+        run.accept(token_id, float(analysis.processed_probs[0, token_id].item()))
     return analysis

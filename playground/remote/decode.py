@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
+from playground.config.samplers import SAMPLER_GROUPS
 from playground.config.stop_strings import StopStringWatch
 from playground.events import Event, PrefillDone, RunFinished, RunStarted
 from playground.events.remote import RemoteStarted, RemoteTokenStep
@@ -59,8 +60,9 @@ def check_remote_settings(settings: RunSettings, branch: RemoteBranch | None) ->
                           "candidates). Use greedy or sample with a server")
     if settings.no_repeat_ngram_size > 0:
         raise ConfigError("no-repeat n-gram needs a local model: servers do not offer it (set it to 0)")
-    if settings.groups:
-        titles = ", ".join(g.title or g.name for g in settings.groups)
+    local_only = [g for g in settings.groups if type(g) not in SAMPLER_GROUPS]  # a sampler's: the request decides
+    if local_only:
+        titles = ", ".join(g.title or g.name for g in local_only)
         raise ConfigError(f"{titles} needs a local model: a server streams only tokens and their top candidates")
     if settings.forced_token_ids and branch is None:
         raise ConfigError("forced token ids cannot be sent to a server, which takes text: a remote branch passes "

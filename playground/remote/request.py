@@ -16,13 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playground.config import RunSettings
-from playground.config.samplers import (
-    SAMPLING_ONLY,
-    parse_logit_bias,
-    parse_sampler_order,
-    sampler_is_on,
-    unescape_breaker,
-)
+from playground.config.samplers import SPECS, parse_logit_bias, parse_sampler_order, sampler_is_on
 from playground.remote.client import EngineInfo
 from playground.remote.errors import RemoteError
 from playground.remote.source import RemoteSource
@@ -45,15 +39,11 @@ def candidates_asked(settings: RunSettings, engine: str) -> int:
                                                                    OPENAI_TOP_LOGPROBS_CAP)
 
 
-# Our chain's names in llama-server's ``samplers`` words (the penalties are one sampler there).
-LLAMA_NAMES = {"repetition_penalty": "penalties", "penalties": "penalties", "dry": "dry", "temperature": "temperature",
-               "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical_p": "typ_p",
-               "top_n_sigma": "top_n_sigma", "xtc": "xtc"}
-# Why a server cannot take a sampler, by sampler (for every engine, or for those other than llama-server).
-NOWHERE = {"guidance": "classifier-free guidance needs a second prompt's logits, which no server's API takes",
-           "epsilon_cutoff": "no server offers epsilon sampling", "eta_cutoff": "no server offers eta sampling"}
-LLAMA_ONLY = {"typical_p": "typical-p", "top_n_sigma": "top-nσ", "xtc": "XTC", "dry": "DRY",
-              "mirostat": "mirostat", "dynatemp": "dynamic temperature", "samplers": "the sampler order"}
+# Each sampler's words come from its declaration (``SamplerSpec.server``): its llama-server chain word and fields,
+# other servers' fields (or their refusal), OpenAI's own fields, or why no server, or only llama-server, has it.
+# What is not one sampler's stays here: dynamic temperature is temperature's variant, an explicit order is
+# llama-server's only, llama-server's always-sent neutral values, and the logit bias's token-id translation.
+LLAMA_ONLY_EXTRA = {"dynatemp": "dynamic temperature", "samplers": "the sampler order"}
 OPENAI_BIAS_LIMIT = 100.0  # OpenAI's logit_bias range: [-100, 100] (-100 bans)
 
 
@@ -80,39 +70,48 @@ def _llama_chain(settings: RunSettings, sampling: bool) -> list[str]:
     so a plain run asks what it always asked."""
     chain: list[str] = []
     for name in parse_sampler_order(settings.samplers):
-        word = LLAMA_NAMES.get(name)
+        word = SPECS[name].server.llama_word
         neutral = word in ("penalties", "temperature", "top_k", "top_p", "min_p")
         if word is None or word in chain or not (neutral or sampler_is_on(settings, name)):
             continue
-        if name in SAMPLING_ONLY and not sampling and not neutral:
+        if SPECS[name].sampling_only and not sampling and not neutral:
             continue
         chain.append(word)
+    selecting = [w for w in chain if w in {s.server.llama_word for s in SPECS.values() if s.selecting}]
+    chain = [w for w in chain if w not in selecting]
     for word in ("penalties", "temperature", "top_k", "top_p", "min_p"):  # left out of a user's order: off anyway
         if word not in chain:
             chain.append(word)
-    return chain
+    return chain + selecting  # a selecting sampler last, as llama.cpp forces it
+
+
+def _applied(settings: RunSettings, sampling: bool) -> list[str]:
+    """The samplers the run applies, in its order (the sampling-only ones only when sampling)."""
+    return [name for name in parse_sampler_order(settings.samplers)
+            if sampler_is_on(settings, name) and (sampling or not SPECS[name].sampling_only)]
 
 
 def _check_samplers(settings: RunSettings, info: EngineInfo, sampling: bool) -> None:
     s = settings
     on = [name for name in parse_sampler_order(s.samplers) if sampler_is_on(s, name)]
-    for name in on:
-        if name in NOWHERE and (sampling or name not in SAMPLING_ONLY):
-            raise _refuse(name.replace("_", " "), NOWHERE[name])
+    applied = _applied(s, sampling)
+    for name in applied:
+        if SPECS[name].server.nowhere:
+            raise _refuse(name.replace("_", " "), SPECS[name].server.nowhere)
     if info.engine == "llama.cpp":
         if sampling and s.mirostat == 2:
-            others = [n for n in on if n in SAMPLING_ONLY and n not in ("temperature", "mirostat")]
+            others = [n for n in on if SPECS[n].sampling_only and n not in ("temperature", "mirostat")]
             if others:
                 raise _refuse("mirostat", f"llama-server's mirostat replaces the rest of the chain, so "
                               f"{', '.join(others)} would be skipped there (the local engine applies them all)")
         return
-    lacking = [n for n in on if n in LLAMA_ONLY and (sampling or n not in SAMPLING_ONLY)]
+    lacking = [SPECS[n].server.llama_only for n in applied if SPECS[n].server.llama_only]
     if sampling and s.dynatemp_range > 0:
-        lacking.append("dynatemp")
+        lacking.append(LLAMA_ONLY_EXTRA["dynatemp"])
     if s.samplers.strip():
-        lacking.append("samplers")
+        lacking.append(LLAMA_ONLY_EXTRA["samplers"])
     if lacking:
-        raise _refuse(", ".join(LLAMA_ONLY[n] for n in lacking),
+        raise _refuse(", ".join(lacking),
                       f"a llama-server option; this server is {info.engine}")
 
 
@@ -127,34 +126,21 @@ def _sampler_extras(settings: RunSettings, info: EngineInfo, sampling: bool) -> 
             extra["repeat_last_n"] = info.n_ctx or 8192  # the whole context, as transformers' penalty
         if s.presence_penalty != 0.0 or s.frequency_penalty != 0.0:
             extra.update(presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty)
-        if s.dry_multiplier > 0.0:
-            extra.update(dry_multiplier=s.dry_multiplier, dry_base=s.dry_base,
-                         dry_allowed_length=s.dry_allowed_length, dry_penalty_last_n=-1,  # -1: the whole context
-                         dry_sequence_breakers=[unescape_breaker(b) for b in s.dry_sequence_breakers])
         if s.logit_bias:
             extra["logit_bias"] = _logit_bias(s, llama=True)
-        if sampling:
-            if s.typical_p < 1.0:
-                extra["typical_p"] = s.typical_p
-            if s.top_n_sigma > 0.0:
-                extra["top_n_sigma"] = s.top_n_sigma
-            if s.xtc_probability > 0.0:
-                extra.update(xtc_probability=s.xtc_probability, xtc_threshold=s.xtc_threshold)
-            if s.dynatemp_range > 0.0:
-                extra.update(dynatemp_range=s.dynatemp_range, dynatemp_exponent=s.dynatemp_exponent)
-            if s.mirostat == 2:
-                extra.update(mirostat=2, mirostat_tau=s.mirostat_tau, mirostat_eta=s.mirostat_eta)
+        for name in _applied(s, sampling):  # each sampler's own fields, from its declaration
+            words = SPECS[name].server.llama
+            if words is not None:
+                extra.update(words(s, sampling))
         return extra
     extra = {}
-    if sampling and s.top_k > 0:
-        extra["top_k"] = s.top_k
-    if sampling and s.min_p > 0:
-        extra["min_p"] = s.min_p
-    if s.repetition_penalty != 1.0:
-        if info.engine != "vllm":
-            raise RemoteError("repetition penalty: this server (a generic OpenAI-compatible one) has no such "
-                              "setting; turn it off (1.0) or use a local model")
-        extra["repetition_penalty"] = s.repetition_penalty
+    for name in _applied(s, sampling):  # other servers' fields for each sampler, from its declaration
+        words = SPECS[name].server.other
+        if words is not None:
+            got = words(s, info.engine, sampling)
+            if isinstance(got, str):
+                raise RemoteError(got)
+            extra.update(got)
     return extra
 
 
@@ -164,10 +150,10 @@ def _openai_penalties(settings: RunSettings, info: EngineInfo) -> dict[str, Any]
         return {}
     s = settings
     out: dict[str, Any] = {}
-    if s.presence_penalty != 0.0:
-        out["presence_penalty"] = s.presence_penalty
-    if s.frequency_penalty != 0.0:
-        out["frequency_penalty"] = s.frequency_penalty
+    for name in _applied(s, s.strategy == "sample"):
+        words = SPECS[name].server.openai
+        if words is not None:
+            out.update(words(s))
     if s.logit_bias:
         out["logit_bias"] = _logit_bias(s, llama=False)
     return out

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from playground.config import GROUPS, Row, RunSettings, SettingsGroup, rows
 from playground.config.catalog import STRATEGIES
+from playground.config.samplers import SAMPLER_GROUPS
 from playground.ui.sampler_form import LogitBiasEditor, SamplerChainList
 
 STOP_SEPARATOR = "|"
@@ -167,9 +168,20 @@ class RunControls(QWidget):
                     self.boxes[name] = self._box(box_title, [b for b in bindings if b.row.name in names], [])
                     self.box_sections[name] = section
                     layout.addWidget(self.boxes[name])
+            for group in self._sampler_groups_of(section):  # a sampler's own settings, beside the section's
+                group_bindings = [make_binding(r) for r in rows(group) if r.spec.form]
+                spec = SAMPLER_GROUPS[group]
+                self.boxes[group.name] = self._box(f"{group.title} (sampler {spec.name}"
+                                                   f"{'; sample only' if spec.sampling_only else ''})",
+                                                   group_bindings, [])
+                self._groups[group] = {b.row.name: b for b in group_bindings}
+                self.box_sections[group.name] = section
+                layout.addWidget(self.boxes[group.name])
         self.chain: SamplerChainList = self.widgets["samplers"]  # type: ignore[assignment]
         self.logit_bias: LogitBiasEditor = self.widgets["logit_bias"]  # type: ignore[assignment]
         for group in GROUPS.values():
+            if group in SAMPLER_GROUPS:
+                continue
             bindings = [make_binding(r) for r in rows(group) if r.spec.form]
             self.boxes[group.name] = self._box(f"{group.title} ({group.name} only)", bindings, [])
             self._groups[group] = {b.row.name: b for b in bindings}
@@ -202,6 +214,12 @@ class RunControls(QWidget):
                 form.addRow(b.row.spec.label, b.widget)
         return box
 
+    @staticmethod
+    def _sampler_groups_of(section: str) -> list[type[SettingsGroup]]:
+        """The samplers' own settings groups that sit in ``section`` ("sampling" for a sampling-only sampler)."""
+        return [g for g in GROUPS.values() if g in SAMPLER_GROUPS
+                and ("sampling" if SAMPLER_GROUPS[g].sampling_only else "penalties") == section]
+
     def _active(self, strategy_name: str) -> tuple[set[str], set[type[SettingsGroup]]]:
         strategy = STRATEGIES.get(strategy_name)
         if strategy is None:
@@ -216,7 +234,8 @@ class RunControls(QWidget):
         for name, section in self.box_sections.items():
             self.boxes[name].setEnabled(section in sections)
         for group in GROUPS.values():
-            self.boxes[group.name].setEnabled(group in groups)
+            if group not in SAMPLER_GROUPS:  # a sampler's box follows its section (box_sections)
+                self.boxes[group.name].setEnabled(group in groups)
         self._show_chain()
         self.strategy_changed.emit(strategy)
 
@@ -263,7 +282,8 @@ class RunControls(QWidget):
         sections, active = self._active(strategy)
         values = {name: b.get() for name, b in self._shared.items() if b.row.spec.section in sections}
         groups = tuple(group(**{name: b.get() for name, b in bindings.items()})
-                       for group, bindings in self._groups.items() if group in active)
+                       for group, bindings in self._groups.items()
+                       if group in active or (group in SAMPLER_GROUPS and self.box_sections[group.name] in sections))
         return RunSettings(prompt=prompt, strategy=strategy, groups=groups, **values)
 
     def set_run_settings(self, s: RunSettings) -> None:

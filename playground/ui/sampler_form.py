@@ -29,14 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from playground.config import ConfigError
-from playground.config.samplers import (
-    DEFAULT_ORDER,
-    SAMPLERS,
-    SAMPLING_ONLY,
-    parse_logit_bias,
-    parse_sampler_order,
-    sampler_is_on,
-)
+from playground.config.samplers import SPECS, default_order, parse_logit_bias, parse_sampler_order, sampler_is_on
 from playground.state import visible_token_text
 from playground.ui.style import mono_font
 
@@ -48,7 +41,7 @@ REFUSED_COLOR = "#B71C1C"  # on, but left out of the order: the run refuses it
 
 def order_text(order: tuple[str, ...]) -> str:
     """The settings' ``samplers`` value for ``order``: blank for transformers' order."""
-    return "" if tuple(order) == DEFAULT_ORDER else ";".join(order)
+    return "" if tuple(order) == default_order() else ";".join(order)
 
 
 class SamplerChainList(QWidget):
@@ -73,12 +66,12 @@ class SamplerChainList(QWidget):
         self.up.setToolTip("Move the selected sampler one place earlier")
         self.down.setToolTip("Move the selected sampler one place later")
         self.reset.setToolTip("Every sampler, in transformers' order (generate()'s processors, then llama.cpp's): "
-                              + " → ".join(DEFAULT_ORDER))
+                              + " → ".join(default_order()))
         for button in (self.up, self.down):
             button.setFixedWidth(32)
         self.up.clicked.connect(lambda: self.move_selected(-1))
         self.down.clicked.connect(lambda: self.move_selected(1))
-        self.reset.clicked.connect(lambda: self.set_order(DEFAULT_ORDER))
+        self.reset.clicked.connect(lambda: self.set_order(default_order()))
         buttons = QHBoxLayout()
         buttons.setContentsMargins(0, 0, 0, 0)
         buttons.addWidget(self.up)
@@ -92,7 +85,7 @@ class SamplerChainList(QWidget):
         self._updating = False
         self._settings: Any = None
         self._sampling = True
-        self.set_order(DEFAULT_ORDER)
+        self.set_order(default_order())
         # Every row in view, without a scroll bar: the order reads at a glance.
         self.list.setMinimumHeight(self.list.sizeHintForRow(0) * self.list.count() + 2 * self.list.frameWidth() + 4)
 
@@ -110,13 +103,13 @@ class SamplerChainList(QWidget):
         try:
             order = parse_sampler_order(text)
         except ConfigError:  # a saved run's order the run would refuse: show the default (the run said why)
-            order = DEFAULT_ORDER
+            order = default_order()
         self.set_order(order)
 
     def set_order(self, order: tuple[str, ...]) -> None:
         self._updating = True
         self.list.clear()
-        left_out = [name for name in SAMPLERS if name not in order]
+        left_out = [name for name in SPECS if name not in order]
         for name in (*order, *left_out):
             item = QListWidgetItem(name)
             item.setData(Qt.ItemDataRole.UserRole, name)
@@ -161,7 +154,7 @@ class SamplerChainList(QWidget):
             name = item.data(Qt.ItemDataRole.UserRole)
             in_order = item.checkState() == Qt.CheckState.Checked
             on = self._settings is not None and sampler_is_on(self._settings, name)
-            skipped = name in SAMPLING_ONLY and not self._sampling
+            skipped = SPECS[name].sampling_only and not self._sampling
             if in_order:
                 position += 1
             state = "skipped by this strategy" if skipped else ("on" if on else "off")
@@ -176,7 +169,8 @@ class SamplerChainList(QWidget):
             if on and not in_order and not skipped:
                 color = REFUSED_COLOR
             item.setForeground(QColor(color))
-            item.setToolTip(f"{name}: {SAMPLERS[name]} — {state}")
+            last = " (draws the token itself: it runs last whatever its row)" if SPECS[name].selecting else ""
+            item.setToolTip(f"{name}: {SPECS[name].help}{last} — {state}")
         self._updating = False
 
     def row_states(self) -> list[tuple[str, str]]:

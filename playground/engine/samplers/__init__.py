@@ -1,6 +1,12 @@
-"""The samplers beyond transformers' basic four, each a pure ``(ids, logits) -> logits`` function (with its
-parameters bound by ``playground.engine.processors.build_pipeline``), and the state the stateful ones carry."""
+"""The samplers, one engine object each (``base.Sampler``: apply, accept, reset, clone, snapshot/restore), in
+modules named as their declarations' in ``playground.config.samplers``; every module of this package is imported
+here, so a new sampler is a new file. ``playground.engine.processors.build_pipeline`` builds a run's chain from
+them; the pure functions they bind stay importable from here."""
 
+import importlib
+import pkgutil
+
+from playground.engine.samplers.base import ENGINE_SAMPLERS, BuildContext, Sampler
 from playground.engine.samplers.bias import apply_sequence_bias, resolve_logit_bias
 from playground.engine.samplers.breakers import breaker_token_ids
 from playground.engine.samplers.guidance import combine_guidance
@@ -16,8 +22,14 @@ from playground.engine.samplers.truncation import (
     truncate_by_surprise,
 )
 
+for _info in pkgutil.iter_modules(__path__):  # each module registers its samplers' engine objects
+    importlib.import_module(f"{__name__}.{_info.name}")
+
 __all__ = [
+    "ENGINE_SAMPLERS",
+    "BuildContext",
     "MirostatState",
+    "Sampler",
     "apply_dry",
     "apply_dynamic_temperature",
     "apply_presence_frequency_penalties",

@@ -12,6 +12,7 @@ import torch
 
 from playground.config.errors import ConfigError
 from playground.config.samplers import parse_logit_bias
+from playground.engine.samplers.base import stateless
 
 SequenceBias = tuple[tuple[tuple[int, ...], float], ...]
 
@@ -54,3 +55,13 @@ def apply_sequence_bias(ids: torch.Tensor, logits: torch.Tensor, biases: Sequenc
     out = logits.clone()
     out[:, index] = logits[:, index] + bias
     return out
+
+
+def _build(s, context):
+    tokenizer, vocab_size = context.tokenizer, context.vocab_size
+    size = vocab_size if vocab_size is not None else (len(tokenizer) if tokenizer is not None else 2**31)
+    biases = resolve_logit_bias(s.logit_bias, tokenizer, size)
+    return "logit_bias", lambda i, x: apply_sequence_bias(i, x, biases)
+
+
+stateless("logit_bias", _build)

@@ -2,13 +2,15 @@
 llama.cpp's samplers shrink ``cur_p``): the stages after the first cut see only the tokens still in play.
 
 Why this is exact. Every stage of the chain keeps a removed token removed (``-inf`` stays ``-inf``):
-- the truncating and shaping samplers (``VALUE_ONLY``: temperature, dynamic temperature, top-k/p, min-p, typical,
-  epsilon, eta, top-nσ, XTC, mirostat) read only the logits' values, and whatever they compute (a softmax, an
+- the samplers whose declaration says ``value_only`` (temperature, dynamic temperature, top-k/p, min-p, typical,
+  epsilon, eta, top-nσ, XTC, mirostat, top-a) read only the logits' values, and whatever they compute (a softmax, an
   entropy, a count, a mean and spread of the finite logits, a sort) gives a removed token weight 0 or leaves it
   out, so running them on the finite logits alone gives the same finite logits;
-- the samplers that read token ids (penalties, DRY, logit bias, n-gram ban, guidance) subtract, divide by a positive
+- the others run on the whole vocabulary, rebuilt: those that read token ids (penalties, DRY, logit bias, n-gram
+  ban, guidance) subtract, divide by a positive
   number, add a finite bias or ``-inf``, or (guidance, scale > 0) scale a ``-inf`` log-probability: none makes a
-  removed token finite. They run on the whole vocabulary, rebuilt from the compact set with ``-inf`` elsewhere.
+  removed token finite; tail-free sampling reads how many tokens were removed (zeros at the end of its sorted
+  probabilities) and only removes; Adaptive-P transforms only the finite logits (and keeps its input by id).
 So once a stage leaves K tokens finite, a token outside those K can never be kept by a later stage, and the compact
 run's logits equal the full run's on the K tokens (up to float rounding of sums taken over fewer zeros).
 Without a cut (or with a cut that keeps more than ``1 / COMPACT_SHARE`` of the vocabulary) the chain runs on the
@@ -23,13 +25,8 @@ from typing import Protocol
 
 import torch
 
-from playground.config.samplers import SAMPLING_ONLY
+from playground.config.samplers import spec_of_stage
 
-# The samplers that read only the logits' values (no token ids): they run on the compact set itself. The chain's
-# names: temperature with a dynamic range is named "dynatemp".
-VALUE_ONLY = SAMPLING_ONLY | {"dynatemp"}
-# The ones after which the vocabulary may have shrunk (temperature never removes a token).
-TRUNCATING = VALUE_ONLY - {"temperature", "dynatemp"}
 # Compact once the kept tokens are at most this share of the vocabulary (a gather costs less than the pass it saves).
 COMPACT_SHARE = 4
 
@@ -37,6 +34,15 @@ COMPACT_SHARE = 4
 class Transform(Protocol):
     name: str
     apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def flags(transform: Transform) -> tuple[bool, bool]:
+    """(value-only, truncating) of a stage: the sampler object's own, else its declaration's (by stage name)."""
+    value_only, truncating = getattr(transform, "value_only", None), getattr(transform, "truncating", None)
+    if value_only is None or truncating is None:
+        spec = spec_of_stage(transform.name)
+        return (spec.value_only, spec.truncating) if spec is not None else (False, False)
+    return bool(value_only), bool(truncating)
 
 
 @dataclass(frozen=True)
@@ -98,15 +104,16 @@ def run_chain(pipeline: Sequence[Transform], ids: torch.Tensor, logits: torch.Te
     vocab = logits.shape[-1]
     may_compact = compact and logits.shape[0] == 1
     for transform in pipeline:
+        value_only, truncating = flags(transform)
         if isinstance(current, CompactLogits):
-            if transform.name in VALUE_ONLY:
+            if value_only:
                 current = CompactLogits(current.kept, transform.apply(ids, current.values))
             else:  # reads token ids: on the whole vocabulary, rebuilt; a removed token stays removed
                 out = transform.apply(ids, current.full())
                 current = CompactLogits(current.kept, out.index_select(1, current.kept.ids))
         else:
             current = transform.apply(ids, current)
-            if may_compact and transform.name in TRUNCATING:
+            if may_compact and truncating:
                 finite = torch.isfinite(current[0]).nonzero().squeeze(1)  # [K], ascending
                 if finite.shape[0] * COMPACT_SHARE <= vocab:
                     kept = Kept.of(finite, vocab)

@@ -1,9 +1,16 @@
-"""Mirostat v2's state (Basu et al.; llama.cpp's ``mirostat_v2``): mu, the surprise cut, carried across steps."""
+"""Mirostat v2 (Basu et al.; llama.cpp's ``mirostat_v2``): mu, the surprise cut, carried across steps and moved
+after each chosen token (``accept``) toward the target surprise tau."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from playground.engine.samplers.base import BuildContext, Sampler, engine_sampler
+from playground.engine.samplers.truncation import truncate_by_surprise
+from playground.sampler_maths import mirostat_next_mu
 
 
 @dataclass
@@ -19,5 +26,32 @@ class MirostatState:
     def update(self, prob: float) -> None:
         """After a token of probability ``prob`` (under the distribution it was drawn from) was chosen: move mu by
         the error between its surprise and tau. A forced token the chain had removed (prob 0) teaches nothing."""
-        if prob > 0.0:
-            self.mu -= self.eta * (-math.log2(prob) - self.tau)
+        self.mu = mirostat_next_mu(self.mu, prob, self.tau, self.eta)
+
+
+@engine_sampler
+class Mirostat(Sampler):
+    declares = "mirostat"
+    name = "mirostat"
+
+    def __init__(self, tau: float, eta: float) -> None:
+        self.state = MirostatState.start(tau, eta)
+
+    @classmethod
+    def build(cls, settings: Any, context: BuildContext) -> Sampler:
+        return cls(settings.mirostat_tau, settings.mirostat_eta)
+
+    def apply(self, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return truncate_by_surprise(ids, logits, self.state.mu)
+
+    def accept(self, token_id: int, prob: float) -> None:
+        self.state.update(prob)
+
+    def reset(self) -> None:
+        self.state.mu = 2.0 * self.state.tau
+
+    def snapshot(self) -> float:
+        return self.state.mu
+
+    def restore(self, state: float) -> None:
+        self.state = MirostatState(self.state.tau, self.state.eta, state)

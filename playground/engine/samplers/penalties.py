@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import torch
 
-# A match longer than this is counted as this long (text-generation-webui's cap; it also bounds base**length).
-DRY_MAX_MATCH = 50
+from playground.config.errors import ConfigError
+from playground.engine.samplers.base import stateless
+from playground.engine.samplers.breakers import breaker_token_ids
+from playground.sampler_maths import DRY_MAX_MATCH, dry_match_lengths, dry_penalty
+
+__all__ = ["DRY_MAX_MATCH", "apply_dry", "apply_presence_frequency_penalties", "dry_match_lengths"]
 
 
 def apply_presence_frequency_penalties(ids: torch.Tensor, logits: torch.Tensor, presence: float,
@@ -26,33 +30,6 @@ def apply_presence_frequency_penalties(ids: torch.Tensor, logits: torch.Tensor, 
     return out
 
 
-def dry_match_lengths(tokens: list[int], breakers: frozenset[int]) -> dict[int, int]:
-    """For each token that would continue an earlier occurrence of the text's ending: the longest such ending.
-
-    The text ``a b c ... a b`` ends with ``a b``, which was followed by ``c`` before: emitting ``c`` would extend a
-    repeat of length 2. A repeat never extends across a sequence breaker, and a breaker is never penalised.
-    """
-    lengths: dict[int, int] = {}
-    if not tokens or tokens[-1] in breakers:
-        return lengths
-    last = tokens[-1]
-    end = len(tokens) - 1
-    for i in range(end):  # every earlier occurrence of the last token (the last one itself always matches)
-        if tokens[i] != last:
-            continue
-        following = tokens[i + 1]
-        if following in breakers:
-            continue
-        length = 1
-        while length < DRY_MAX_MATCH and i - length >= 0:
-            behind = tokens[end - length]
-            if tokens[i - length] != behind or behind in breakers:
-                break
-            length += 1
-        lengths[following] = max(length, lengths.get(following, 0))
-    return lengths
-
-
 def apply_dry(ids: torch.Tensor, logits: torch.Tensor, multiplier: float, base: float, allowed_length: int,
               breakers: frozenset[int]) -> torch.Tensor:
     """DRY (text-generation-webui / llama.cpp): a token that would extend a repeat of ``n >= allowed_length``
@@ -63,7 +40,22 @@ def apply_dry(ids: torch.Tensor, logits: torch.Tensor, multiplier: float, base: 
         hit = [(token, n) for token, n in lengths.items() if n >= allowed_length]
         if hit:
             index = torch.tensor([t for t, _ in hit], device=logits.device)
-            penalty = torch.tensor([multiplier * base ** (n - allowed_length) for _, n in hit],
+            penalty = torch.tensor([dry_penalty(n, multiplier, base, allowed_length) for _, n in hit],
                                    dtype=logits.dtype, device=logits.device)
             out[row, index] -= penalty
     return out
+
+
+stateless("penalties", lambda s, c: ("penalties", lambda i, x: apply_presence_frequency_penalties(
+    i, x, s.presence_penalty, s.frequency_penalty)))
+
+
+def _dry(s, context):
+    if context.tokenizer is None and s.dry_sequence_breakers:
+        raise ConfigError(f"DRY's sequence breakers are words, which the {s.strategy} strategy cannot read here")
+    breakers = (breaker_token_ids(s.dry_sequence_breakers, context.tokenizer) if s.dry_sequence_breakers
+                else frozenset())
+    return "dry", lambda i, x: apply_dry(i, x, s.dry_multiplier, s.dry_base, s.dry_allowed_length, breakers)
+
+
+stateless("dry", _dry)

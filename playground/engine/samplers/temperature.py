@@ -7,6 +7,12 @@ import math
 
 import torch
 
+from playground.engine.samplers.base import stateless
+
+
+def apply_temperature(ids: torch.Tensor, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits / temperature
+
 
 def dynamic_temperature(logits: torch.Tensor, temperature: float, spread: float, exponent: float,
                         count: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,3 +40,13 @@ def apply_dynamic_temperature(ids: torch.Tensor, logits: torch.Tensor, temperatu
         top = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.argmax(dim=-1, keepdim=True), True)
         scaled = torch.where(temp > 0, scaled, logits.masked_fill(~top, -math.inf))
     return torch.where(single, logits, scaled) if bool(single.any()) else scaled
+
+
+def _build(s, context):  # the stage is named "dynatemp" when the temperature has a range
+    if s.dynatemp_range > 0:
+        return "dynatemp", lambda i, x: apply_dynamic_temperature(i, x, s.temperature, s.dynatemp_range,
+                                                                  s.dynatemp_exponent)
+    return "temperature", lambda i, x: apply_temperature(i, x, s.temperature)
+
+
+stateless("temperature", _build)

@@ -7,8 +7,11 @@ ids: [batch, seq]; logits: [batch, vocab] (``-inf`` where an earlier sampler rem
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+
+from playground.engine.samplers.base import BuildContext, Sampler, engine_sampler, stateless
 
 NEG_INF = float("-inf")
 
@@ -100,3 +103,40 @@ def truncate_by_surprise(ids: torch.Tensor, logits: torch.Tensor, mu: float) -> 
     """Mirostat v2's cut: drop tokens whose surprise −log2 p exceeds ``mu`` (the top token always stays)."""
     surprise = -torch.log2(logits.softmax(dim=-1))
     return logits.masked_fill(_protect_top(surprise > mu, logits, 1), NEG_INF)
+
+
+stateless("typical_p", lambda s, c: ("typical_p", lambda i, x: keep_typical(i, x, s.typical_p)))
+stateless("epsilon_cutoff", lambda s, c: ("epsilon_cutoff", lambda i, x: keep_above_epsilon(i, x, s.epsilon_cutoff)))
+stateless("eta_cutoff", lambda s, c: ("eta_cutoff", lambda i, x: keep_above_eta(i, x, s.eta_cutoff)))
+stateless("top_n_sigma", lambda s, c: ("top_n_sigma", lambda i, x: keep_top_n_sigma(i, x, s.top_n_sigma)))
+
+
+@engine_sampler
+class Xtc(Sampler):
+    """XTC: llama.cpp draws once per step from the run's seeded generator and cuts when the draw is within the
+    probability (runs are reproducible). Its state is the generator's."""
+
+    declares = "xtc"
+    name = "xtc"
+
+    def __init__(self, probability: float, threshold: float, generator: torch.Generator) -> None:
+        self.probability, self.threshold, self.generator = probability, threshold, generator
+        self.start = generator.get_state()
+
+    @classmethod
+    def build(cls, settings: Any, context: BuildContext) -> Sampler:
+        return cls(settings.xtc_probability, settings.xtc_threshold, context.run.generator)
+
+    def apply(self, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        generator = self.generator
+        draw = float(torch.rand((), generator=generator, device=generator.device).item())
+        return exclude_top_choices(ids, logits, self.threshold) if draw < self.probability else logits
+
+    def reset(self) -> None:
+        self.generator.set_state(self.start)
+
+    def snapshot(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def restore(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)

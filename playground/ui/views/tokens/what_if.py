@@ -24,7 +24,7 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from playground.config import ConfigError, RunSettings, rows
 from playground.config.catalog import get_strategy
-from playground.config.samplers import parse_sampler_order
+from playground.config.samplers import SAMPLER_GROUPS, parse_sampler_order
 from playground.events import TokenStep
 from playground.state import Run, chosen_text, visible_token_text
 from playground.state.what_if import RecordedRun, WhatIf, re_derive
@@ -67,6 +67,14 @@ def settings_diff(run: RunSettings, new: RunSettings) -> list[str]:
         old, value = getattr(run, name), getattr(new, name)
         if old != value:
             out.append(f"{labels.get(name, name)} {_value_text(name, old)} → {_value_text(name, value)}")
+    for group in SAMPLER_GROUPS:  # a sampler's own settings (top-a, ...): its group's fields
+        group_labels = {r.name: r.spec.label for r in rows(group)}
+        before, after = run.group(group), new.group(group)
+        for f in dataclasses.fields(group):
+            old, value = getattr(before, f.name), getattr(after, f.name)
+            if old != value:
+                out.append(f"{group_labels.get(f.name, f.name)} {_value_text(f.name, old)} → "
+                           f"{_value_text(f.name, value)}")
     return out
 
 
@@ -76,7 +84,9 @@ def branch_settings(parent: RunSettings, new: RunSettings, forced: tuple[int, ..
     # The form's strategy when it yields the same steps as the run's (greedy <-> sample), else the run's own.
     same_steps = get_strategy(new.strategy).step_events == get_strategy(parent.strategy).step_events
     strategy = new.strategy if same_steps else parent.strategy
-    return parent.replace(strategy=strategy, forced_token_ids=forced,
+    groups = (*(g for g in parent.groups if type(g) not in SAMPLER_GROUPS),  # the samplers' own: the what-if's
+              *(new.group(group) for group in SAMPLER_GROUPS))
+    return parent.replace(strategy=strategy, forced_token_ids=forced, groups=groups,
                           max_new_tokens=max(parent.max_new_tokens, len(forced) + 1), **values)
 
 

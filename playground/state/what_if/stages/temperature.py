@@ -1,0 +1,36 @@
+"""Temperature (the tail's weight by the power-mean inequality) and dynamic temperature."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from playground.config import RunSettings
+from playground.state.what_if.bounds import _Chain, _entropy, _scale_tail, _whole_distribution
+from playground.state.what_if.recorded import NEG_INF
+from playground.state.what_if.stages import stage
+
+
+@stage("temperature", label=lambda s: "dynatemp" if s.dynatemp_range > 0 else "temperature")
+def _temperature(c: _Chain, s: RunSettings, *_: object) -> None:
+    if s.dynatemp_range > 0:
+        _dynamic_temperature(c, s)
+        return
+    c.x = c.x / s.temperature
+    _scale_tail(c, np.full(c.x.shape[0], 1.0 / s.temperature))
+
+
+def _dynamic_temperature(c: _Chain, s: RunSettings) -> None:
+    _whole_distribution(c)
+    low, high = max(0.0, s.temperature - s.dynatemp_range), s.temperature + s.dynatemp_range
+    count = np.isfinite(c.x).sum(axis=1, keepdims=True)
+    normalised = _entropy(c) / np.log(np.maximum(count, 2))
+    temp = low + (high - low) * np.maximum(normalised, 0.0) ** s.dynatemp_exponent
+    single = count <= 1
+    top = np.argmax(c.x, axis=1)
+    argmax_only = np.full(c.x.shape, NEG_INF)
+    argmax_only[np.arange(c.x.shape[0]), top] = c.x[np.arange(c.x.shape[0]), top]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scaled = np.where(temp > 0, c.x / np.maximum(temp, 1e-30), argmax_only)
+    c.x = np.where(single, c.x, scaled)
+    _scale_tail(c, np.where(single[:, 0] | (temp[:, 0] <= 0), 1.0, 1.0 / np.maximum(temp[:, 0], 1e-30)))
+    c.cut_tail((temp[:, 0] <= 0) & ~single[:, 0])
