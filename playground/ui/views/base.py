@@ -20,12 +20,11 @@ from playground.state import Run
 from playground.ui.views.drawing import ThrottledDraw
 
 IMAGE_FORMATS = ("png", "svg")
-REMOTE_DEVICE = "remote"  # a remote run's RunStarted.device starts with this ("remote: llama.cpp")
 
 
 def is_remote_run(run: Run | None) -> bool:
     """Whether ``run`` was streamed from a server (it then holds no logits, layers or cache of the model)."""
-    return run is not None and run.started is not None and run.started.device.startswith(REMOTE_DEVICE)
+    return run is not None and run.started is not None and run.started.remote
 
 
 def remote_engine(run: Run) -> str:
