@@ -48,11 +48,12 @@ EVENT_TYPES: dict[str, type] = {}
 def register_event_types(module: ModuleType) -> None:
     """Add the event classes of ``module`` (frozen dataclasses with a ``type`` tag) to ``EVENT_TYPES``."""
     for cls in vars(module).values():
-        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(getattr(cls, "type", None), str):
-            known = EVENT_TYPES.get(cls.type)
+        tag = getattr(cls, "type", None)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(tag, str):
+            known = EVENT_TYPES.get(tag)
             if known is not None and known is not cls:
-                raise ValueError(f"event type {cls.type!r} is defined twice ({known.__module__}, {cls.__module__})")
-            EVENT_TYPES[cls.type] = cls
+                raise ValueError(f"event type {tag!r} is defined twice ({known.__module__}, {cls.__module__})")
+            EVENT_TYPES[tag] = cls
 
 
 for _info in pkgutil.iter_modules(__path__):

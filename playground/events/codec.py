@@ -95,7 +95,7 @@ def _decode(kind: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise EventDecodeError(f"{where}: expected an object, got {type(value).__name__}")
         return value
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return _decode_fields(kind, value, where)
     if kind is float:
         if value is None:
@@ -131,9 +131,9 @@ def event_from_dict(plain: dict[str, Any], event_types: dict[str, type]) -> Any:
     if not isinstance(plain, dict):
         raise EventDecodeError(f"expected a JSON object, got {type(plain).__name__}")
     kind = plain.get("type")
-    cls = event_types.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if not isinstance(kind, str) or kind not in event_types:
         raise EventDecodeError(f"unknown event type {kind!r}")
+    cls = event_types[kind]
     fields = {k: v for k, v in plain.items() if k != "type"}
     for name, derive in LEGACY_FIELDS.get(kind, {}).items():
         if name not in fields:

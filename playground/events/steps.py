@@ -16,7 +16,6 @@ look a class up once.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from typing import ClassVar, Protocol, TypeGuard
 
@@ -57,11 +56,16 @@ STEP_MEMBERS = _members(StepEvent)
 UNIT_STEP_MEMBERS = _members(UnitStep)
 
 
-@functools.cache
+_HAS: dict[tuple[type, frozenset[str]], bool] = {}  # class_has's answers
+
+
 def class_has(cls: type, members: frozenset[str]) -> bool:
     """Whether instances of ``cls`` have every name in ``members`` (a dataclass's fields, or the class's own)."""
-    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    return all(name in fields or hasattr(cls, name) for name in members)
+    known = _HAS.get((cls, members))
+    if known is None:
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        known = _HAS[cls, members] = all(name in fields or hasattr(cls, name) for name in members)
+    return known
 
 
 def is_step_event(event: object) -> TypeGuard[StepEvent]:

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 from playground.config import ConfigError, RunSettings
 from playground.config.stop_strings import StopStringWatch
@@ -193,7 +193,8 @@ def _stream(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
             before: dict[str, float]) -> Iterator[Event]:
     fmt = StreamFormat(engine=info.engine, top_logprobs=request.top_logprobs)
     client = open_client(source, http)
-    routes = {"chat/completions": client.chat.completions.create, "completions": client.completions.create}
+    routes: dict[str, Callable[..., Any]] = {"chat/completions": client.chat.completions.create,
+                                             "completions": client.completions.create}
     create = routes[request.endpoint]
     started = time.perf_counter()
     reader = _StreamReader(lambda: create(**request.kwargs, extra_headers=request_headers(source)))
@@ -305,7 +306,7 @@ def _stop_reason(finish: str, tokens: int, max_tokens: int) -> StopReason:
         return "max_new_tokens" if tokens >= max_tokens else "context_full"
     # The API's other finish reasons ("content_filter", "tool_calls", "function_call") as they are; an engine's own
     # is "unknown" (StopReason).
-    return cast(StopReason, finish) if finish in _SERVER_STOP_REASONS else "unknown"
+    return finish if finish in _SERVER_STOP_REASONS else "unknown"
 
 
 _SERVER_STOP_REASONS = frozenset(STOP_REASONS) - {"stopped", "stop_string", "eos", "max_new_tokens", "context_full"}
