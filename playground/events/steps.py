@@ -76,6 +76,6 @@ def is_unit_step(event: object) -> TypeGuard[UnitStep]:
     return class_has(type(event), UNIT_STEP_MEMBERS)
 
 
-def is_unit_step_type(kind: type) -> bool:
+def is_unit_step_type(kind: type) -> TypeGuard[type[UnitStep]]:
     """Whether ``kind``'s events are unit steps (a strategy's catalog entry names the types it yields)."""
     return class_has(kind, UNIT_STEP_MEMBERS)
