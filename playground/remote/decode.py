@@ -16,7 +16,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
@@ -68,7 +68,7 @@ def check_remote_settings(settings: RunSettings, branch: RemoteBranch | None) ->
 
 
 def run_remote(source: RemoteSource, settings: RunSettings, should_stop: StopCheck | None = None,
-               branch: RemoteBranch | None = None) -> Iterator[Event]:
+               branch: RemoteBranch | None = None) -> Generator[Event, None, None]:
     """Stream ``settings``' run from the server ``source`` names; ``branch``: continue a remote run from an
     alternative token (its text is sent, see ``playground.remote.branch``)."""
     source.validate()
@@ -142,7 +142,7 @@ class _StreamReader:
 
 
 def _run(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
-         branch: RemoteBranch | None) -> Iterator[Event]:
+         branch: RemoteBranch | None) -> Generator[Event, None, None]:
     http = open_http(source)
     try:
         info = detect_engine(source, http, source.model)
