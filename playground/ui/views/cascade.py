@@ -171,7 +171,7 @@ class CascadeView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = CascadeState()
+        self.state: CascadeState = CascadeState()
         self.header = rich_label(self)
         self.legend = rich_label(self)
         self.legend.setText(

@@ -141,7 +141,7 @@ class LayersView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = LayerState()
+        self.state: LayerState = LayerState()
         self.replay: Replay | None = None
         self.selected_token: int | None = None
         self.selected_layer: int | None = None

@@ -72,7 +72,7 @@ class QuantView(FoldView):
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        self.state = QuantState()
+        self.state: QuantState = QuantState()
         self.panes_state = PanesState()
         self.header = rich_label(self)
         self.panes = SideBySidePanes(self.panes_state, self._pane_figures, self)

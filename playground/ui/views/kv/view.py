@@ -52,7 +52,7 @@ class KVView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = KVState()
+        self.state: KVState = KVState()
         self.header = rich_label(self)
         self.explanation = rich_label(self)
         self.explanation.setText(f"<i>{EXPLANATION}</i>")
