@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -215,7 +215,7 @@ class _Cascade:
             self.ms[FULL] += full_ms
             producer = FORCED if forced else FULL if escalated else CHEAP
 
-            def events(texts: list[str], step_ms: float) -> list[Event]:
+            def events(texts: list[str], step_ms: float) -> list[Any]:  # (CascadeStep, TokenStep) pairs: see _steps
                 kv_bytes = sum(kv_cache_bytes(side.cache) for side in (cheap, full) if side is not None)
                 pair = (CascadeStep(
                     step=index, token_id=token, text=texts[0], producer=producer, escalated=escalated,
