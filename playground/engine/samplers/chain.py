@@ -34,9 +34,11 @@ TRUNCATING = VALUE_ONLY - {"temperature", "dynatemp"}
 COMPACT_SHARE = 4
 
 
-class Transform(Protocol):
-    name: str
-    apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+class Transform(Protocol):  # read-only members: a frozen dataclass (processors.NamedTransform) is one
+    @property
+    def name(self) -> str: ...
+    @property
+    def apply(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
