@@ -143,6 +143,7 @@ class KVView(FoldView):
         if "kv_cache_usage" in figures:
             return (f"The server's KV cache after run #{run.index + 1}: {figures['kv_cache_usage']:.1%} of its "
                     "blocks in use (vLLM's kv_cache_usage_perc, across every request it serves).")
+        return ""
 
     # --- drawing --------------------------------------------------------------------------------------------
     def _draw(self) -> None:
