@@ -300,7 +300,7 @@ def _finish(progress: _Progress, run: RecordedRun) -> WhatIf:
     # (no temperature, no penalty on them: the bounds agree); a cut that may have kept some of them said so itself.
     chain.flag(chain.alive & (chain.hi - chain.lo > 1e-9), _TAIL_WEIGHT)
     chain.reason[~run.recorded] = _NOT_RECORDED
-    x = np.full(run.x.shape, NEG_INF)
+    x: np.ndarray = np.full(run.x.shape, NEG_INF)
     rows = np.arange(run.x.shape[0])
     x[rows[:, None], chain.cols] = chain.x
     probs = np.where(np.isfinite(x), np.exp(x - chain.log_z(chain.hi)), 0.0)
