@@ -23,8 +23,10 @@ from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
 from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
-from playground.ui.views.base import View
-from playground.ui.worker import JobBody
+
+if TYPE_CHECKING:
+    from playground.ui.views.base import View
+    from playground.ui.worker import JobBody
 
 
 class ModelChoice:
