@@ -56,26 +56,31 @@ STEP_MEMBERS = _members(StepEvent)
 UNIT_STEP_MEMBERS = _members(UnitStep)
 
 
-_HAS: dict[tuple[type, frozenset[str]], bool] = {}  # class_has's answers
-
-
 def class_has(cls: type, members: frozenset[str]) -> bool:
     """Whether instances of ``cls`` have every name in ``members`` (a dataclass's fields, or the class's own)."""
-    known = _HAS.get((cls, members))
-    if known is None:
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        known = _HAS[cls, members] = all(name in fields or hasattr(cls, name) for name in members)
-    return known
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    return all(name in fields or hasattr(cls, name) for name in members)
+
+
+_STEP_TYPES: dict[type, bool] = {}  # is_step_event's answers, by class
+_UNIT_TYPES: dict[type, bool] = {}  # is_unit_step's
 
 
 def is_step_event(event: object) -> TypeGuard[StepEvent]:
-    return class_has(type(event), STEP_MEMBERS)
+    cls = type(event)
+    known = _STEP_TYPES.get(cls)
+    if known is None:
+        known = _STEP_TYPES[cls] = class_has(cls, STEP_MEMBERS)
+    return known
 
 
 def is_unit_step(event: object) -> TypeGuard[UnitStep]:
-    return class_has(type(event), UNIT_STEP_MEMBERS)
+    return is_unit_step_type(type(event))
 
 
 def is_unit_step_type(kind: type) -> TypeGuard[type[UnitStep]]:
     """Whether ``kind``'s events are unit steps (a strategy's catalog entry names the types it yields)."""
-    return class_has(kind, UNIT_STEP_MEMBERS)
+    known = _UNIT_TYPES.get(kind)
+    if known is None:
+        known = _UNIT_TYPES[kind] = class_has(kind, UNIT_STEP_MEMBERS)
+    return known
