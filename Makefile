@@ -51,6 +51,7 @@ test-fast: $(STAMP) fonts
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check playground tests benchmarks
+	$(VENV)/bin/mypy
 
 # Mutation testing ([tool.mutmut] in pyproject.toml names the modules and their fast tests), on a copy in mutants/.
 # MUTANTS narrows it (a glob on mutant names: 'playground.engine.processors*'); MUTATE_JOBS workers. Then the kill

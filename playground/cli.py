@@ -8,11 +8,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from playground.cli_options import add_run_options, remote_source_from_args, run_options_given, settings_from_args
 from playground.config import DEVICES, DTYPES
+
+if TYPE_CHECKING:
+    from playground.events import Event
 
 COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model")
 
@@ -87,7 +91,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if source is not None:  # a server: no model is loaded here (and torch is never imported)
         from playground.remote.decode import run_remote
 
-        events = run_remote(source, run_settings)
+        events: Iterator[Event] = run_remote(source, run_settings)
     else:
         from playground.engine.strategies import run_strategy
         from playground.models.loading import load_model

@@ -7,6 +7,7 @@ Every registered settings group adds its own argument group; nothing here names 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from playground.config import DEVICES, DTYPES, ConfigError, ModelSettings, RunSettings, rows
 from playground.config.words import add_settings_options, any_settings_given, settings_from_options
@@ -47,8 +48,8 @@ def remote_source_from_args(args: argparse.Namespace):  # -> RemoteSource | None
     """The server the options name (``--base-url``), or None for a local model; refuses mixing the two."""
     from playground.remote.source import RemoteSource
 
-    given = {row.name: getattr(args, f"remote_{row.name}", None) for row in rows(RemoteSource)}
-    given = {name: value for name, value in given.items() if value not in (None, False)}
+    named = {row.name: getattr(args, f"remote_{row.name}", None) for row in rows(RemoteSource)}
+    given: dict[str, Any] = {name: value for name, value in named.items() if value not in (None, False)}
     if "base_url" not in given:
         if given:
             flags = ", ".join(row.flag for row in rows(RemoteSource) if row.name in given)

@@ -227,7 +227,8 @@ def test_trace_of_banned_tokens_is_strict_json(banned_beam_events):
 
 # The trace format, written out: a renamed or added field is a format change and must show up here.
 START_KEYS = {"type", "strategy", "prompt_text", "prompt_token_ids", "forced_token_ids", "model_name", "model_path",
-              "device", "dtype", "settings", "base_model"}
+              "device", "dtype", "settings", "base_model",
+              "remote"}  # a server's run (saved runs from before it: read from "device")
 PREFILL_KEYS = {"type", "prompt_tokens", "prefill_ms", "kv_cache_bytes", "forward_passes", "deferred_tokens"}
 TOKEN_KEYS = {"type", "step", "token_id", "text", "prob", "raw_prob", "logprob", "raw_rank", "entropy",
               "processed_entropy", "candidates", "shown_raw_mass", "effects", "forced", "step_ms", "kv_cache_bytes",

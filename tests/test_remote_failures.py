@@ -20,7 +20,7 @@ from typing import ClassVar
 import pytest
 
 from playground.config import ConfigError, RunSettings
-from playground.events import PrefillDone, RunFinished, RunStarted, dumps_event
+from playground.events import PrefillDone, RunFinished, RunStarted, dumps_event, event_from_dict
 from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.remote.decode import run_remote
 from playground.remote.errors import RemoteError
@@ -45,6 +45,7 @@ class Misbehaving(BaseHTTPRequestHandler):
     mode = "ok"
     release = threading.Event()  # set at teardown: a stalled handler stops waiting
     token_gap_s = 0.0
+    finish_reason = "length"  # the finish reason of a stream that ends well
     seen_auth: ClassVar[list[str]] = []
 
     def log_message(self, *args) -> None:  # keep the test output clean
@@ -95,7 +96,7 @@ class Misbehaving(BaseHTTPRequestHandler):
             self.wfile.write(chunk(text, None if self.mode == "no-logprobs" else logprob))
             self.wfile.flush()
             time.sleep(self.token_gap_s)
-        self.wfile.write(chunk("", None, finish="length"))
+        self.wfile.write(chunk("", None, finish=self.finish_reason))
         self.wfile.write(b"data: [DONE]\n\n")
 
 
@@ -108,6 +109,7 @@ class QuietServer(ThreadingHTTPServer):
 def server():
     Misbehaving.release.clear()
     Misbehaving.seen_auth = []
+    Misbehaving.finish_reason = "length"
     httpd = QuietServer(("127.0.0.1", 0), Misbehaving)
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -150,6 +152,21 @@ def test_a_good_stream_gives_the_runs_events(server):
     assert [t.prob for t in tokens(events)] == [math.exp(lp) for _, lp in TOKENS]
     assert done.text == "".join(text for text, _ in TOKENS) and done.stop_reason == "max_new_tokens"
     assert Misbehaving.seen_auth[-1] == ""  # no key named: no Authorization header at all
+
+
+def test_a_server_run_says_so_in_its_start_event_and_in_its_saved_trace(server):
+    events = list(run_remote(server("ok"), SETTINGS))
+    assert events[0].remote is True
+    assert event_from_dict(json.loads(dumps_event(events[0]))).remote is True
+
+
+@pytest.mark.parametrize(("finish", "reason"), [("stop", "eos"), ("content_filter", "content_filter"),
+                                                ("tool_calls", "tool_calls"), ("abort", "unknown")])
+def test_a_servers_finish_reason_becomes_a_stop_reason(server, finish, reason):
+    """The API's own finish reasons are kept; one an engine made up is "unknown" (a StopReason all the same)."""
+    Misbehaving.finish_reason = finish
+    done = list(run_remote(server("ok"), SETTINGS.replace(max_new_tokens=len(TOKENS) + 1)))[-1]
+    assert isinstance(done, RunFinished) and done.stop_reason == reason
 
 
 def test_stop_strings_are_watched_here_and_end_the_stream(server):

@@ -5,6 +5,8 @@ Every decode loop, local or on a server, watches its output with the same rule.
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class StopStringWatch:
     def __init__(self, stop_strings: tuple[str, ...]) -> None:
@@ -20,7 +22,8 @@ class StopStringWatch:
         return any(s in self._tail for s in self._stops)
 
 
-def end_reason(token_id: int, text: str, eos_ids: tuple[int, ...] | set[int], watch: StopStringWatch) -> str | None:
+def end_reason(token_id: int, text: str, eos_ids: tuple[int, ...] | set[int], watch: StopStringWatch
+               ) -> Literal["eos", "stop_string"] | None:
     """Why a run ends after this token: ``"eos"``, ``"stop_string"`` (``text``: what the token added), or None."""
     if token_id in eos_ids:
         return "eos"

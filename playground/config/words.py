@@ -78,7 +78,8 @@ def settings_from_options(base: RunSettings, args: argparse.Namespace) -> RunSet
 
 
 def any_settings_given(args: argparse.Namespace) -> bool:
-    return any(given_settings(args, cls) for cls in (RunSettings, *GROUPS.values()))
+    classes: tuple[type, ...] = (RunSettings, *GROUPS.values())
+    return any(given_settings(args, cls) for cls in classes)
 
 
 class _PaneParser(argparse.ArgumentParser):

@@ -38,7 +38,7 @@ from playground.engine.processors import NamedTransform, build_pipeline, run_pip
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_events import RunRecorder
 from playground.engine.token_text import TokenTextCache
-from playground.events import BeamCandidate, BeamSequence, BeamStep, Event
+from playground.events import BeamCandidate, BeamSequence, BeamStep, Event, StopReason
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -86,7 +86,8 @@ class SearchShape:
 
 
 def parse_early_stopping(value: str) -> bool | str:
-    return {"true": True, "false": False, "never": "never"}[value]
+    options: dict[str, bool | str] = {"true": True, "false": False, "never": "never"}
+    return options[value]
 
 
 def expand_beams(
@@ -315,10 +316,11 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
                 break
             record.step_started()
             fed = running.sequences[:, cur_len - 1 : cur_len] if cur_len > prompt_len else prompt[:, -1:]
-            captured = LayerOutputs(lens.stack, batch=True) if lens is not None else nullcontext()
+            captured: Any = LayerOutputs(lens.stack, batch=True) if lens is not None else nullcontext()
             if cur_len > prompt_len or lens is not None:  # else the first step uses the prefill's logits
                 with captured:
                     logits = model(input_ids=fed, cache=cache, use_cache=True).logits[:, -1, :]  # [rows, vocab]
+            assert logits is not None  # the prefill's, or this step's
             log_probs = process_log_probs(logits, running.sequences[:, :cur_len], pipeline)  # [rows, vocab]
             exp = expand_beams(log_probs, running, cur_len, shape, eos)
             sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
@@ -366,7 +368,7 @@ def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, pro
     )
 
 
-def _stop_reason(best: BeamSequence | None, eos_ids: tuple[int, ...], stopped: bool, capped: bool) -> str:
+def _stop_reason(best: BeamSequence | None, eos_ids: tuple[int, ...], stopped: bool, capped: bool) -> StopReason:
     if stopped:
         return "stopped"
     if best is not None and best.token_ids and best.token_ids[-1] in eos_ids:

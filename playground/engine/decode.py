@@ -22,7 +22,7 @@ from playground.config.stop_strings import StopStringWatch, end_reason
 from playground.engine.run_events import RunRecorder
 from playground.engine.run_history import remember
 from playground.engine.token_text import IncrementalDecoder
-from playground.events import Event, RunFinished
+from playground.events import Event, RunFinished, StopReason
 from playground.models.loaded import LoadedModel
 
 # (texts of the tokens the loop kept, the step's milliseconds) -> what the loop yields for the step, in order: its
@@ -83,13 +83,14 @@ class DecodeLoop:
     prompt_ids: list[int]
     prompt_text: str
     generated: list[int] = field(default_factory=list)
-    stop_reason: str = "max_new_tokens"
+    stop_reason: StopReason = "max_new_tokens"
     cut_short: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         room = self.lm.context_length - len(self.prompt_ids)
         self.max_steps = min(self.settings.max_new_tokens, room)
-        self.budget_reason = "max_new_tokens" if self.max_steps == self.settings.max_new_tokens else "context_full"
+        self.budget_reason: StopReason = "max_new_tokens" if self.max_steps == self.settings.max_new_tokens \
+            else "context_full"
         self.stop_reason = self.budget_reason
         self.ids = TokenBuffer.of(self.prompt_ids, self.max_steps, self.lm.device)
         self.decoder = IncrementalDecoder(self.lm.tokenizer, self.prompt_ids)

@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from playground.config import RunSettings, SettingsGroup
 from playground.engine.forward import prefill_in_chunks, sync_device
 from playground.engine.kv_cache import kv_cache_bytes
-from playground.events import BeamSequence, Event, PrefillDone, PrefillProgress, RunFinished, RunStarted
+from playground.events import BeamSequence, Event, PrefillDone, PrefillProgress, RunFinished, RunStarted, StopReason
 from playground.models.loaded import LoadedModel
 
 StopCheck = Callable[[], bool]
@@ -47,7 +47,7 @@ class RunRecorder:
             strategy=s.strategy, prompt_text=prompt_text, prompt_token_ids=tuple(prompt_ids),
             forced_token_ids=tuple(s.forced_token_ids), model_name=lm.name, model_path=lm.path,
             device=str(lm.device), dtype=lm.dtype_name, settings=s.as_plain_dict(include=self.groups),
-            base_model=lm.own_name,
+            base_model=lm.own_name, remote=False,
         )
 
     def prefill(self, ids: torch.Tensor, defer: int = 0, cache: Any = None
@@ -93,7 +93,7 @@ class RunRecorder:
         self.decode_ms += ms
         return ms
 
-    def finished(self, token_ids: list[int] | tuple[int, ...], text: str, stop_reason: str, steps: int,
+    def finished(self, token_ids: list[int] | tuple[int, ...], text: str, stop_reason: StopReason, steps: int,
                  sequences: tuple[BeamSequence, ...] = ()) -> RunFinished:
         """The final event; ``steps``: decode steps taken (tokens, or beam steps) for the speed figure."""
         lm = self.lm

@@ -7,6 +7,7 @@ on, a second context (the negative prompt, then every generated token) runs besi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 
@@ -68,7 +69,7 @@ class NegativeContext:
     def __init__(self, lm: LoadedModel, ids: list[int]) -> None:
         self.lm = lm
         self.unread: torch.Tensor | None = torch.tensor([ids], device=lm.device)  # [1, n], read by the first step
-        self.cache = None
+        self.cache: Any = None  # a DynamicCache once the negative context is read
 
     def next_logits(self, last: torch.Tensor) -> torch.Tensor:
         """The next-token logits [1, vocab] after the negative context and ``last`` ([1, 1], the newest token)."""
@@ -102,7 +103,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
         elif index > 0:
             logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[:, -1, :].float()
         else:
-            logits = loop.logits  # the prefill's
+            logits = cast(torch.Tensor, loop.logits)  # the prefill's
         if negative is not None:
             run.negative_logits = negative.next_logits(loop.ids.last)
         ask = None

@@ -28,7 +28,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -146,7 +146,7 @@ def detail(variant: Variant, whose: str) -> str:
                 "LM head")
     if isinstance(request, SmallModel):
         name = variant.loaded.name if variant.loaded is not None else request.path
-        return f"{name} ({variant.model.num_parameters() / 1e6:.0f}M parameters)"
+        return f"{name} ({cast(Any, variant.model).num_parameters() / 1e6:.0f}M parameters)"
     return f"{whose} with {QUICK_WORDS.get(request.method) or label(request)}"
 
 
@@ -203,7 +203,7 @@ def _make_room(lm: LoadedModel, request: VariantRequest) -> None:
             drop = [k for k in _ENTRIES if isinstance(k[1], SmallModel)]
         elif isinstance(request, QuantizedCopy):
             copies = [k for k in _ENTRIES if isinstance(k[1], QuantizedCopy)]
-            drop = [k for k in copies if k[0] == id(lm.model) and k[1].method == request.method]
+            drop = [k for k in copies if k[0] == id(lm.model) and cast(QuantizedCopy, k[1]).method == request.method]
             others = [k for k in copies if k not in drop]
             drop += others[: max(0, len(others) - (QUANTIZED_COPIES - 1))]
         else:
@@ -276,7 +276,7 @@ def first_layers(model: nn.Module, n_layers: int, setting: str = "draft_layers")
     if not 1 <= n_layers < total:
         raise ConfigError(f"{setting} must be between 1 and {total - 1} for this {total}-layer model "
                           f"(got {n_layers})")
-    config = copy.copy(model.config)
+    config: Any = copy.copy(cast(Any, model).config)  # a transformers model's
     text = config.get_text_config(decoder=True)
     if text is not config:  # a multimodal wrapper: cut a copy of its text config, held by the wrapper's copy
         for name, value in list(vars(config).items()):
@@ -296,7 +296,7 @@ def first_layers(model: nn.Module, n_layers: int, setting: str = "draft_layers")
     return draft
 
 
-def _shallow(module: nn.Module, config: object | None) -> nn.Module:
+def _shallow(module: nn.Module, config: Any) -> nn.Module:
     twin = copy.copy(module)
     twin._modules = dict(module._modules)
     if config is not None and hasattr(twin, "config"):
@@ -366,6 +366,7 @@ def _quantized(lm: LoadedModel, request: QuantizedCopy, say: Progress) -> Varian
         tokens = min(request.calibration_tokens or 512, lm.context_length)
         say(f"measuring activations on {tokens} calibration tokens", 0.0)
         stats = activation_stats(model, lm.tokenizer, load_text("calibration"), tokens)
+        assert request.smooth_alpha is not None  # a SmoothQuant copy names its α
         say(f"smoothing (α={request.smooth_alpha:g}) and quantizing to W8A8", 0.1)
         smoothed, factors = smooth_model(model, stats, request.smooth_alpha)
         quantized = to_w8a8(smoothed)

@@ -12,12 +12,21 @@ import dataclasses
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeAlias, cast
 
+from playground.events.attention import AttentionRow, AttentionStarted
 from playground.events.beam import BeamCandidate, BeamStep
+from playground.events.cascade import CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
 from playground.events.codec import event_from_dict as _event_from_dict
+from playground.events.contrastive import ContrastiveStarted, ContrastStep
+from playground.events.kv import KVCompare, KVPhase, KVQuality, KVStarted, KVStep, KVSweep
+from playground.events.layers import LayersStarted, LayerStep
+from playground.events.panes import PaneFinished, PaneStarted, PaneToken
+from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
+from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.events.run import (
+    STOP_REASONS,
     BeamSequence,
     Candidate,
     PrefillDone,
@@ -25,9 +34,12 @@ from playground.events.run import (
     ProcessorEffect,
     RunFinished,
     RunStarted,
+    StopReason,
     TokenNumbers,
     TokenStep,
 )
+from playground.events.speculative import SpeculativeRound, SpeculativeStarted
+from playground.events.steps import StepEvent, UnitStep, is_step_event, is_unit_step, is_unit_step_type
 
 # Every event class by its JSON ``type``.
 EVENT_TYPES: dict[str, type] = {}
@@ -36,26 +48,42 @@ EVENT_TYPES: dict[str, type] = {}
 def register_event_types(module: ModuleType) -> None:
     """Add the event classes of ``module`` (frozen dataclasses with a ``type`` tag) to ``EVENT_TYPES``."""
     for cls in vars(module).values():
-        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(getattr(cls, "type", None), str):
-            known = EVENT_TYPES.get(cls.type)
+        tag = getattr(cls, "type", None)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and isinstance(tag, str):
+            known = EVENT_TYPES.get(tag)
             if known is not None and known is not cls:
-                raise ValueError(f"event type {cls.type!r} is defined twice ({known.__module__}, {cls.__module__})")
-            EVENT_TYPES[cls.type] = cls
+                raise ValueError(f"event type {tag!r} is defined twice ({known.__module__}, {cls.__module__})")
+            EVENT_TYPES[tag] = cls
 
 
 for _info in pkgutil.iter_modules(__path__):
     if _info.name not in ("codec", "figures"):
         register_event_types(importlib.import_module(f"{__name__}.{_info.name}"))
 
-Event = Any  # any class in EVENT_TYPES
+# Every event class of this package (what EVENT_TYPES holds once the package is read; tests/test_contract.py checks
+# that the two agree, so a new module's events must be named here too for the type checker to know them).
+Event: TypeAlias = (
+    RunStarted | PrefillProgress | PrefillDone | TokenStep | RunFinished
+    | RemoteStarted | RemoteTokenStep
+    | AttentionStarted | AttentionRow
+    | BeamStep
+    | CascadeStarted | CascadeStep | CascadeResponse
+    | ContrastiveStarted | ContrastStep
+    | KVStarted | KVStep | KVPhase | KVCompare | KVSweep | KVQuality
+    | LayersStarted | LayerStep
+    | PaneStarted | PaneToken | PaneFinished
+    | QuantReady | QuantStep | QuantSummary | QuantTable
+    | SpeculativeStarted | SpeculativeRound
+)
 
 
 def event_from_dict(plain: dict[str, Any]) -> Event:
-    return _event_from_dict(plain, EVENT_TYPES)
+    return cast(Event, _event_from_dict(plain, EVENT_TYPES))
 
 
 __all__ = [
     "EVENT_TYPES",
+    "STOP_REASONS",
     "BeamCandidate",
     "BeamSequence",
     "BeamStep",
@@ -67,10 +95,16 @@ __all__ = [
     "ProcessorEffect",
     "RunFinished",
     "RunStarted",
+    "StepEvent",
+    "StopReason",
     "TokenNumbers",
     "TokenStep",
+    "UnitStep",
     "dumps_event",
     "event_from_dict",
     "event_to_dict",
+    "is_step_event",
+    "is_unit_step",
+    "is_unit_step_type",
     "register_event_types",
 ]

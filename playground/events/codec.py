@@ -3,6 +3,10 @@
 Strict: no ``NaN`` or ``Infinity`` tokens (many JSON readers reject them). The only non-finite number an event
 may hold is −∞ (the log of a probability of zero, e.g. a token a processor banned); it is written as ``null`` and
 read back as −∞ in a ``float`` field.
+
+A ``Literal`` field reads one of its values; a string it does not list reads as ``"unknown"`` where the Literal
+has that value (a stop reason from a newer version or a server opens; ``StopReason``), and fails otherwise.
+Fields newer than a saved run are derived from what the run holds (``LEGACY_FIELDS``, the one place that does).
 """
 
 from __future__ import annotations
@@ -13,9 +17,23 @@ import json
 import math
 import types
 import typing
-from typing import Any, Union
+from collections.abc import Callable
+from typing import Any, Literal, Union
 
 NEG_INF = float("-inf")
+UNKNOWN = "unknown"  # what a Literal field that lists it reads for a string it does not list
+
+
+def _remote_from_device(plain: dict[str, Any]) -> bool:
+    # Before RunStarted.remote, a server's run was told by its device: "remote: <engine>" (playground.remote).
+    device = plain.get("device")
+    return isinstance(device, str) and device.startswith("remote")
+
+
+# For each event ``type``: the fields newer than some saved runs, and how to derive each from an old run's object.
+LEGACY_FIELDS: dict[str, dict[str, Callable[[dict[str, Any]], Any]]] = {
+    "start": {"remote": _remote_from_device},
+}
 
 
 class EventDecodeError(ValueError):
@@ -61,6 +79,13 @@ def _decode(kind: Any, value: Any, where: str) -> Any:
         return _decode(kind, value, where)
     if kind is Any:
         return value
+    if origin is Literal:
+        options = typing.get_args(kind)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and value in options:
+            return value
+        if isinstance(value, str) and UNKNOWN in options:
+            return UNKNOWN
+        raise EventDecodeError(f"{where}: expected one of {', '.join(map(repr, options))}, got {value!r}")
     if origin is tuple:
         if not isinstance(value, list):
             raise EventDecodeError(f"{where}: expected a list, got {type(value).__name__}")
@@ -70,7 +95,7 @@ def _decode(kind: Any, value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise EventDecodeError(f"{where}: expected an object, got {type(value).__name__}")
         return value
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return _decode_fields(kind, value, where)
     if kind is float:
         if value is None:
@@ -106,7 +131,11 @@ def event_from_dict(plain: dict[str, Any], event_types: dict[str, type]) -> Any:
     if not isinstance(plain, dict):
         raise EventDecodeError(f"expected a JSON object, got {type(plain).__name__}")
     kind = plain.get("type")
-    cls = event_types.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if not isinstance(kind, str) or kind not in event_types:
         raise EventDecodeError(f"unknown event type {kind!r}")
-    return _decode_fields(cls, {k: v for k, v in plain.items() if k != "type"}, kind)
+    cls = event_types[kind]
+    fields = {k: v for k, v in plain.items() if k != "type"}
+    for name, derive in LEGACY_FIELDS.get(kind, {}).items():
+        if name not in fields:
+            fields[name] = derive(fields)
+    return _decode_fields(cls, fields, kind)

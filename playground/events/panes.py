@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from playground.events.run import StopReason
+
 
 @dataclass(frozen=True)
 class PaneStarted:
@@ -43,7 +45,7 @@ class PaneFinished:
     pane: int
     token_ids: tuple[int, ...]
     text: str
-    stop_reason: str
+    stop_reason: StopReason
     tokens_per_s: float
     decode_ms: float
     # Per-output figures by name: "log_likelihood" (under the reference model, nats), "tokens", "repeated_ngrams",

@@ -12,7 +12,15 @@ Which distribution a number comes from is always in its name:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
+
+# Why a run ended. The engine's strategies: "eos" (the model's end token), "stop_string" (the text reached a stop
+# string), "max_new_tokens" (the budget), "context_full" (the model's context), "stopped" (the user's Stop). A server
+# adds the OpenAI API's other finish reasons: "content_filter", "tool_calls", "function_call". "unknown": a reason
+# this version does not know (a server's own finish reason, or a saved run from a newer version: read as "unknown").
+StopReason = Literal["eos", "stop_string", "max_new_tokens", "context_full", "stopped", "content_filter",
+                     "tool_calls", "function_call", "unknown"]
+STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,9 @@ class RunStarted:
     # The model the weights were made from: model_name itself, or for a quantized copy the model it copies
     # (saved runs from before this field read "").
     base_model: str = ""
+    # The run was streamed from a server (``playground.remote``): it holds no logits, layers or cache of the model.
+    # Saved runs from before this field read it from their device ("remote: llama.cpp"; ``codec.LEGACY_FIELDS``).
+    remote: bool = False
 
     @property
     def token_numbers(self) -> TokenNumbers:
@@ -176,7 +187,7 @@ class RunFinished:
     type: ClassVar[str] = "done"
     token_ids: tuple[int, ...]  # generated tokens only
     text: str
-    stop_reason: str  # "eos" | "stop_string" | "max_new_tokens" | "stopped" | "context_full"
+    stop_reason: StopReason
     tokens_per_s: float
     prefill_ms: float
     decode_ms: float

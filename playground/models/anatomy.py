@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -279,8 +279,9 @@ def anatomy_of(model: nn.Module) -> Anatomy:
                           f"supported families: {known}. Greedy, sampling and beam search still work")
     base_path, base = _first_base(model, row)
     layers = getattr(base, row.layers)
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    head = model.get_output_embeddings()
+    lm: Any = model  # a transformers model: its config and heads are not nn.Module's
+    config = lm.config.get_text_config(decoder=True) if hasattr(lm.config, "get_text_config") else lm.config
+    head = lm.get_output_embeddings()
     embed = _get(base, row.embed, row.name)
     if head is None:
         raise ConfigError(f"this {row.name} model has no LM head")
@@ -305,17 +306,18 @@ def scale_norm_output(norm: nn.Module, kind: str, s: torch.Tensor) -> None:
     """Change ``norm``'s parameters (in place) so that its output is divided by ``s`` per channel, exactly:
     RMSNorm w -> w / s; Gemma's (1 + w) -> (1 + w) / s, so w -> (1 + w) / s - 1; LayerNorm w, b -> w / s, b / s."""
     with torch.no_grad():
-        if kind == RMS_OFFSET and norm.weight.dtype != torch.float32:
+        weight, bias = cast(torch.Tensor, norm.weight), getattr(norm, "bias", None)
+        if kind == RMS_OFFSET and weight.dtype != torch.float32:
             # w' = (1 + w) / s - 1 sits near -1 for a large s: in bfloat16 that keeps ~2 bits of 1 + w'. Gemma's
             # norms compute (1 + w.float()) in float32 anyway, so hold w in float32 (a few KB per norm).
-            norm.weight.data = norm.weight.data.float()
-        s = s.to(norm.weight)
+            weight.data = weight.data.float()
+        s = s.to(weight)
         if kind == RMS_OFFSET:
-            norm.weight.copy_((1 + norm.weight.double()) / s.double() - 1)
+            weight.copy_((1 + weight.double()) / s.double() - 1)
         else:
-            norm.weight.div_(s)
-        if kind == LAYERNORM and getattr(norm, "bias", None) is not None:
-            norm.bias.div_(s.to(norm.bias))
+            weight.div_(s)
+        if kind == LAYERNORM and bias is not None:
+            bias.div_(s.to(bias))
 
 
 def part_rows(anatomy: Anatomy, parts: tuple[str, ...], part: str, out_features: int) -> torch.Tensor:
@@ -425,6 +427,6 @@ def layer_count(model: nn.Module) -> int:
     try:
         return anatomy_of(model).count
     except ConfigError:
-        config = getattr(model, "config", None)
+        config: Any = getattr(model, "config", None)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         return int(getattr(text, "num_hidden_layers", 0) or 0)

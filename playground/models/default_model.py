@@ -163,7 +163,8 @@ def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
     _say(progress, "Saving the converted model…", 0.9)
     # A GGUF-loaded model refuses save_pretrained while it carries its quantization config.
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -12,13 +12,16 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from playground.config import ModelSettings
 from playground.errors import UserError
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
 from playground.models.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from torch import nn
 
 Progress = Callable[[str, float], None]
 T = TypeVar("T")
@@ -111,7 +114,7 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     except ValueError as error:
         raise ModelLoadError(str(error)) from error
     dtype = choose_dtype(settings.dtype, device)
-    common = {"local_files_only": True, "trust_remote_code": settings.trust_remote_code}
+    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": settings.trust_remote_code}
     if gguf_file:
         common["gguf_file"] = gguf_file
     started = time.perf_counter()
@@ -119,14 +122,17 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     say(f"Loading tokenizer of {name}…", 0.1)
     tokenizer = _read(name, folder, lambda: AutoTokenizer.from_pretrained(folder, **common))
     say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
-    model = _read(name, folder, lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common))
+    # nn.Module's view of it: transformers' own ``to`` is typed as a function of the model, not as a method.
+    model: nn.Module = _read(name, folder,
+                             lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common))
     say(f"Moving {name} to {device.type}…", 0.9)
     try:
         model = model.to(device).eval()
     except RuntimeError as error:
         raise ModelLoadError(f"{name} does not fit on {device}: {_first_line(error)}") from error
-    if getattr(model, "hf_quantizer", None) is not None and gguf_file:
-        model.hf_quantizer.remove_quantization_config(model)  # dequantized already; plain float weights now
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and gguf_file:
+        quantizer.remove_quantization_config(model)  # dequantized already; plain float weights now
     torch.set_grad_enabled(False)
     say(f"Loaded {name} in {time.perf_counter() - started:.1f} s", 1.0)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name,

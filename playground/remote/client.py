@@ -316,9 +316,10 @@ def detect_engine(source: RemoteSource, http: httpx.Client | None = None, model:
 
 def _llama_info(http: httpx.Client, source: RemoteSource, props: dict[str, Any], names: tuple[str, ...],
                 chosen: dict[str, Any]) -> EngineInfo:
-    meta = chosen.get("meta") if isinstance(chosen.get("meta"), dict) else {}
+    given = chosen.get("meta")
+    meta: dict[str, Any] = given if isinstance(given, dict) else {}
     settings = props.get("default_generation_settings")
-    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    n_ctx: Any = settings.get("n_ctx") if isinstance(settings, dict) else None
     slots = get_json(http, source, "/slots", "reading the server's slots") if props.get("endpoint_slots", True) \
         else None
     slot_list = slots if isinstance(slots, list) else []

@@ -16,13 +16,13 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
 from playground.config.samplers import SAMPLER_GROUPS
 from playground.config.stop_strings import StopStringWatch
-from playground.events import Event, PrefillDone, RunFinished, RunStarted
+from playground.events import STOP_REASONS, Event, PrefillDone, RunFinished, RunStarted, StopReason
 from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.remote.branch import RemoteBranch
 from playground.remote.client import (
@@ -70,7 +70,7 @@ def check_remote_settings(settings: RunSettings, branch: RemoteBranch | None) ->
 
 
 def run_remote(source: RemoteSource, settings: RunSettings, should_stop: StopCheck | None = None,
-               branch: RemoteBranch | None = None) -> Iterator[Event]:
+               branch: RemoteBranch | None = None) -> Generator[Event, None, None]:
     """Stream ``settings``' run from the server ``source`` names; ``branch``: continue a remote run from an
     alternative token (its text is sent, see ``playground.remote.branch``)."""
     source.validate()
@@ -144,7 +144,7 @@ class _StreamReader:
 
 
 def _run(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
-         branch: RemoteBranch | None) -> Iterator[Event]:
+         branch: RemoteBranch | None) -> Generator[Event, None, None]:
     http = open_http(source)
     try:
         info = detect_engine(source, http, source.model)
@@ -159,7 +159,7 @@ def _run(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
         yield RunStarted(
             strategy=settings.strategy, prompt_text=settings.prompt, prompt_token_ids=(),
             forced_token_ids=tuple(s.token_id for s in forced), model_name=_short(model), model_path=source.api_url,
-            device=f"remote: {info.engine}", dtype=info.ftype, settings=settings.as_plain_dict(),
+            device=f"remote: {info.engine}", dtype=info.ftype, settings=settings.as_plain_dict(), remote=True,
         )
         yield RemoteStarted(
             engine=info.engine, engine_version=info.version, base_url=source.api_url, model=model,
@@ -195,7 +195,8 @@ def _stream(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
             before: dict[str, float]) -> Iterator[Event]:
     fmt = StreamFormat(engine=info.engine, top_logprobs=request.top_logprobs)
     client = open_client(source, http)
-    routes = {"chat/completions": client.chat.completions.create, "completions": client.completions.create}
+    routes: dict[str, Callable[..., Any]] = {"chat/completions": client.chat.completions.create,
+                                             "completions": client.completions.create}
     create = routes[request.endpoint]
     started = time.perf_counter()
     reader = _StreamReader(lambda: create(**request.kwargs, extra_headers=request_headers(source)))
@@ -204,7 +205,7 @@ def _stream(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
     timings: dict[str, Any] = {}
     usage: dict[str, Any] = {}
     finish: str | None = None
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
     first_at = last_at = 0.0
     last_predicted_ms = 0.0
     step_index = len(forced)
@@ -299,13 +300,18 @@ def _tokens_generated(steps: list[RemoteTokenStep], usage: dict[str, Any], timin
     return len(steps)
 
 
-def _stop_reason(finish: str, tokens: int, max_tokens: int) -> str:
+def _stop_reason(finish: str, tokens: int, max_tokens: int) -> StopReason:
     # No stop strings are sent to the server (they are watched here), so "stop" is the end of the answer.
     if finish == "stop":
         return "eos"
     if finish == "length":
         return "max_new_tokens" if tokens >= max_tokens else "context_full"
-    return finish
+    # The API's other finish reasons ("content_filter", "tool_calls", "function_call") as they are; an engine's own
+    # is "unknown" (StopReason).
+    return finish if finish in _SERVER_STOP_REASONS else "unknown"
+
+
+_SERVER_STOP_REASONS = frozenset(STOP_REASONS) - {"stopped", "stop_string", "eos", "max_new_tokens", "context_full"}
 
 
 def _figures(steps: list[RemoteTokenStep], timings: dict[str, Any], started: float, first_at: float,
@@ -360,7 +366,7 @@ def _server_figures(http: Any, source: RemoteSource, info: EngineInfo, before: d
     return figures
 
 
-def _finished(forced: list[RemoteTokenStep], steps: list[RemoteTokenStep], stop_reason: str,
+def _finished(forced: list[RemoteTokenStep], steps: list[RemoteTokenStep], stop_reason: StopReason,
               timings: dict[str, Any], info: EngineInfo, model: str, source: RemoteSource,
               figures: dict[str, float], usage: dict[str, Any] | None = None) -> RunFinished:
     every = [*forced, *steps]

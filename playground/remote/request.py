@@ -54,7 +54,7 @@ def _refuse(what: str, why: str) -> RemoteError:
 def _logit_bias(settings: RunSettings, llama: bool) -> Any:
     """The run's logit bias as the server takes it: token ids only (a word is tokenized by our tokenizer, which a
     server run does not have, and llama-server's own words bias every token of the word, not its last)."""
-    pairs = []
+    pairs: list[Any] = []
     for key, value in parse_logit_bias(settings.logit_bias):
         if not isinstance(key, int):
             raise _refuse(f"logit bias {key!r}", "a server takes token ids only; give the token's id")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from playground.events import Candidate
 from playground.events.remote import RemoteTokenStep
@@ -186,16 +186,16 @@ def entry_step(entry: dict[str, Any], step: int, fmt: StreamFormat, *, step_ms: 
     order = sorted(range(len(tops)), key=lambda i: -numbers[i][0])  # stable: ties keep the server's order
     ids = [_server_id(tops[i]) for i in order]
     synthetic = any(i is None for i in ids)
-    cand_ids = [-(k + 1) if synthetic else ids[k] for k in range(len(order))]
+    cand_ids = [-(k + 1) if synthetic else cast(int, ids[k]) for k in range(len(order))]  # all set: ints
 
     # Which listed candidate is the chosen token: by id where the server sends ids, else by text and number.
-    chosen_k = None
+    chosen_k: int | None = None
     if chosen_id is not None and not synthetic:
         chosen_k = next((k for k, i in enumerate(cand_ids) if i == chosen_id), None)
     else:
         same_text = [k for k, i in enumerate(order) if tops[i].get("token") == text]
         exact = [k for k in same_text if numbers[order[k]][1] == logprob]
-        chosen_k = (exact or same_text or [None])[0]
+        chosen_k = next(iter(exact or same_text), None)
 
     candidates = [
         Candidate(token_id=cand_ids[k], text=piece_text(tops[i]), raw_prob=numbers[i][0],

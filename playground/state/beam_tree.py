@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 from playground.config import BeamSettings, RunSettings
 from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
@@ -158,7 +159,7 @@ class BeamTree(RunEnd):
     def _layout_column(self, column: list[int]) -> None:
         """Order a new column by (parent's y, rank) and space sibling groups apart."""
         nodes = self.nodes
-        column.sort(key=lambda i: (nodes[nodes[i].parent].y, nodes[i].rank))
+        column.sort(key=lambda i: (nodes[cast(int, nodes[i].parent)].y, nodes[i].rank))  # a column's have parents
         y, previous_parent = 0.0, None
         for i in column:
             node = nodes[i]

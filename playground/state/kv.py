@@ -11,6 +11,8 @@ folding an event costs time proportional to that event: a view can refresh often
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from playground.events import Event, PrefillDone, RunFinished, RunStarted
@@ -165,7 +167,7 @@ class KVState(RunEnd):
 
     @property
     def layers(self) -> int:
-        return self._layers.rows if self._layers is not None else 0
+        return cast(int, self._layers.rows) if self._layers is not None else 0  # a matrix: it has rows
 
     @property
     def holder(self) -> str:
@@ -227,6 +229,6 @@ class KVState(RunEnd):
         """Without ÷ with the cache: for the last token, and over all tokens (total time ÷ total time)."""
         c = self.compare
         n = min(len(c.cached_ms), len(c.uncached_ms)) if c is not None else 0
-        if not n or c.cached_ms[n - 1] <= 0 or sum(c.cached_ms[:n]) <= 0:
+        if c is None or not n or c.cached_ms[n - 1] <= 0 or sum(c.cached_ms[:n]) <= 0:
             return None
         return c.uncached_ms[n - 1] / c.cached_ms[n - 1], sum(c.uncached_ms[:n]) / sum(c.cached_ms[:n])

@@ -129,6 +129,8 @@ class LayerState(RunEnd):
 
     def _add_step(self, step: LayerStep) -> None:
         self._ensure_layers(len(step.layer_entropy))  # a view fed without LayersStarted still works
+        assert self._entropy is not None and self._top_prob is not None  # made by _ensure_layers, as the others
+        assert self._agrees is not None and self._skipped is not None
         self._by_step[step.step] = len(self.tokens)
         self.tokens.append(LayerToken(step))
         self._entropy.append(_nan(step.layer_entropy))

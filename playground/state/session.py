@@ -11,7 +11,18 @@ from dataclasses import dataclass, field
 
 from playground.config import RunSettings
 from playground.config.catalog import STRATEGIES
-from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
+from playground.events import (
+    Event,
+    PrefillDone,
+    RunFinished,
+    RunStarted,
+    StepEvent,
+    TokenStep,
+    UnitStep,
+    is_step_event,
+    is_unit_step,
+    is_unit_step_type,
+)
 from playground.state.text import visible_token_text
 
 
@@ -57,10 +68,10 @@ class Run:
     started: RunStarted | None = None
     prefill: PrefillDone | None = None
     steps: list[TokenStep] = field(default_factory=list)  # greedy/sampling tokens (what the tokens view shows)
-    step_events: list[Event] = field(default_factory=list)  # every per-step event, whatever the strategy
+    step_events: list[StepEvent] = field(default_factory=list)  # every per-step event, whatever the strategy
     # The per-step events that each produce the run's unit (a token, a beam step), not those that describe one
     # (a lens step): what counts and speeds are made of.
-    unit_steps: list[Event] = field(default_factory=list)
+    unit_steps: list[UnitStep] = field(default_factory=list)
     step_kinds: set[type] = field(default_factory=set)  # the types among step_events (which views apply)
     finished: RunFinished | None = None
     error: str | None = None
@@ -84,10 +95,10 @@ class Run:
             self.prefill = event
         elif isinstance(event, RunFinished):
             self.finished = event
-        elif hasattr(event, "step"):
+        elif is_step_event(event):
             self.step_events.append(event)
             self.step_kinds.add(type(event))
-            if hasattr(type(event), "unit"):
+            if is_unit_step(event):
                 self.unit_steps.append(event)
             if isinstance(event, TokenStep):
                 self.steps.append(event)
@@ -122,16 +133,14 @@ class Run:
         if self.unit_steps:
             return type(self.unit_steps[-1]).unit
         strategy = STRATEGIES.get(self.settings.strategy)
-        units = [kind.unit for kind in (strategy.step_events if strategy else ()) if hasattr(kind, "unit")]
+        units = [kind.unit for kind in (strategy.step_events if strategy else ()) if is_unit_step_type(kind)]
         return units[0] if units else "token"
 
     @property
     def kv_cache_bytes(self) -> int | None:
         """The KV cache's measured size after the latest step (or the prefill)."""
-        for event in (self.unit_steps[-1:] or [self.prefill]):
-            if event is not None and hasattr(event, "kv_cache_bytes"):
-                return event.kv_cache_bytes
-        return None
+        latest: UnitStep | PrefillDone | None = self.unit_steps[-1] if self.unit_steps else self.prefill
+        return latest.kv_cache_bytes if latest is not None else None
 
     def count_label(self) -> str:
         return f"{len(self.unit_steps)} {self.step_unit}s"

@@ -365,7 +365,7 @@ class SpeculativeState(RunEnd):
         c_draft = self.draft_ms / self.drafted
         baseline = self.baseline_tokens_per_s
         plain_measured = bool(baseline and baseline > 0)
-        plain_ms = 1000.0 / baseline if plain_measured else fit[0]
+        plain_ms = 1000.0 / baseline if baseline and baseline > 0 else fit[0]  # (plain_measured)
         ks = tuple(K_RANGE)
         speedups = tuple(what_if_speedup(alpha, k, c_draft, fit[0], fit[1], plain_ms) for k in ks)
         return WhatIf(alpha, c_draft, fit[0], fit[1], plain_ms, plain_measured, ks, speedups)
@@ -382,7 +382,7 @@ class SpeculativeState(RunEnd):
         c_draft = self.draft_ms / self.drafted
         baseline = self.baseline_tokens_per_s
         plain_measured = bool(baseline and baseline > 0)
-        plain_ms = 1000.0 / baseline if plain_measured else fit[0]
+        plain_ms = 1000.0 / baseline if baseline and baseline > 0 else fit[0]  # (plain_measured)
         n = len(self.rounds)
         tokens = tuple(tuple(t / n for t in row) for row in self._tree_tokens)
         nodes = tuple(tuple(k / n for k in row) for row in self._tree_nodes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from playground.config import ModelSettings, RunSettings
@@ -58,7 +59,8 @@ def launch(model_settings: ModelSettings | None, run_settings: RunSettings | Non
     window.resize(1500, 950)
     window.show()
     if open_run is not None:
-        QTimer.singleShot(0, lambda: window.open_run(open_run))
+        path = Path(open_run)
+        QTimer.singleShot(0, lambda: window.open_run(path))
     elif remote is not None:
         QTimer.singleShot(0, lambda: window.connect_server(remote))
     else:
@@ -74,7 +76,7 @@ def finish(code: int) -> int:
     from playground.ui.main_window import running_orphans
 
     for job in running_orphans():  # each is a window's job, named by its kind
-        if JobKind(job.name).cleans_up_at_exit:  # a fetch: pip is terminated at once; let it clean up
+        if JobKind(job.name).cleans_up_at_exit:  # type: ignore[call-arg]  # a lookup by value, not JobKind.__new__  # a fetch: pip is terminated at once; let it clean up
             job.thread.wait(ORPHAN_GRACE_MS)
     if running_orphans():
         sys.stdout.flush()

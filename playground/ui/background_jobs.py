@@ -8,12 +8,13 @@ end it. Closing the window lets a job that will not end at once finish detached.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QPushButton
 
 from playground.config import RunSettings
-from playground.state import Branch, Session
+from playground.state import Branch, Run, Session
 from playground.ui.banner import MessageBanner
 from playground.ui.job_kinds import JobKind
 from playground.ui.model_picker import ModelPicker
@@ -46,15 +47,23 @@ class BackgroundJobs:
     runs_list: RunsList
     generate_button: QPushButton
     stop_button: QPushButton
-    has_model: bool
     _pending: list[tuple[RunSettings, Branch | None, Any]]  # a branch asked for while a run was live
+
+    if TYPE_CHECKING:  # the window's (MainWindow) and ModelChoice's; declared for the type checker only
+        @property
+        def has_model(self) -> bool: ...
+        def _take_model_items(self, batch: list[Any]) -> None: ...
+        def _apply_events(self, batch: list[Any]) -> None: ...
+        def _run_ended(self, job: GeneratorJob | None) -> None: ...
+        def _load_fetched_model(self) -> None: ...
+        def start_run(self, settings: RunSettings, branch: Branch | None = None, plan: Any = None) -> Run: ...
 
     @property
     def busy(self) -> bool:
         return self.job is not None and self.job.is_running()
 
     def _start_job(self, body: JobBody, kind: JobKind) -> None:
-        job = GeneratorJob(body, kind.value, self)
+        job = GeneratorJob(body, kind.value, cast(QObject, self))  # the window
         job.items.connect(self._on_items)
         job.progress.connect(self._on_progress)
         job.failed.connect(self._on_failed)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from PySide6.QtCore import Signal
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QCheckBox,
@@ -96,8 +97,8 @@ def _change_signal(widget: QWidget) -> Any:
     if isinstance(widget, QComboBox):
         return widget.currentTextChanged
     if isinstance(widget, QAbstractSpinBox):
-        return widget.valueChanged
-    return widget.textChanged
+        return cast(Any, widget).valueChanged  # a QSpinBox or a QDoubleSpinBox
+    return cast(Any, widget).textChanged  # a QLineEdit
 
 
 def make_binding(row: Row) -> Binding:
@@ -159,7 +160,7 @@ class RunControls(QWidget):
         self.box_sections: dict[str, str] = {}  # an own box's name -> the section that enables it
         for section, title in SECTIONS.items():
             bindings = [make_binding(r) for r in rows(RunSettings) if r.spec.form and r.spec.section == section]
-            extra = [("strategy", self.strategy)] if section == "generation" else []
+            extra: list[tuple[str, QWidget]] = [("strategy", self.strategy)] if section == "generation" else []
             self.boxes[section] = self._box(title, [b for b in bindings if b.row.name not in own], extra)
             self._shared.update({b.row.name: b for b in bindings})
             layout.addWidget(self.boxes[section])
@@ -188,8 +189,8 @@ class RunControls(QWidget):
             layout.addWidget(self.boxes[group.name])
         layout.addStretch(1)
         self.strategy.currentTextChanged.connect(self._strategy_changed)
-        for bindings in (self._shared, *self._groups.values()):
-            for b in bindings.values():
+        for named in (self._shared, *self._groups.values()):
+            for b in named.values():
                 _change_signal(b.widget).connect(self._values_changed)
         self._setting = False
         self.set_run_settings(settings or RunSettings())
@@ -258,7 +259,7 @@ class RunControls(QWidget):
     def limit_to_model(self, blocked_strategies: dict[str, str], blocked_groups: dict[str, str]) -> None:
         """Grey out what the loaded model cannot run (strategy name or settings group -> why), with the reason
         as the tooltip; a blocked current strategy falls back to greedy."""
-        model = self.strategy.model()
+        model = cast(QStandardItemModel, self.strategy.model())  # a QComboBox's own
         for i, entry in enumerate(STRATEGIES.values()):
             why = blocked_strategies.get(entry.name)
             model.item(i).setEnabled(why is None)

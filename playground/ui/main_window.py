@@ -94,8 +94,9 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         for view in self.views.values():
             view.branch_requested.connect(self.branch)
             if hasattr(view, "ask_choice"):  # a view that lets the user pick a waiting step's token
-                view.choice_made.connect(self._answer_choice)
-                view.run_on_requested.connect(self._run_on)
+                chooser: Any = view  # with that view's signals too
+                chooser.choice_made.connect(self._answer_choice)
+                chooser.run_on_requested.connect(self._run_on)
         self.run_views = RunViews(self.views, self.docks, self.status)
         self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
         self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)
@@ -107,7 +108,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.generate_button.clicked.connect(self.generate)
         self.stop_button.clicked.connect(self.stop)
         self.step_mode.toggled.connect(self._step_mode_toggled)
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.generate)
+        QShortcut(QKeySequence("Ctrl+Return"), self, self.generate)  # calls it when activated
         self.picker.load_requested.connect(self.load_model)
         self.picker.fetch_requested.connect(self.fetch_default_model)
         self.picker.server_requested.connect(self.connect_server)
@@ -167,6 +168,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
                                    "a model on a server (Server…).")
             return
         settings = self.current_settings()
+        assert self.source is not None  # has_model
         try:
             self.source.check(settings)
         except ConfigError as error:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings
 
@@ -23,6 +23,10 @@ from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import LocalModel, ModelSource, ServerModel
 from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
+
+if TYPE_CHECKING:
+    from playground.ui.views.base import View
+    from playground.ui.worker import JobBody
 
 
 class ModelChoice:
@@ -38,6 +42,11 @@ class ModelChoice:
     status: RunStatusBar
     busy: bool
     job_kind: JobKind | None
+    views: dict[str, View]
+
+    if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
+        def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
+        def _update_buttons(self) -> None: ...
 
     @property
     def has_model(self) -> bool:
@@ -136,6 +145,7 @@ class ModelChoice:
             return
 
         source = self.source
+        assert isinstance(source, LocalModel)  # lm is not None
 
         def body(should_stop, progress) -> Iterator[Any]:
             path = source.train_tuned_lens(should_stop, progress)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+from typing import Any, cast
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtWidgets import (
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QProgressBar,
     QPushButton,
     QVBoxLayout,
@@ -34,7 +36,7 @@ DEFAULT_LABEL = "SmolLM2-135M-Instruct (default)"
 
 
 def recent_models(store: QSettings) -> list[str]:
-    value = store.value(RECENT_KEY, [])
+    value: Any = store.value(RECENT_KEY, [])
     if isinstance(value, str):  # QSettings gives a bare string for a one-item list in some formats
         value = [value]
     return [str(v) for v in (value or []) if v]
@@ -127,7 +129,8 @@ class ModelPicker(QGroupBox):
 
         self.refresh_sources(spec.path)
         self.load.clicked.connect(lambda: self.load_requested.emit(self.model_settings()))
-        self.source.lineEdit().returnPressed.connect(lambda: self.load_requested.emit(self.model_settings()))
+        editor = cast(QLineEdit, self.source.lineEdit())  # an editable combo box's
+        editor.returnPressed.connect(lambda: self.load_requested.emit(self.model_settings()))
         self.fetch.clicked.connect(self.fetch_requested.emit)
         self.open_folder.clicked.connect(self._pick_folder)
         self.open_gguf.clicked.connect(self._pick_gguf)

@@ -128,7 +128,7 @@ class LocalModel(ModelSource):
         made_with = (started.base_model or started.model_name.split(" · ")[0]) if started is not None else ""
         if started is not None and (started.model_path, made_with) != (self.lm.path, self.lm.own_name):
             # Token ids only mean something to the tokenizer that produced them.
-            raise ConfigError(f"run #{run.index + 1} was made with {run.started.model_name}; load that model "
+            raise ConfigError(f"run #{run.index + 1} was made with {started.model_name}; load that model "
                               "again to branch from it")
         settings, made = session.branch_settings(run.index, step, token_id)
         return settings, made, None

@@ -23,7 +23,10 @@ def add_presets_menu(menu_bar: QMenuBar, run_preset: Callable[[str], None], bann
         presets = []
         banner.show_error(str(error))
     for preset in presets:
-        action = presets_menu.addAction(preset.title, lambda name=preset.name: run_preset(name))
+        def run_this(name: str = preset.name) -> None:
+            run_preset(name)
+
+        action = presets_menu.addAction(preset.title, run_this)
         action.setToolTip(preset.description)
         action.setStatusTip(preset.description)
     presets_menu.setToolTipsVisible(True)

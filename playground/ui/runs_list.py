@@ -33,7 +33,7 @@ class RunsList(QListWidget):
         super().__init__(parent)
         self.setToolTip("Every run of this session; branches say where they came from. Click one to view it.")
         # Clicks and arrow keys alike: the views always show the highlighted run.
-        self.currentRowChanged.connect(lambda row: row >= 0 and self.run_selected.emit(row))
+        self.currentRowChanged.connect(lambda row: self.run_selected.emit(row) if row >= 0 else None)
 
     def update_run(self, run: Run) -> None:
         """Add or relabel ``run``'s row."""

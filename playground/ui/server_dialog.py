@@ -37,6 +37,8 @@ class ServerDialog(QDialog):
 
     test_requested = Signal(object)  # RemoteSource: check it, answer with show_models / show_error
     connect_requested = Signal(object)  # RemoteSource: use it as the window's model
+    # The connection test's answer. It hides QDialog.result() (the dialog's result code, which nothing here reads).
+    result: QLabel  # type: ignore[assignment]
 
     def __init__(self, source: RemoteSource | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)

@@ -137,7 +137,7 @@ class RunStatusBar(QStatusBar):
             prefill_text = f"prefill {prefill:.0f} ms" if prefill is not None else "prefill —"
         self._set_live("prefill", prefill_text)
         remote = remote_start(run) if run is not None else None
-        if remote is not None:
+        if remote is not None and run is not None:  # (a remote start is a run's)
             self._set_live("kv", self._server_kv(run))
         else:
             self._set_live("kv", f"KV cache {_bytes(kv)}" if kv is not None else "KV cache —")

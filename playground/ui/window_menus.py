@@ -19,7 +19,10 @@ def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[
     save_action = file_menu.addAction("&Save run…", QKeySequence.StandardKey.Save, save_run)
     export = file_menu.addMenu("&Export view")
     for view in views:
-        export.addAction(f"{view.title}…", lambda v=view: export_view(v))
+        def export_this(v: View = view) -> None:
+            export_view(v)
+
+        export.addAction(f"{view.title}…", export_this)
     file_menu.addSeparator()
     file_menu.addAction("&Quit", QKeySequence.StandardKey.Quit, quit_window)
     return open_action, save_action

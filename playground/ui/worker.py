@@ -170,8 +170,8 @@ class GeneratorJob(QObject):
         self._counted = False  # counted among the running jobs of gui_gc
         self.error: str | None = None
 
-    @property
-    def thread(self) -> QThread:
+    @property  # the job's own thread; hides QObject.thread() (the thread this object lives in: the GUI's)
+    def thread(self) -> QThread:  # type: ignore[override]
         return self._thread
 
     def start(self) -> None:

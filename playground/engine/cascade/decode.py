@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 
@@ -37,7 +38,7 @@ from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import TokenTextCache
 from playground.engine.variants import BuildStopped, Progress
-from playground.events import Event, TokenStep
+from playground.events import Event, StopReason, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.figures import agreement_figures
 from playground.models.anatomy import layer_count
@@ -93,8 +94,9 @@ class _Cascade:
         self.token_text = TokenTextCache(lm.tokenizer)
         self.eos_ids = set(lm.eos_token_ids)
         self.max_steps = min(settings.max_new_tokens, lm.context_length - len(prompt_ids))
-        self.budget_reason = "max_new_tokens" if self.max_steps == settings.max_new_tokens else "context_full"
-        self.stop_reason = self.budget_reason  # until the run ends otherwise
+        self.budget_reason: StopReason = "max_new_tokens" if self.max_steps == settings.max_new_tokens \
+            else "context_full"
+        self.stop_reason: StopReason = self.budget_reason  # until the run ends otherwise
         self.ms = {CHEAP: 0.0, FULL: 0.0}  # every pass of each model, a thrown-away response's included
 
     def run(self, prompt_text: str) -> Iterator[Event]:
@@ -113,6 +115,7 @@ class _Cascade:
                 self.stop_reason, cheap, full = "stopped", None, None
             else:
                 logits, cache = prefilled
+                assert logits is not None  # nothing deferred
                 cheap = ModelSide(self.cheap.model, lm.device, cache, logits.float())
                 full = ModelSide(lm.model, lm.device)
                 if cascade.cascade_unit == "token":
@@ -186,13 +189,14 @@ class _Cascade:
             full_read = 0
             if cheap is not None:
                 start = time.perf_counter()
-                analysis = analyse_step(self.pipeline, context, cheap.next_logits(ids, never_stop),
-                                        settings.num_candidates)
+                cheap_logits = cheap.next_logits(ids, never_stop)
+                assert cheap_logits is not None  # never stopped
+                analysis = analyse_step(self.pipeline, context, cheap_logits, settings.num_candidates)
                 # At a forced step the cheap model's top token is recorded, with no draw (as greedy's forced steps).
                 cheap_token = choose(analysis, self.sample and not forced, self.generator)
                 cheap_prob = float(analysis.processed_probs[0, cheap_token])
                 cheap_ms = _ms_since(start, lm.device)
-            escalated = not forced and (cheap is None or escalates(cheap_prob, threshold))
+            escalated = not forced and (cheap is None or escalates(cast(float, cheap_prob), threshold))
             if full is not None and (escalated or analysis is None):
                 start, before = time.perf_counter(), full.read
                 logits = full.next_logits(ids, record.should_stop)
@@ -205,12 +209,13 @@ class _Cascade:
                 full_ms = _ms_since(start, lm.device)
             else:
                 token = forced_id if forced else cheap_token
+            assert analysis is not None and token is not None  # the cheap model's step or the full model's
             analysis.token_id = token
             self.ms[CHEAP] += cheap_ms
             self.ms[FULL] += full_ms
             producer = FORCED if forced else FULL if escalated else CHEAP
 
-            def events(texts: list[str], step_ms: float) -> list[Event]:
+            def events(texts: list[str], step_ms: float) -> list[Any]:  # (CascadeStep, TokenStep) pairs: see _steps
                 kv_bytes = sum(kv_cache_bytes(side.cache) for side in (cheap, full) if side is not None)
                 pair = (CascadeStep(
                     step=index, token_id=token, text=texts[0], producer=producer, escalated=escalated,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ class ModelSide:
                  logits: torch.Tensor | None = None) -> None:
         self.model = model
         self.device = device
-        self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        self.cache = cache if cache is not None else DynamicCache(config=cast(Any, model).config)
         self._logits = logits  # [1, vocab] after the cache's last position, when it came with the cache
         self._logits_at = self.cache.get_seq_length() if logits is not None else -1
         self.passes = 0  # forward passes made through this side (the prefill's not counted)
@@ -91,6 +92,7 @@ class ModelSide:
             chunk = torch.tensor([feed[start : start + PREFILL_CHUNK]], device=self.device)
             out = self.model(input_ids=chunk, cache=self.cache, use_cache=True, **keep_last_logits(self.model, 1))
             self.passes += 1
+        assert out is not None  # feed is not empty
         self._logits = out.logits[:, -1, :].float()
         self._logits_at = len(ids)
         return self._logits

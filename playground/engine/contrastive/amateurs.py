@@ -13,9 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 from transformers import DynamicCache
 
 from playground.engine.forward import keep_last_logits, prefill_in_chunks
@@ -77,10 +79,10 @@ class _Tap:
 
     def __init__(self, amateur: LayerAmateur) -> None:
         self.amateur = amateur
-        self.handle = None
+        self.handle: RemovableHandle | None = None
 
     def __enter__(self) -> _Tap:
-        def keep(_module: nn.Module, _args: tuple, output: object) -> None:
+        def keep(_module: nn.Module, _args: tuple, output: Any) -> None:
             hidden = output[0] if isinstance(output, tuple) else output
             self.amateur.hidden = hidden[0, -1:]  # [1, hidden]
 
@@ -89,6 +91,7 @@ class _Tap:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        assert self.handle is not None  # set by __enter__
         self.handle.remove()
 
 
@@ -100,7 +103,7 @@ class ModelAmateur(Amateur):
         self.kind = kind
         self.model = model
         self.detail = detail
-        self.cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache(config=cast(Any, model).config)
         self._extra = keep_last_logits(model, 1)
 
     def prefill(self, ids: torch.Tensor, should_stop: Callable[[], bool]

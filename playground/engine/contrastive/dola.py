@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -115,7 +116,7 @@ class _TapLayers:
                     keep[0] = hidden[0, -1:]
                 self.handles.append(layers[0].register_forward_pre_hook(before, with_kwargs=True))
             else:
-                def after(_module: nn.Module, _args: tuple, output: object, j: int = j) -> None:
+                def after(_module: nn.Module, _args: tuple, output: Any, j: int = j) -> None:
                     hidden = output[0] if isinstance(output, tuple) else output
                     keep[j] = hidden[0, -1:]
                 self.handles.append(layers[j - 1].register_forward_hook(after))

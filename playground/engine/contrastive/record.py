@@ -88,7 +88,7 @@ def step_events(choice: Choice, token_id: int, step: int, forced: bool, top: int
     penalised = choice.stages[0][0] != PLAUSIBILITY  # without penalties the expert's log-probs are the raw ones
     raw_logprobs = raw.log_softmax(dim=-1) if penalised else c.expert_logprobs[None]
     analysis = StepAnalysis(
-        raw_logits=raw, raw_logprobs=raw_logprobs, stage_logits=choice.stages, processed_logits=choice.processed,
+        raw_logits=raw, raw_logprobs=raw_logprobs, stage_logits=list(choice.stages), processed_logits=choice.processed,
         processed_probs=choice.probs, top_ids=torch.topk(choice.raw, min(top, raw.shape[-1])).indices.tolist(),
         token_id=token_id)
     return event, analysis

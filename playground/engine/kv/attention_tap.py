@@ -19,10 +19,10 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -96,7 +96,7 @@ def observed(implementation: str) -> str:
             if scaling is None:
                 scaling = query.shape[-1] ** -0.5
             probs = attention_probs(query, key, attention_mask, scaling, kwargs.get("softcap"), rows)
-            tap.see(module.layer_idx, probs)
+            tap.see(cast(int, module.layer_idx), probs)  # an attention module's index
         return out
 
     AttentionInterface.register(name, attend)
@@ -105,7 +105,7 @@ def observed(implementation: str) -> str:
 
 
 @contextmanager
-def tapped(model: torch.nn.Module, tap: AttentionTap) -> Iterator[AttentionTap]:
+def tapped(model: PreTrainedModel, tap: AttentionTap) -> Iterator[AttentionTap]:
     """The model's attention observed by ``tap`` for the block (this thread only), and back after."""
     before = model.config._attn_implementation
     base = before.removeprefix(PREFIX)

@@ -23,11 +23,11 @@ from playground.engine.kv_cache import kv_cache_bytes
 from playground.models.loaded import LoadedModel
 
 
-def _timed(device: torch.device, call: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
-    """(result, milliseconds) of ``call`` with the device's queued work waited for."""
+def _timed(device: torch.device, call: Callable[..., torch.Tensor], *args: Any) -> tuple[torch.Tensor, float]:
+    """(result, milliseconds) of ``call(*args)`` with the device's queued work waited for."""
     sync_device(device)
     start = time.perf_counter()
-    result = call()
+    result = call(*args)
     sync_device(device)
     return result, (time.perf_counter() - start) * 1000
 
@@ -55,8 +55,8 @@ def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_
             if _stopped(should_stop):
                 break
             step_input = ids if not chosen else ids[:, -1:]
-            token, ms = _timed(lm.device, lambda x=step_input: _greedy(
-                model(input_ids=x, cache=cache, use_cache=True, **extra).logits))
+            token, ms = _timed(lm.device, lambda x: _greedy(
+                model(input_ids=x, cache=cache, use_cache=True, **extra).logits), step_input)
             chosen.append(int(token.item()))
             times.append(ms)
             ids = torch.cat([ids, token[:, None]], dim=1)
@@ -78,7 +78,7 @@ def no_cache_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, sto
         for _ in range(tokens):
             if _stopped(should_stop):
                 break
-            token, ms = _timed(lm.device, lambda x=ids: _greedy(model(input_ids=x, use_cache=False, **extra).logits))
+            token, ms = _timed(lm.device, lambda x: _greedy(model(input_ids=x, use_cache=False, **extra).logits), ids)
             chosen.append(int(token.item()))
             times.append(ms)
             ids = torch.cat([ids, token[:, None]], dim=1)
@@ -137,8 +137,9 @@ def batch_greedy(lm: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: 
     with torch.inference_mode():
         step_input = ids
         for _ in range(new_tokens):
-            token, ms = _timed(lm.device, lambda x=step_input, m=mask, p=positions: _greedy(model(
-                input_ids=x, attention_mask=m, position_ids=p, cache=cache, use_cache=True, **extra).logits))
+            token, ms = _timed(lm.device, lambda x, m, p: _greedy(model(
+                input_ids=x, attention_mask=m, position_ids=p, cache=cache, use_cache=True, **extra).logits),
+                step_input, mask, positions)
             times.append(ms)
             for row, value in zip(rows, token.tolist(), strict=True):
                 row.append(int(value))

@@ -52,6 +52,11 @@ class EvictingLayer(CacheLayerMixin):
 
     is_compileable = False
     is_sliding = False
+    # Set by lazy_initialization before anything reads them (None before: is_initialized is False).
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor  # [b, h, held] long
+    scores: torch.Tensor  # [b, h, held] float32 (H2O)
 
     def __init__(self, rule: str, sinks: int = 4, window: int = 64, budget: int = 128) -> None:
         if rule not in KEEP_RULES:
@@ -62,9 +67,7 @@ class EvictingLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.is_initialized = False
         self.cumulative_length = 0
-        self.keys = self.values = None  # type: ignore[assignment]
-        self.positions: torch.Tensor | None = None  # [b, h, held] long
-        self.scores: torch.Tensor | None = None  # [b, h, held] float32 (H2O)
+        self.keys = self.values = self.positions = self.scores = None  # type: ignore[assignment]  # until the first update
         self.pass_positions: torch.Tensor | None = None  # positions of the keys the last pass read
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -132,6 +135,13 @@ class KIVILayer(CacheLayerMixin):
 
     is_compileable = False
     is_sliding = False
+    # Set by lazy_initialization before anything reads them (None before: is_initialized is False).
+    key_codes: torch.Tensor
+    key_params: torch.Tensor
+    value_codes: torch.Tensor
+    value_params: torch.Tensor
+    key_tail: torch.Tensor
+    value_tail: torch.Tensor
 
     def __init__(self, bits: int, group: int = 32, residual: int = 32) -> None:
         if residual < group or residual % group:
@@ -142,8 +152,8 @@ class KIVILayer(CacheLayerMixin):
     def reset(self) -> None:
         self.is_initialized = False
         self.cumulative_length = 0
-        self.key_codes = self.key_params = self.value_codes = self.value_params = None
-        self.key_tail = self.value_tail = None
+        self.key_codes = self.key_params = self.value_codes = self.value_params = None  # type: ignore[assignment]
+        self.key_tail = self.value_tail = None  # type: ignore[assignment]  # until the first update
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -215,7 +225,7 @@ class CompressedCache(Cache):
     transformers' own sliding-window layers for the others. ``layer_bytes()`` is what each layer holds."""
 
     def __init__(self, config: Any, layer: Any) -> None:
-        layers = [layer() if window is None else DynamicSlidingWindowLayer(sliding_window=window)
+        layers: list[Any] = [layer() if window is None else DynamicSlidingWindowLayer(sliding_window=window)
                   for window in layer_windows(config)]
         super().__init__(layers=layers)
 
@@ -242,9 +252,10 @@ class CompressedCache(Cache):
 
     def held_positions(self) -> torch.Tensor:
         """Which positions at least one layer and head still holds: bool [positions fed]."""
-        fed = max((layer.get_seq_length() for layer in self.layers), default=0)
+        layers: list[Any] = list(self.layers)  # ours and transformers' sliding ones (its union type has neither)
+        fed = max((layer.get_seq_length() for layer in layers), default=0)
         held = torch.zeros(fed, dtype=torch.bool)
-        for layer in self.layers:
+        for layer in layers:
             if isinstance(layer, EvictingLayer) and layer.is_initialized:
                 held[layer.positions.flatten().cpu()] = True
             elif layer.is_initialized:

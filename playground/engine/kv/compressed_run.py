@@ -33,7 +33,7 @@ def attention_tap(kv: KVSettings, cache: Any) -> AttentionTap | None:
     return tap
 
 
-def tapping(model: torch.nn.Module, tap: AttentionTap | None) -> AbstractContextManager[Any]:
+def tapping(model: Any, tap: AttentionTap | None) -> AbstractContextManager[Any]:  # a transformers model
     return nullcontext() if tap is None else tapped(model, tap)
 
 

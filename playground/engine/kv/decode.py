@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache, PreTrainedModel
 
 from playground.config import ConfigError, KVSettings, RunSettings
 from playground.config.kv import PER_TOKEN_DTYPES
@@ -55,7 +55,7 @@ def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
     return _decode(lm, settings, kv, prompt_ids, prompt_text, record)
 
 
-def new_cache(lm: LoadedModel, kv: KVSettings) -> object | None:
+def new_cache(lm: LoadedModel, kv: KVSettings) -> Cache | None:
     """The cache the settings ask for (None: no cache)."""
     if kv.no_cache:
         return None
@@ -89,13 +89,13 @@ def check_attention(lm: LoadedModel, kv: KVSettings) -> None:
                       f"--attn eager, or --attn model to keep its own ({model.config._attn_implementation})")
 
 
-def attention_used(model: torch.nn.Module, asked: str) -> str:
+def attention_used(model: PreTrainedModel, asked: str) -> str:
     """The implementation a run uses: the one asked for, or the model's own for "model"."""
     return model.config._attn_implementation if asked == "model" else asked
 
 
 @contextmanager
-def attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
+def attention(model: PreTrainedModel, implementation: str) -> Iterator[None]:
     """The model's attention switched to ``implementation`` for the run ("model": left as it is), and back after."""
     before = model.config._attn_implementation
     if implementation in (before, "model"):
@@ -176,6 +176,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
             else:
                 logits = model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :].float()
         # logits: [samples, vocab]; the run's own tokens are row 0's, the other rows are its parallel samples
+        assert logits is not None  # the prefill's, or this step's
         analysis = analyse_step(pipeline, ids[:1], logits[:1], settings.num_candidates)
         if forced_id is not None:
             token_id = forced_id
@@ -219,7 +220,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
         tap = compressed_run.attention_tap(kv, cache)
         scope.enter_context(compressed_run.tapping(model, tap))
         # A paged cache on a shared pool takes the prompt's blocks another run wrote: read only the rest.
-        reused = cache.share_prefix(prompt_ids) if hasattr(cache, "share_prefix") else 0
+        reused = cache.share_prefix(prompt_ids) if cache is not None and hasattr(cache, "share_prefix") else 0
         logits = yield from _prefill(lm, record, start, loop.ids.view[:, reused:], cache)  # [1, vocab]
         if logits is None:  # Stop between two chunks of the prompt
             loop.stop_reason = "stopped"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from playground.engine.kv_cache import kv_formula_bytes
 from playground.models.paths import cache_root
@@ -224,7 +225,7 @@ def machine_ceilings(device: torch.device | str, dtype: torch.dtype = torch.floa
 # The two phases on the roofline (estimates).
 
 
-def forward_params(model: torch.nn.Module) -> tuple[int, int]:
+def forward_params(model: PreTrainedModel) -> tuple[int, int]:
     """(body, head): the parameters every position is multiplied by (all but the input embedding, a lookup, and
     the LM head), and the LM head's, which only the positions whose logits are computed use (the last one in a
     prefill that keeps only the last logits; every token in decode). A tied head counts the shared matrix."""

@@ -39,7 +39,7 @@ import heapq
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -124,12 +124,12 @@ class PagedLayer(CacheLayerMixin):
         first = self.group.first_read(self.length)
         return self._gather(pools, self.group.slots(first, self.length))
 
-    @property
-    def keys(self) -> torch.Tensor | None:  # [b, h, held, d], gathered
+    @property  # the base's attribute, a read-only view here
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]  # [b, h, held, d], gathered
         return self._held(self.key_pools) if self.is_initialized else None
 
-    @property
-    def values(self) -> torch.Tensor | None:  # [b, h, held, d], gathered
+    @property  # the base's attribute, a read-only view here
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]  # [b, h, held, d], gathered
         return self._held(self.value_pools) if self.is_initialized else None
 
     def get_seq_length(self) -> int:
@@ -519,7 +519,7 @@ class PagedCache(Cache):
         self.groups: dict[int | None, BlockGroup] = {}
         for window in sorted(set(windows), key=lambda w: (w is not None, w or 0)):  # full attention first
             self.groups[window] = BlockGroup(block_size, window, self.prefix_pool, kv_dtype)
-        layers = []
+        layers: list[Any] = []
         for window in windows:
             group = self.groups[window]
             group.layers.append(PagedLayer(self, group))
@@ -547,7 +547,7 @@ class PagedCache(Cache):
         self.main.tables = [blocks]
         self.main.rows.reused = set(blocks)
         self.main._version += 1
-        for layer in self.layers:
+        for layer in self.paged_layers():
             layer.length = len(blocks) * self.block_size
         self.published = len(blocks)
         return len(blocks) * self.block_size
@@ -591,7 +591,7 @@ class PagedCache(Cache):
             group.set_tables([list(t) for t in group.tables] + [list(group.tables[row]) for _ in range(copies)])
         return list(range(first, first + copies))
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         """Row i becomes old row beam_idx[i] by sharing its blocks (beam search; may change the number of rows)."""
         order = beam_idx.tolist()
         for group in self.groups.values():
@@ -624,11 +624,15 @@ class PagedCache(Cache):
         """The main group's block tables, shared blocks and fragmentation (``BlockGroup.blocks``)."""
         return self.main.blocks()
 
+    def paged_layers(self) -> list[PagedLayer]:
+        """``layers``, as what they are here (transformers types them as its own layer classes)."""
+        return cast(list[PagedLayer], self.layers)
+
     def layer_bytes(self) -> tuple[int, ...]:
         """Per layer: bytes of the blocks sequences hold in its group (their unused slots included), less those
         reused from another run's prefix (that run, or the shared pool's index, holds them)."""
         held = {id(group): len(group.held() - group.rows.reused) for group in self.groups.values()}
-        return tuple(held[id(layer.group)] * self.block_size * layer.slot_bytes() for layer in self.layers)
+        return tuple(held[id(layer.group)] * self.block_size * layer.slot_bytes() for layer in self.paged_layers())
 
     @property
     def nbytes(self) -> int:

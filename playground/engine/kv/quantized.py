@@ -30,7 +30,7 @@ in blocks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -108,6 +108,10 @@ class QuantizedKVLayer(CacheLayerMixin):
 
     is_compileable = False
     is_croppable = True
+    # [b, h, r, d] the newest r ≤ residual_length tokens, unquantized; set by lazy_initialization before anything
+    # reads them (None before: is_initialized is False).
+    key_tail: torch.Tensor
+    value_tail: torch.Tensor
 
     def __init__(self, kv_dtype: str, residual_length: int = 0, window: int | None = None) -> None:
         # CacheLayerMixin.__init__ would assign ``keys``/``values``, which are read-only views here.
@@ -122,8 +126,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         self.cumulative_length = 0  # positions fed so far (a sliding layer holds only the newest of them)
         self.key_parts: tuple[torch.Tensor, ...] = ()  # (codes [b, h, t, d·bits/8], params [b, h, t, 2])
         self.value_parts: tuple[torch.Tensor, ...] = ()
-        self.key_tail: torch.Tensor | None = None  # [b, h, r, d] the newest r ≤ residual_length tokens, unquantized
-        self.value_tail: torch.Tensor | None = None
+        self.key_tail = self.value_tail = None  # type: ignore[assignment]  # until the first update
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -146,7 +149,8 @@ class QuantizedKVLayer(CacheLayerMixin):
             self.value_parts = self._append(self.value_parts, value_tail[:, :, :spill])
             key_tail, value_tail = key_tail[:, :, spill:], value_tail[:, :, spill:]
         self.key_tail, self.value_tail = key_tail, value_tail
-        keys, values = self.keys, self.values  # the pass reads everything held, its own positions included
+        # The pass reads everything held, its own positions included (initialized by now: never None).
+        keys, values = cast(torch.Tensor, self.keys), cast(torch.Tensor, self.values)
         if self.window is not None:
             self._keep_newest(self.window - 1)
         return keys, values
@@ -168,14 +172,14 @@ class QuantizedKVLayer(CacheLayerMixin):
         new = encode_kv(states, self.kv_dtype)
         return tuple(torch.cat((old, part), dim=-2) for old, part in zip(parts, new, strict=True))
 
-    @property
-    def keys(self) -> torch.Tensor | None:  # [b, h, seq, d], dequantized
+    @property  # the base's attribute, a read-only view here (see __init__)
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]  # [b, h, seq, d], dequantized
         if not self.is_initialized:
             return None
         return torch.cat((decode_kv(self.key_parts, self.kv_dtype, self.dtype), self.key_tail), dim=-2)
 
-    @property
-    def values(self) -> torch.Tensor | None:  # [b, h, seq, d], dequantized
+    @property  # the base's attribute, a read-only view here (see __init__)
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]  # [b, h, seq, d], dequantized
         if not self.is_initialized:
             return None
         return torch.cat((decode_kv(self.value_parts, self.kv_dtype, self.dtype), self.value_tail), dim=-2)
@@ -220,7 +224,7 @@ class QuantizedKVLayer(CacheLayerMixin):
         self.key_tail, self.value_tail = (t[:, :, : keep - quantized] for t in (self.key_tail, self.value_tail))
         self.cumulative_length = length
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         """Row i becomes old row beam_idx[i] (codes move as they are: no lossy round trip)."""
         if not self.is_initialized:
             return
@@ -251,7 +255,7 @@ class QuantizedKVCache(Cache):
         if residual_length < 0:
             raise ValueError(f"residual_length must be >= 0 (got {residual_length})")
         self.kv_dtype, self.residual_length = kv_dtype, residual_length
-        layers = [QuantizedKVLayer(kv_dtype, residual_length, window) for window in layer_windows(config)]
+        layers: list[Any] = [QuantizedKVLayer(kv_dtype, residual_length, window) for window in layer_windows(config)]
         super().__init__(layers=layers)
 
     @property
@@ -259,7 +263,7 @@ class QuantizedKVCache(Cache):
         return sum(self.layer_bytes())
 
     def layer_bytes(self) -> tuple[int, ...]:
-        return tuple(layer.nbytes for layer in self.layers)
+        return tuple(cast(QuantizedKVLayer, layer).nbytes for layer in self.layers)
 
 
 def layer_windows(config: Any) -> tuple[int | None, ...]:

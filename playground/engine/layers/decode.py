@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -50,7 +51,8 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
         if layers.min_exit_layer > count:
             raise ConfigError(f"min_exit_layer must be between 1 and {count} for this {count}-layer model "
                               f"(got {layers.min_exit_layer})")
-        rules = {"exit_rule": ExitRule(layers.exit_metric, layers.exit_threshold, layers.exit_from(count))}
+        rules: dict[str, Any] = {
+            "exit_rule": ExitRule(layers.exit_metric, layers.exit_threshold, layers.exit_from(count))}
     else:
         fixed = layers.skip_set()
         if fixed and fixed[-1] > count:

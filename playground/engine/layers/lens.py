@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -64,11 +65,11 @@ class LayerStack:
         if (kind or self.kind) == "tuned" and layers is not None and self.tuned is not None:
             hidden = self.tuned.translate(hidden, layers)
         normed = self.norm(hidden)
-        weight = self.lm_head.weight
+        weight = cast(torch.Tensor, self.lm_head.weight)
         if self.precision == "bfloat16" and weight.dtype == torch.float32:
             # The full-vocabulary product is the lens's whole cost: bfloat16 makes it ~5x cheaper on CPU (SmolLM2:
             # 3.5 ms instead of 18.6 for 30 layers) at ~0.01 bits of entropy.
-            bias = self.lm_head.bias
+            bias = cast("torch.Tensor | None", self.lm_head.bias)
             return self.transform(nn.functional.linear(normed.to(torch.bfloat16), bfloat16_copy(weight),
                                                        bias.to(torch.bfloat16) if bias is not None else None).float())
         return self.transform(self.lm_head(normed).float())
@@ -110,7 +111,7 @@ class LayerOutputs:
         self._handles.clear()
 
     def _hook(self, index: int) -> Callable:
-        def keep(_module: nn.Module, args: tuple, output: object) -> None:
+        def keep(_module: nn.Module, args: tuple, output: Any) -> None:
             hidden_in = args[0] if args else None
             hidden_out = output[0] if isinstance(output, tuple) else output
             def kept(hidden: torch.Tensor) -> torch.Tensor:
@@ -174,12 +175,13 @@ def lens_step(stack: LayerStack, step: int, outputs: Sequence[torch.Tensor | Non
     have = [i for i in wanted if i in known]
     parts = [torch.stack([known[i] for i in have])] if have else []  # [have, vocab]
     if missing:  # one batched product, appended without copying it again
-        parts.insert(0, lens_logprobs(stack, torch.stack([outputs[i] for i in missing]), missing))  # [missing, vocab]
+        rows = torch.stack([cast(torch.Tensor, outputs[i]) for i in missing])  # the layers that ran
+        parts.insert(0, lens_logprobs(stack, rows, missing))  # [missing, vocab]
     wanted = missing + have  # the rows' order
     logprobs = torch.cat(parts) if len(parts) > 1 else parts[0]  # [wanted, vocab]
     entropy = entropy_bits(logprobs).tolist()
-    top_lp, top_ids = logprobs.topk(top, dim=-1)  # [wanted, top]
-    top_p, top_ids = top_lp.exp().tolist(), top_ids.tolist()
+    top_lp, top_index = logprobs.topk(top, dim=-1)  # [wanted, top]
+    top_p, top_ids = top_lp.exp().tolist(), top_index.tolist()
     final_top = top_ids[wanted.index(answering)][0]
 
     n = stack.count
@@ -221,7 +223,7 @@ def layer_kls(stack: LayerStack, outputs: Sequence[torch.Tensor | None], wanted:
     other: list[float | None] = [None] * n
     other[n - 1] = 0.0
     if rows:
-        other_lp = lens_logprobs(stack, torch.stack([outputs[i] for i in rows]), rows, other_kind)
+        other_lp = lens_logprobs(stack, torch.stack([cast(torch.Tensor, outputs[i]) for i in rows]), rows, other_kind)
         for i, value in zip(rows, kl_to_final(final, other_lp), strict=True):
             other[i] = value
     pair = (tuple(mine), tuple(other))

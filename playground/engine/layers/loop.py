@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -69,6 +70,7 @@ class LayerLoop:
     def __init__(self, model: nn.Module, precision: str = "model", kind: str = "logit") -> None:
         # kind: the lens the exit rules read (logit or tuned); ConfigError naming the family if it cannot be opened up
         self.stack = LayerStack.of(model, precision, kind)
+        assert self.stack.anatomy is not None  # LayerStack.of opens the model up (or raises)
         self.anatomy = self.stack.anatomy
         self.model = model
         self._blocks = [self.anatomy.layer(i).attention for i in range(self.stack.count)]
@@ -86,7 +88,7 @@ class LayerLoop:
         start = time.perf_counter()
         n = self.stack.count
         state = _Pass(n, exit_rule, skip_rule, [None] * n, [None] * n)
-        device = self.anatomy.embed.weight.device
+        device = cast(torch.Tensor, self.anatomy.embed.weight).device
         with self._wrapped(state):
             out = self.model(input_ids=torch.tensor([[token_id]], device=device), cache=cache, use_cache=True)
         logits = out.logits[:, -1, :].float()  # [1, vocab]: final norm, head and transform on the answering state

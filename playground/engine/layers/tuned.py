@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -126,7 +127,8 @@ def lens_kl(stack, lens: TunedLens | None, hidden: torch.Tensor, final: torch.Te
 
 def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps: int = 40, batch: int = 64,
                      lr: float = 3e-3, seed: int = 0, should_stop: Callable[[], bool] | None = None,
-                     check_every: int = 10, validation_share: float = 0.2) -> Iterator[TrainProgress]:
+                     check_every: int = 10, validation_share: float = 0.2
+                     ) -> Generator[TrainProgress, None, TunedLens]:
     """Adam on every translator at once, its rate decaying linearly to 0; each layer's KL goes backward on its own,
     so memory holds one layer's logits; the model's weights stay frozen.
 
@@ -198,7 +200,7 @@ def model_key(model) -> str:
     same folder name and shape do not share translators)."""
     config = model.config
     name = Path(str(getattr(config, "name_or_path", "") or config.model_type)).name
-    head = anatomy_of(model).lm_head.weight
+    head = cast(torch.Tensor, anatomy_of(model).lm_head.weight)
     fingerprint = f"{float(head.detach()[:8].double().sum()):.6e}"
     return f"{name}-{hashlib.sha1(fingerprint.encode()).hexdigest()[:8]}"
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -102,6 +102,7 @@ def row_factors(anatomy: Anatomy, group: AwqGroup, s: torch.Tensor, rows: int) -
     """The factors [rows] a "rows" fold divides ``group.target``'s output rows by: s on the rows holding
     ``group.part``, 1 elsewhere (Phi-3's gate half of ``gate_up_proj`` is left alone)."""
     factors = torch.ones(rows, dtype=s.dtype)
+    assert group.part is not None  # a "rows" fold names its part
     factors[part_rows(anatomy, group.parts, group.part, rows)] = s.to(factors)
     return factors
 
@@ -174,11 +175,12 @@ def apply_group(anatomy: Anatomy, group: AwqGroup, s: torch.Tensor, bits: int,
     (``rounding=False``: by float linears holding W diag s, the fold alone)."""
     layer = anatomy.layers[group.index]
     with torch.no_grad():
+        target = group.target or ""  # a "norm" or "rows" fold names what it folds into
         if group.fold == "norm":
-            norm = layer.get_submodule(group.target)
+            norm = layer.get_submodule(target)
             scale_norm_output(norm, anatomy.norm_kind, s)
         elif group.fold == "rows":  # the earlier linear, already replaced (earlier group): divide its rows
-            prev = layer.get_submodule(group.target)
+            prev: Any = layer.get_submodule(target)  # a QuantLinear or a float linear
             factors = row_factors(anatomy, group, s.float(), prev.out_features)
             if isinstance(prev, QuantLinear):
                 prev.scale_rows(factors)
@@ -188,7 +190,8 @@ def apply_group(anatomy: Anatomy, group: AwqGroup, s: torch.Tensor, bits: int,
                     prev.bias.div_(factors.to(prev.bias))
         make = quantized_linear if rounding else float_scaled_linear
         for path in group.linears:
-            set_module(layer, path, make(layer.get_submodule(path), s, bits, group_size, symmetric, kernel))
+            linear: Any = layer.get_submodule(path)  # an nn.Linear or a Conv1D
+            set_module(layer, path, make(linear, s, bits, group_size, symmetric, kernel))
         if group.fold == "input":  # float32 [in]; cast to the input's dtype on use
             (path,) = group.linears
             set_module(layer, path, InputScaledLinear(layer.get_submodule(path), 1.0 / s.float()))
@@ -220,7 +223,7 @@ def awq(model: Any, tokenizer: Any, text: str, group_size: int | None = 128, gri
     for group in groups:
         layer = anatomy.layers[group.index]
         x = inputs.pop(anatomy.linear_name(group.index, group.linears[0]))
-        weights = [layer.get_submodule(p).weight for p in group.linears]
+        weights = [cast(torch.Tensor, layer.get_submodule(p).weight) for p in group.linears]
         found = search_group(x, weights, bits=bits, group_size=group_size, grid=grid, symmetric=symmetric,
                              name=group.name)
         apply_group(anatomy, group, found.scales, bits, group_size, symmetric, kernel)

@@ -87,6 +87,7 @@ def awq_scales_by_linear(model: Any, results: list[AwqResult]) -> tuple[Scales, 
         for path in group.linears:
             inputs[anatomy.linear_name(group.index, path)] = s
         if group.fold == "rows":  # the earlier linear's output rows were divided by s after it was quantized
+            assert group.target is not None  # a "rows" fold names the earlier linear
             name = anatomy.linear_name(group.index, group.target)
             rows[name] = row_factors(anatomy, group, s.float(), out_features(model.get_submodule(name)))
     return inputs, rows

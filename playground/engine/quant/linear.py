@@ -37,6 +37,7 @@ integer GEMM with float rescaling up to float32 accumulation rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +94,11 @@ def quantize_activations_per_token(x: torch.Tensor) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
+    # Buffers (register_buffer below): the codes, the group scales, the zero points (None: symmetric).
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, qt: QuantizedTensor, *, kernel: str = "auto",
                  activation_quant: str | None = None) -> None:
         super().__init__()
@@ -173,7 +179,7 @@ class QuantLinear(nn.Module):
             return F.linear(x, runtime[0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         weight, pairs = runtime
         rows = x.reshape(-1, self.in_features)
-        padded = pairs.shape[0] * self.group_size
+        padded = pairs.shape[0] * cast(int, self.group_size)  # this kernel's weights are grouped
         if padded != self.in_features:
             rows = F.pad(rows, (0, padded - self.in_features))
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows.to(torch.bfloat16).contiguous(), weight,

@@ -20,7 +20,7 @@ Llama recipe); the LM head and embeddings stay float. GPT-2's ``Conv1D`` project
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -49,9 +49,10 @@ def smooth_model(model: Any, stats: dict[str, ActivationStats], alpha: float = 0
     with torch.no_grad():
         for layer in anatomy.all_layers():
             for block in (layer.attention, layer.mlp):
-                linears = [module for _, module, _ in block.inputs]
+                linears: list[Any] = [module for _, module, _ in block.inputs]  # nn.Linear or Conv1D
                 act_max = stats[anatomy.linear_name(layer.index, block.inputs[0][0])].max_abs
-                s = smoothing_factors(act_max, [lin.weight for lin in linears], alpha).to(block.norm.weight)
+                s = smoothing_factors(act_max, [lin.weight for lin in linears], alpha).to(
+                    cast(torch.Tensor, block.norm.weight))
                 scale_norm_output(block.norm, anatomy.norm_kind, s)
                 for lin in linears:
                     lin.weight.mul_(s)  # [out, in] * [in]: column j scaled by s_j

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -75,22 +75,25 @@ def decoder_linears(model: Any) -> dict[str, nn.Module]:
 
 def linear_weight(module: nn.Module) -> torch.Tensor:
     """A float projection's weight as ``nn.Linear`` holds it, [out, in] (a ``Conv1D``'s transposed; no copy)."""
-    return module.weight.t() if isinstance(module, Conv1D) else module.weight
+    linear: Any = module  # an nn.Linear or a Conv1D
+    return linear.weight.t() if isinstance(module, Conv1D) else linear.weight
 
 
 def out_features(module: nn.Module) -> int:
-    return int(module.nf if isinstance(module, Conv1D) else module.out_features)
+    linear: Any = module
+    return int(linear.nf if isinstance(module, Conv1D) else linear.out_features)
 
 
 def in_features(module: nn.Module) -> int:
-    return int(module.nx if isinstance(module, Conv1D) else module.in_features)
+    linear: Any = module
+    return int(linear.nx if isinstance(module, Conv1D) else linear.in_features)
 
 
-def as_linear(module: nn.Module) -> nn.Module:
+def as_linear(module: nn.Module) -> nn.Linear:
     """``module`` as an ``nn.Linear`` computing the same function: a ``Conv1D`` (x @ W + b, W [in, out]) becomes
     ``nn.Linear`` with weight W^T; anything else is returned as it is."""
     if not isinstance(module, Conv1D):
-        return module
+        return cast(nn.Linear, module)  # an nn.Linear already, or what computes as one
     weight = module.weight.detach()
     linear = nn.Linear(module.nx, module.nf, bias=module.bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():

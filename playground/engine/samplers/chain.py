@@ -31,9 +31,11 @@ from playground.config.samplers import spec_of_stage
 COMPACT_SHARE = 4
 
 
-class Transform(Protocol):
-    name: str
-    apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+class Transform(Protocol):  # read-only members: a frozen dataclass (processors.NamedTransform) is one
+    @property
+    def name(self) -> str: ...
+    @property
+    def apply(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]: ...
 
 
 def flags(transform: Transform) -> tuple[bool, bool]:

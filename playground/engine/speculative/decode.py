@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
@@ -88,7 +89,7 @@ def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[Nam
         return JacobiDrafter()
     if spec.draft == "suffix":
         return SuffixDrafter(lm.model)
-    kinds = {"layers": (LayersDrafter, FirstLayers(spec.draft_layers)),
+    kinds: dict[str, tuple[Any, Any]] = {"layers": (LayersDrafter, FirstLayers(spec.draft_layers)),
              "model": (SmallModelDrafter, SmallModel(spec.draft_model)),
              "quantized": (QuantizedDrafter, QuantizedCopy.quick(spec.draft_quant))}
     kind, request = kinds[spec.draft]
@@ -132,7 +133,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, d
         draft_ms = (time.perf_counter() - start) * 1000
         start = time.perf_counter()
         prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
-        captured = LayerOutputs(lens.stack, len(tree) + 1) if lens is not None else nullcontext()
+        captured: Any = LayerOutputs(lens.stack, len(tree) + 1) if lens is not None else nullcontext()
         with captured:  # the lens: every layer's output at the verified positions
             raw, processed = _score(lm, cache, ids, tree, pipeline)  # [n + 1, vocab]
         target_calls += 1
@@ -241,7 +242,7 @@ def next_draft_length(k: int, accepted: int, drafted: int) -> int:
     return min(16, k + 2) if accepted == drafted else max(1, k - 1)
 
 
-def _score(lm: LoadedModel, cache: object, ids: list[int], tree: DraftTree,
+def _score(lm: LoadedModel, cache: Any, ids: list[int], tree: DraftTree,
            pipeline: tuple[NamedTransform, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's raw and processed logits [len(tree) + 1, vocab] in one forward pass over what the cache has
     not read (the last emitted token; the prompt's tail in the first round) + the drafted nodes: row 0 predicts

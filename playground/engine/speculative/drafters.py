@@ -17,6 +17,7 @@ Trees: prompt lookup's are several matches plus the draft the target turned down
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -173,7 +174,7 @@ class ModelDrafter(Drafter):
         self.sample = sample
         self.generator = generator
         self.device = device
-        self.cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache(config=cast(Any, model).config)  # a transformers model's
         keep_past(self.cache)
         self._last_logits: torch.Tensor | None = None  # after the cache's last position, if still valid
 

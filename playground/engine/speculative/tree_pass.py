@@ -9,6 +9,8 @@ take a dict keyed by layer type (what their own forward builds); the others one 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from playground.config import ConfigError
@@ -57,7 +59,7 @@ def tree_inputs(model, cache, tail: int, tree: DraftTree, device: torch.device, 
     positions = torch.tensor(list(range(context, end)) + [end + d for d in depths[read:]])
     q = len(positions)
     anatomy = anatomy_of(model)  # ConfigError naming a family the seam cannot open
-    dtype = anatomy.embed.weight.dtype  # the attention's dtype (a first weight may be packed ints)
+    dtype = cast(torch.Tensor, anatomy.embed.weight).dtype  # the attention's dtype (a first weight may be packed ints)
     if not dtype.is_floating_point:
         dtype = torch.float32
     layers = getattr(cache, "layers", None)

@@ -8,11 +8,11 @@ each batch of new events of the shown run, ``flush`` once per batch, and ``end``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from PySide6.QtCore import QPoint, QRectF, QSize, Signal
 from PySide6.QtGui import QPainter, QPixmap
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QLabel, QWidget
 
 from playground.config.catalog import STRATEGIES
 from playground.events import Event, RunStarted
@@ -20,12 +20,11 @@ from playground.state import Run
 from playground.ui.views.drawing import ThrottledDraw
 
 IMAGE_FORMATS = ("png", "svg")
-REMOTE_DEVICE = "remote"  # a remote run's RunStarted.device starts with this ("remote: llama.cpp")
 
 
-def is_remote_run(run: Run | None) -> bool:
+def is_remote_run(run: Run | None) -> TypeGuard[Run]:
     """Whether ``run`` was streamed from a server (it then holds no logits, layers or cache of the model)."""
-    return run is not None and run.started is not None and run.started.device.startswith(REMOTE_DEVICE)
+    return run is not None and run.started is not None and run.started.remote
 
 
 def remote_engine(run: Run) -> str:
@@ -144,8 +143,8 @@ class FoldView(View):
 
     live_draw_ms: ClassVar[int] = 200
     idle_header: ClassVar[str] = ""
-    state: object
-    header: QWidget  # a label, where ``idle_header`` is set
+    state: Any  # the view's fold (each view names its type); a view whose fold ends otherwise overrides the below
+    header: QLabel  # where ``idle_header`` is set
 
     def _start_drawing(self) -> None:
         self._redraw = ThrottledDraw(self, self.live_draw_ms, self._draw)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import math
+from typing import cast
 
 import numpy as np
 import pyqtgraph as pg
@@ -25,7 +26,7 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QColor, QMouseEvent, QPainter, QPixmap, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QLabel, QSplitter, QToolTip, QVBoxLayout, QWidget
 
-from playground.events.cascade import CHEAP, FORCED, FULL, CascadeStep
+from playground.events.cascade import CHEAP, FORCED, FULL, CascadeStarted, CascadeStep
 from playground.state import Run, flowing_token_text, visible_token_text
 from playground.state.cascade import DISCARDED, CascadeState, Mark
 from playground.ui.marked_text import MarkedTextEdit
@@ -171,7 +172,7 @@ class CascadeView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = CascadeState()
+        self.state: CascadeState = CascadeState()
         self.header = rich_label(self)
         self.legend = rich_label(self)
         self.legend.setText(
@@ -345,7 +346,7 @@ class CascadeView(FoldView):
         self.figures.setText(self._figures_html())
 
     def _figures_html(self) -> str:
-        s, started = self.state, self.state.started
+        s, started = self.state, cast(CascadeStarted, self.state.started)  # drawn once the run started
         n = len(s.output)
         rows = []
         if s.response is not None:

@@ -84,7 +84,7 @@ class CompareView(FoldView):
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        self.state = PanesState()
+        self.state: PanesState = PanesState()
         self.run: Run | None = None
         self.header = rich_label(self)
         self.panes = SideBySidePanes(self.state, None, self)  # the figures are in the table below

@@ -119,7 +119,7 @@ class ContrastiveView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = ContrastiveState()
+        self.state: ContrastiveState = ContrastiveState()
         self.selected: int | None = None  # the pinned step
         self.hovered: int | None = None  # the step under the mouse in the strip (shown while hovered)
         self.follow_live = True

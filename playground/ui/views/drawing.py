@@ -10,7 +10,8 @@ from PySide6.QtCore import QObject, QPointF, QSize, QTimer
 from PySide6.QtWidgets import QFrame, QLayout, QScrollArea, QVBoxLayout, QWidget
 
 
-def static_plot(parent: QWidget, title: str, bottom: str, left: str, min_height: int | None = None) -> pg.PlotWidget:
+def static_plot(parent: QWidget | None, title: str, bottom: str, left: str, min_height: int | None = None
+                ) -> pg.PlotWidget:
     """A plot with a title and axis labels, no context menu, no auto-range button, no mouse panning."""
     plot = pg.PlotWidget(parent)
     item = plot.getPlotItem()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -141,7 +142,7 @@ class LayersView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = LayerState()
+        self.state: LayerState = LayerState()
         self.replay: Replay | None = None
         self.selected_token: int | None = None
         self.selected_layer: int | None = None
@@ -312,7 +313,7 @@ class LayersView(FoldView):
             started = self.state.started
             self.state.apply(event)
             if self.state.started is not started:  # the run's own exit rule is where the replay starts
-                s = self.state.started
+                s: Any = self.state.started  # this run's start, just folded
                 self._set_replay_controls(s.exit_metric, s.exit_threshold, s.min_exit_layer, s.layers)
 
     def _follow(self) -> None:

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from playground.config import QuantSettings
 from playground.events import Event
-from playground.events.quant import QuantStep
+from playground.events.quant import QuantReady, QuantStep
 from playground.state import Run
 from playground.state.panes import PaneRecord, PanesState
 from playground.state.quant import QuantState
@@ -72,7 +72,7 @@ class QuantView(FoldView):
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        self.state = QuantState()
+        self.state: QuantState = QuantState()
         self.panes_state = PanesState()
         self.header = rich_label(self)
         self.panes = SideBySidePanes(self.panes_state, self._pane_figures, self)
@@ -148,7 +148,7 @@ class QuantView(FoldView):
         # above sum to what that dock holds: it scrolls only in a smaller one).
         content.setMinimumWidth(820)
         fill_with_scroll(self, content)
-        self._channels_of = None  # the QuantReady whose layers the combo lists
+        self._channels_of: QuantReady | None = None  # the QuantReady whose layers the combo lists
         self._start_drawing()
 
     def resizeEvent(self, event) -> None:

@@ -44,7 +44,7 @@ class AttentionView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = AttentionState()
+        self.state: AttentionState = AttentionState()
         self.header = rich_label(self)
         self.step_box = QSpinBox(self)
         self.step_box.setPrefix("token ")

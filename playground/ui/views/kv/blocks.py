@@ -65,7 +65,11 @@ class BlockPanel(Panel):
         shared, reused = set(blocks.shared), set(blocks.reused)
         fill = s.last_block_fill()
         size = max(started.block_size, 1)
-        x0, y0, brushes, ids, fills = [], [], [], [], []
+        x0: list[float] = []
+        y0: list[float] = []
+        brushes: list[str] = []
+        ids: list[int] = []
+        fills: list[tuple[int, float, str]] = []
         for row, table in enumerate(blocks.tables):
             for position, block in enumerate(table):
                 if block < 0:  # a sliding window's block given back: its positions are out of every later window
@@ -110,6 +114,7 @@ class BlockPanel(Panel):
     def _draw_positions(self, s: KVState, rows: list[tuple[str, np.ndarray]]) -> None:
         """Each row's runs of one kind as bars: held in full, evicted, quantized."""
         started = s.started
+        assert started is not None  # drawn once the run started
         kivi = started.keep == "all"
         self._title("KIVI: which keys and values are quantized" if kivi else
                     "Which positions the cache still holds", "position (prompt and output)", "")

@@ -104,7 +104,7 @@ def set_log_range(item: pg.PlotItem, axis: str, low: float, high: float) -> None
 class Panel(QWidget):
     """A plot, or a note in its place (never an empty plot), with a caption under it."""
 
-    def __init__(self, plot: QWidget, parent: QWidget | None = None) -> None:
+    def __init__(self, plot: pg.PlotWidget, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.plot = plot
         self.note = rich_label(self)

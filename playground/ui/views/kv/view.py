@@ -52,7 +52,7 @@ class KVView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = KVState()
+        self.state: KVState = KVState()
         self.header = rich_label(self)
         self.explanation = rich_label(self)
         self.explanation.setText(f"<i>{EXPLANATION}</i>")
@@ -143,6 +143,7 @@ class KVView(FoldView):
         if "kv_cache_usage" in figures:
             return (f"The server's KV cache after run #{run.index + 1}: {figures['kv_cache_usage']:.1%} of its "
                     "blocks in use (vLLM's kv_cache_usage_perc, across every request it serves).")
+        return ""
 
     # --- drawing --------------------------------------------------------------------------------------------
     def _draw(self) -> None:

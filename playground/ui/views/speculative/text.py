@@ -11,6 +11,7 @@ not the output's length.
 from __future__ import annotations
 
 import html
+from typing import cast
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QMouseEvent, QTextCharFormat, QTextCursor
@@ -143,7 +144,8 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
     if mark.kind == TARGET:
         kind = "correction after a rejection" if r.target_kind == "correction" else "bonus after the draft"
         return f"{head} · the target's own token ({kind}) · p {_pct(r.target_prob)} · step {mark.step}"
-    d = r.drafted[mark.position]
+    position = cast(int, mark.position)  # a drafted token's
+    d = r.drafted[position]
     verdict = "accepted" if mark.kind == ACCEPTED else "rejected: not in the output"
     # What the draw was compared with: min(1, p'/q), p' the target's distribution left after earlier siblings'
     # rejections (a saved run from before it was recorded: min(1, p/q), right for chains and first children).
@@ -151,8 +153,8 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
         (min(1.0, d.target_prob / d.draft_prob) if d.draft_prob > 0 else None)
     draw = f" · draw u {d.draw:.3f} vs min(1, p′/q) {threshold:.3f}" if d.draw is not None and threshold is not None \
         else ""
-    where = (f"depth {r.depths()[mark.position]} · the drafter's choice #{d.rank + 1}" if r.is_tree else
-             f"draft position {mark.position + 1}")
+    where = (f"depth {r.depths()[position]} · the drafter's choice #{d.rank + 1}" if r.is_tree else
+             f"draft position {position + 1}")
     if r.is_tree and mark.kind == REJECTED:
         verdict = "rejected: an alternative the target turned down where the accepted path stopped"
     return (f"{head} · {where} · {verdict}<br>drafter's q {_pct(d.draft_prob)} · "

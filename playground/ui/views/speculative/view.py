@@ -96,7 +96,7 @@ class SpeculativeView(FoldView):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.state = SpeculativeState()
+        self.state: SpeculativeState = SpeculativeState()
         self.selected_round: int | None = None
         self.follow_live = True  # the round chart follows the newest round until the user picks one
         self._drawn_rounds = 0

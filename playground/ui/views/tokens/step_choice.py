@@ -86,7 +86,7 @@ class StepChoiceBar(QFrame):
                            f"'{own_text}', Esc stops; double-click a bar to take it.")
         self.moved.emit(marked.token_id)
 
-    def move(self, delta: int) -> None:
+    def move(self, delta: int) -> None:  # type: ignore[override]  # the mark by delta bars; hides QWidget.move
         if self.step is None or not self.order:
             return
         self.index = max(0, min(len(self.order) - 1, self.index + delta))

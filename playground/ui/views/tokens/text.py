@@ -8,6 +8,7 @@ written is split once it is SPLIT_LINES lines long, and a change of width lays t
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from PySide6.QtCore import QPoint, QPointF, QRect, Qt, QTimer, Signal
 from PySide6.QtGui import (
@@ -169,7 +170,8 @@ class TokenTextEdit(QTextEdit):
         self._hovered: int | None = None
         self._marked: int | None = None
         self.cut_steps: list[int] = []  # the what-if's: steps whose token its settings would have cut
-        self.tooltip_source = None  # step -> its hover's HTML, while a what-if replaces the run's numbers
+        # step -> its hover's HTML, while a what-if replaces the run's numbers
+        self.tooltip_source: Callable[[int], str] | None = None
         self._split_width: float | None = None  # the text width the line splits were made for (None: no splits)
         self._view_before_relayout: tuple[bool, int | None] = (True, None)  # following the end; top step
         self._relayout_timer = QTimer(self)
