@@ -135,9 +135,9 @@ def _sampler_extras(settings: RunSettings, info: EngineInfo, sampling: bool) -> 
         return extra
     extra = {}
     for name in _applied(s, sampling):  # other servers' fields for each sampler, from its declaration
-        words = SPECS[name].server.other
-        if words is not None:
-            got = words(s, info.engine, sampling)
+        fields = SPECS[name].server.other
+        if fields is not None:
+            got = fields(s, info.engine, sampling)
             if isinstance(got, str):
                 raise RemoteError(got)
             extra.update(got)

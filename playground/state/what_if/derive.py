@@ -35,8 +35,8 @@ def re_derive(run: RecordedRun, settings: RunSettings, *, sampling: bool | None 
 def _re_derive(run: RecordedRun, settings: RunSettings, sampling: bool | None,
                encode: Callable[[str], Sequence[int]] | None, breaker_ids: frozenset[int] | None) -> WhatIf:
     if sampling is None:  # the strategy's catalog entry says whether it reads the sampling settings
-        entry = STRATEGIES.get(settings.strategy)
-        sampling = entry is not None and "sampling" in entry.sections
+        strategy = STRATEGIES.get(settings.strategy)
+        sampling = strategy is not None and "sampling" in strategy.sections
     names = active_samplers(settings, sampling)
     follows = [n for n in names if n in STAGES and STAGES[n].feedback is not None]
     if not follows:
@@ -123,7 +123,7 @@ def _finish(progress: _Progress, run: RecordedRun) -> WhatIf:
     # (no temperature, no penalty on them: the bounds agree); a cut that may have kept some of them said so itself.
     chain.flag(chain.alive & (chain.hi - chain.lo > 1e-9), _TAIL_WEIGHT)
     chain.reason[~run.recorded] = _NOT_RECORDED
-    x = np.full(run.x.shape, NEG_INF)
+    x: np.ndarray = np.full(run.x.shape, NEG_INF)
     rows = np.arange(run.x.shape[0])
     x[rows[:, None], chain.cols] = chain.x
     probs = np.where(np.isfinite(x), np.exp(x - chain.log_z(chain.hi)), 0.0)
