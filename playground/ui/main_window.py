@@ -93,7 +93,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.views, self.docks = window_layout.view_docks(self)
         for view in self.views.values():
             view.branch_requested.connect(self.branch)
-            if hasattr(view, "ask_choice"):  # a view that lets the user pick a waiting step's token
+            if view.picks_tokens:  # a view that lets the user pick a waiting step's token
                 view.choice_made.connect(self._answer_choice)
                 view.run_on_requested.connect(self._run_on)
         self.run_views = RunViews(self.views, self.docks, self.status)
@@ -215,7 +215,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         if self.step_chooser is None or self.sender() is not self.step_chooser:
             return  # a run that has ended since
         for view in self.shown_views():
-            if hasattr(view, "ask_choice"):
+            if view.picks_tokens:
                 view.ask_choice(step)
                 self.status.showMessage(f"Step {step.step}: your pick (Enter), the sampler's (Space) or Esc")
                 return
