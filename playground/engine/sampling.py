@@ -52,8 +52,9 @@ def run_sampling(lm: LoadedModel, settings: RunSettings, should_stop: RunContext
     pipeline = build_pipeline(settings, sampling=sampling, tokenizer=lm.tokenizer,
                               vocab_size=lm.model.config.vocab_size, run=run)
     negative = _negative_context(lm, settings, prompt_ids) if any(t.name == "guidance" for t in pipeline) else None
-    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, context), pipeline, run,
-                   negative)
+    # The loop (and its observers: the lens refuses a tuned kind never trained) is made before the first event.
+    loop = DecodeLoop(lm, settings, RunRecorder(lm, settings, context), prompt_ids, prompt_text)
+    return _decode(lm, settings, loop, pipeline, run, negative)
 
 
 class NegativeContext:
@@ -84,13 +85,11 @@ def _negative_context(lm: LoadedModel, settings: RunSettings, prompt_ids: list[i
     return NegativeContext(lm, ids)
 
 
-def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
-            record: RunRecorder, pipeline: tuple[NamedTransform, ...], run: SamplerRun,
-            negative: NegativeContext | None) -> Iterator[Event]:
+def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: tuple[NamedTransform, ...],
+            run: SamplerRun, negative: NegativeContext | None) -> Iterator[Event]:
     sampling = settings.strategy == "sample"
     token_text = TokenTextCache(lm.tokenizer)
-    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
-    chooser = record.context.chooser
+    chooser = loop.context.chooser
 
     def step(index: int, forced: int | None) -> Picked:
         if index > 0 or loop.deferred:  # else the prefill's logits (it read the whole prompt)
