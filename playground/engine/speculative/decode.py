@@ -232,7 +232,7 @@ class SpeculativeRun:
         done.choices = processed.argmax(dim=-1).tolist()
 
     def commit(self, done: RoundRecord, ids: list[int]) -> None:
-        """Keep the accepted path in the caches, say what the round emits, and record its tokens' steps."""
+
         tree, verdict, cache = done.tree, done.verdict, self.loop.cache
         room = self.loop.max_steps - len(self.loop.generated)
         done.path = list(verdict.path) if not done.is_chain else list(range(verdict.accepted))
