@@ -59,7 +59,7 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
         if shared.wrapper:  # e.g. --quant: the strategy runs on the model's quantized copy
             module, _, function = shared.wrapper.partition(":")
             wrap = getattr(importlib.import_module(module), function)
-            return wrap(runner, lm, settings, context)
+            return wrap(runner, lm, settings, dataclasses.replace(context, chooser=None))  # it passes none on
     return call_runner(runner, lm, settings, context)
 
 
