@@ -25,7 +25,6 @@ from bench_speculative import GROUNDED, OPEN_ENDED
 from bench_speculative import ours as run
 
 from playground.config import ModelSettings
-from playground.engine import run_history
 from playground.models.default_model import fetch_default_model
 from playground.models.loading import load_model
 
@@ -82,7 +81,7 @@ def main() -> None:
                 for config in order:
                     options = configs[config]
                     if config.startswith("suffix"):
-                        run_history.forget(lm.model)
+                        lm.history.forget()
                         if "warm" in config:
                             run(lm, prompt, n)  # the same prompt ran before
                     tokens, seconds, figures = run(lm, prompt, n, **options)

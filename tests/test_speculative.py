@@ -1207,7 +1207,7 @@ def test_verify_sampled_draws_only_from_its_generator():
 def test_a_round_that_drafted_a_token_the_target_lacks_records_it_at_probability_zero(tiny_lm):
     """A wider draft head (a larger model of the family pads its head further) may propose one of its extra
     rows: the round records the target's probability of it as 0, and does not fail."""
-    from playground.engine.speculative.decode import _round_event
+    from playground.engine.speculative.decode import RoundRecord
     from playground.engine.speculative.tree import chain
     from playground.engine.speculative.verify import Verdict
     from playground.engine.token_text import TokenTextCache
@@ -1218,7 +1218,8 @@ def test_a_round_that_drafted_a_token_the_target_lacks_records_it_at_probability
     q[0, vocab + 3] = 1.0
     draft = chain([vocab + 3])
     draft.probs = q
-    event = _round_event(0, 0, 1, draft, True, False, Verdict(0, 5, (0.5,)), [], target, tiny_lm,
-                         TokenTextCache(tiny_lm.tokenizer), "correction", 0.0, 0.0, 0, 0)
+    record = RoundRecord(index=0, first_step=0, tree=draft, target_probs=target, verdict=Verdict(0, 5, (0.5,)),
+                         path=[], emitted=[5])  # a correction: the target's token after no accepted draft
+    event = record.event(1, False, TokenTextCache(tiny_lm.tokenizer))
     assert event.drafted[0].target_prob == 0.0 and event.drafted[0].draft_prob == 1.0
     assert event.target_prob == pytest.approx(1.0 / vocab)

@@ -18,7 +18,6 @@ from support.tiny_models import FAMILIES, TINY_WINDOW, build_tiny_lm
 from transformers import DynamicCache
 
 from playground.config import ConfigError, RunSettings
-from playground.engine import run_history
 from playground.engine.speculative import decode as decode_module
 from playground.engine.speculative.drafters import lookup_branches
 from playground.engine.speculative.rollback import keep_past
@@ -30,6 +29,7 @@ from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
 from playground.models.anatomy import anatomy_of
+from playground.models.run_history import RunHistory
 
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88}
 REPEATING = "the cat sat on the mat and the cat sat on the hat and the cat ran to the mat and the cat"
@@ -372,9 +372,9 @@ def test_prompt_lookup_branches_are_the_matches_continuations_latest_first():
 
 
 def test_the_suffix_drafter_matches_the_longest_suffix_and_weights_by_match_length():
-    model = torch.nn.Linear(1, 1)  # any module: the history is kept per model object
-    run_history.remember(model, [7, 1, 2, 3, 4, 5])
-    drafter = SuffixDrafter(model)
+    history = RunHistory()  # a run's history (a loaded model holds its own)
+    history.remember([7, 1, 2, 3, 4, 5])
+    drafter = SuffixDrafter(history.earlier_runs())
     ids = [9, 1, 2, 3, 6, 8, 2, 3]
     found = drafter.matches(ids)
     # (2, 3) occurs in the earlier run (then 4) and in the text (then 6); (1, 2, 3) is no suffix of the text.
@@ -384,11 +384,10 @@ def test_the_suffix_drafter_matches_the_longest_suffix_and_weights_by_match_leng
     assert paths == {(6,), (6, 8), (4,), (4, 5)}
     assert tree.tokens[tree.children(-1)[0]] == 6  # equal weights: the current text's match ranks first
     assert drafter.propose_tree(ids, depth=2, width=1, budget=8).tokens == [6, 8]
-    run_history.forget(model)
 
 
 def test_a_second_suffix_run_drafts_what_the_first_one_wrote(tiny_lm):
-    run_history.forget(tiny_lm.model)
+    tiny_lm.history.forget()
     first = spec(tiny_lm, prompt="Once upon a time", max_new_tokens=20, draft="suffix", tree_width=2)
     second = spec(tiny_lm, prompt="Once upon a time", max_new_tokens=20, draft="suffix", tree_width=2)
     assert list(first[-1].token_ids) == list(second[-1].token_ids)
@@ -607,7 +606,7 @@ def test_budgets_small_trees_and_chain_shaped_rounds(tiny_lm):
     rounds = rounds_of(events)
     assert all(1 <= len(r.drafted) <= 2 for r in rounds[:-1])
     # The suffix drafter's chain (width 1) is as deep as draft tokens, whatever the node budget.
-    run_history.forget(tiny_lm.model)
+    tiny_lm.history.forget()
     spec(tiny_lm, prompt=REPEATING, max_new_tokens=20)
     events = spec(tiny_lm, prompt=REPEATING, max_new_tokens=20, draft="suffix", draft_k=4, tree_nodes=2)
     assert max(len(r.drafted) for r in rounds_of(events)) == 4

@@ -70,4 +70,4 @@ register_strategy(Strategy(
     "cascade", "a cheap model (the quantized copy, the first layers, a small model) answers first; the full model "
     "decides where the cheap one is unsure (per token or per response)", sections=("sampling", "penalties"),
     groups=(CascadeSettings,), step_events=(CascadeStep, CascadeResponse, TokenStep),
-    runner="playground.engine.cascade.decode:run_cascade", order=100))
+    runner="playground.engine.cascade.decode:run_cascade", takes_progress=True, order=100))

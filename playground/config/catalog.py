@@ -27,8 +27,12 @@ class Strategy:
     # The per-step events it yields, the most telling first: views pick runs by these, and the view of the first
     # comes to the front.
     step_events: tuple[type, ...] = ()
-    # "module:function" of its runner, (lm, settings, should_stop) -> events, imported when a run starts.
+    # "module:function" of its runner, (lm, settings, context) -> events, imported when a run starts; the context
+    # (``playground.engine.run_context.RunContext``) carries Stop, and what the entry says the runner takes:
     runner: str = ""
+    takes_progress: bool = False  # it builds something before its generator is returned and reports progress
+    takes_chooser: bool = False  # step mode: the user may pick its tokens
+    records_itself: tuple[str, ...] = ()  # the loop's observers it does the work of itself ("lens": early exit)
     order: int = AFTER_BUILT_INS  # its place in the strategy menu, --strategy's choices and --help
 
 
@@ -42,7 +46,7 @@ class SharedGroup:
     reason: str  # why a strategy does not: "does not record them"
     takers: tuple[str, ...] | None = None  # the strategies that take it; None: every one not in ``excluding``
     excluding: tuple[str, ...] = ()
-    # "module:function" (runner, lm, settings, should_stop, progress) -> events: what runs the strategy when the
+    # "module:function" (runner, lm, settings, context) -> events: what runs the strategy when the
     # group is active (``SettingsGroup.active``); "" when each strategy records it itself.
     wrapper: str = ""
     order: int = AFTER_BUILT_INS  # its turn among the shared groups (which refusal comes first, summaries' order)

@@ -89,4 +89,5 @@ def dola_layers_valid(text: str) -> bool:
 register_strategy(Strategy(
     "contrastive", "the expert's plausible tokens, ranked by log p_expert − log p_amateur (an early layer, a "
     "quantized copy or a smaller model)", sections=("sampling", "penalties"), groups=(ContrastiveSettings,),
-    step_events=(ContrastStep, TokenStep), runner="playground.engine.contrastive.decode:run_contrastive", order=90))
+    step_events=(ContrastStep, TokenStep), runner="playground.engine.contrastive.decode:run_contrastive",
+    takes_progress=True, order=90))

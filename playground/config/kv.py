@@ -140,4 +140,4 @@ class KVSettings(SettingsGroup):
 register_strategy(Strategy(
     "kv-cache", "greedy decoding that measures its KV cache every step: contiguous, paged, quantized or none",
     sections=("sampling", "penalties"), groups=(KVSettings,), step_events=(KVStep, TokenStep),
-    runner="playground.engine.kv.decode:run_kv_cache", order=70))
+    runner="playground.engine.kv.decode:run_kv_cache", records_itself=("kv",), order=70))

@@ -123,11 +123,11 @@ class LayerSettings(SettingsGroup):
 register_strategy(Strategy(
     "early-exit", "each token leaves the layer stack at the first layer whose logit lens is confident enough",
     sections=("penalties",), groups=(LayerSettings,), step_events=(LayerStep, TokenStep),
-    runner="playground.engine.layers.decode:run_early_exit", order=50))
+    runner="playground.engine.layers.decode:run_early_exit", records_itself=("lens",), order=50))
 register_strategy(Strategy(
     "layer-skip", "each token passes some layers by: a fixed set, or after a layer that barely changed it",
     sections=("penalties",), groups=(LayerSettings,), step_events=(LayerStep, TokenStep),
-    runner="playground.engine.layers.decode:run_layer_skip", order=60))
+    runner="playground.engine.layers.decode:run_layer_skip", records_itself=("lens",), order=60))
 # The lens applies across strategies: each of these records it itself.
 register_shared_group(SharedGroup(
     LensSettings, "--lens records each generated token's layers", "does not record them",

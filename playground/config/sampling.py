@@ -8,8 +8,9 @@ from playground.events import TokenStep
 
 register_strategy(Strategy(
     "greedy", "always the most likely token (after the penalties)",
-    sections=("penalties",), step_events=(TokenStep,), runner="playground.engine.sampling:run_sampling", order=10))
+    sections=("penalties",), step_events=(TokenStep,), runner="playground.engine.sampling:run_sampling",
+    takes_chooser=True, order=10))
 register_strategy(Strategy(
     "sample", "draw from the processed distribution (temperature, top-k, top-p, min-p)",
     sections=("sampling", "penalties"), step_events=(TokenStep,), runner="playground.engine.sampling:run_sampling",
-    order=20))
+    takes_chooser=True, order=20))

@@ -72,4 +72,4 @@ class SpeculativeSettings(SettingsGroup):
 register_strategy(Strategy(
     "speculative", "a drafter proposes k tokens, the target verifies them in one pass and keeps what it agrees with",
     sections=("sampling", "penalties"), groups=(SpeculativeSettings,), step_events=(SpeculativeRound, TokenStep),
-    runner="playground.engine.speculative.decode:run_speculative", order=40))
+    runner="playground.engine.speculative.decode:run_speculative", takes_progress=True, order=40))

@@ -17,31 +17,30 @@ The algorithm is transformers' own ``_beam_search`` (generation/utils.py, 5.x) f
    ``length_penalty > 0``).
 
 The prompt is prefilled once (batch 1); the first step's selection reorders the cache from 1 row to
-``num_beams`` rows, which is the same as transformers' prefill of ``num_beams`` identical rows.
+``num_beams`` rows, which is the same as transformers' prefill of ``num_beams`` identical rows. The search is one
+step supplied to the decode loop (``Search.step``: rows = beams), so Stop, timing, the budget and the observers
+(the lens of the best beam's row, the cache's measurements) are the loop's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from playground.config import BeamSettings, ConfigError, KVSettings, LayerSettings, LensSettings, RunSettings
-from playground.engine.kv.decode import kv_started, kv_step, new_cache
+from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
+from playground.engine.decode import DecodeLoop, Picked
+from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
-from playground.engine.layers.lens import LayerOutputs, LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_context import RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.token_text import TokenTextCache
 from playground.events import BeamCandidate, BeamSequence, BeamStep, Event, StopReason
 from playground.models.loaded import LoadedModel
-
-StopCheck = Callable[[], bool]
 
 MASKED = -1.0e9  # transformers' "never pick this" score
 
@@ -232,13 +231,14 @@ def to_sequences(hyps: Hypotheses, count: int, prompt_len: int, forced: list[int
     return tuple(result)
 
 
-def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+                    ) -> Iterator[Event]:
     """Beam search as a generator of events: RunStarted, PrefillDone, BeamStep..., RunFinished.
 
-    ``should_stop`` is polled before each step; a stopped run still reports its best hypotheses so far (finished
-    ones, and running beams scored as if they ended there). Forced tokens (branching) are a fixed prefix that
-    every beam starts from: they go through the prefill with the prompt, count towards ``max_new_tokens``, start
-    every returned sequence, and are not part of the scores. Settings and prompt are checked before the
+    Stop (the context's) is polled before each step; a stopped run still reports its best hypotheses so far
+    (finished ones, and running beams scored as if they ended there). Forced tokens (branching) are a fixed prefix
+    that every beam starts from: they go through the prefill with the prompt, count towards ``max_new_tokens``,
+    start every returned sequence, and are not part of the scores. Settings and prompt are checked before the
     generator is returned (``ConfigError``).
     """
     settings.validate()
@@ -254,126 +254,110 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     kv = settings.group(KVSettings)
     if kv.no_cache:
         raise ConfigError("beam search keeps a cache for every beam: --no-cache is for the kv-cache strategy")
-    lens = settings.group(LensSettings)
-    recorders = BeamRecorders(
-        lens=LensRecorder(lm.model, lens, TokenTextCache(lm.tokenizer)) if lens.lens else None,
-        kv=kv if kv.paged or kv.kv_dtype != "model" else None)
-    record = RunRecorder(lm, settings, should_stop, groups=(BeamSettings,))
+    record = RunRecorder(lm, settings, RunContext.of(should_stop), groups=(BeamSettings,))
     # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
-    return _beam_search(lm, settings, settings.group(BeamSettings), prompt_ids, prompt_text, record, recorders,
-                        pipeline)
+    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
+    return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline), kv)
 
 
-@dataclass
-class BeamRecorders:
-    """What a beam run records besides its beams: the lens of the best beam's step (``--lens``), and its cache
-    (``--paged``, ``--kv-dtype``: beams share the prompt's blocks and copy a block on write)."""
+class Search:
+    """The search's state between steps, and its step for the decode loop (rows = the running beams)."""
 
-    lens: LensRecorder | None
-    kv: KVSettings | None
+    def __init__(self, lm: LoadedModel, loop: DecodeLoop, beam: BeamSettings,
+                 pipeline: tuple[NamedTransform, ...]) -> None:
+        self.lm, self.loop, self.beam, self.pipeline = lm, loop, beam, pipeline
+        self.forced = list(loop.forced)
+        prompt_len = len(loop.prompt_ids) + len(self.forced)  # the search starts after the forced prefix
+        self.shape = SearchShape(
+            num_beams=beam.num_beams,
+            keep=max(2, 1 + len(lm.eos_token_ids)) * beam.num_beams,
+            prompt_len=prompt_len,
+            max_length=len(loop.prompt_ids) + loop.max_steps,  # min(prompt + max_new_tokens, the context)
+            length_penalty=beam.length_penalty,
+            early_stopping=parse_early_stopping(beam.early_stopping),
+        )
+        self.text = TokenTextCache(lm.tokenizer)
+        self.eos = torch.tensor(lm.eos_token_ids, dtype=torch.long, device=lm.device)
+        self.prompt = torch.tensor([loop.prompt_ids + self.forced], dtype=torch.long, device=lm.device)
+        self.running, self.finished = initial_state(self.prompt[0], self.shape, _pad_id(lm))
+        self.cur_len, self.improvable = prompt_len, True
 
+    def step(self, _index: int, _forced: int | None) -> Picked:
+        shape, loop, running, cur_len = self.shape, self.loop, self.running, self.cur_len
+        cache = loop.cache
+        logits = loop.logits  # the prefill's, for a first step that reads nothing
+        if cur_len > shape.prompt_len or loop.deferred:
+            fed = running.sequences[:, cur_len - 1 : cur_len] if cur_len > shape.prompt_len else self.prompt[:, -1:]
+            with loop.watching():
+                logits = self.lm.model(input_ids=fed, cache=cache, use_cache=True).logits[:, -1, :]  # [rows, vocab]
+        assert logits is not None  # the prefill's, or this step's
+        log_probs = process_log_probs(logits, running.sequences[:, :cur_len], self.pipeline)  # [rows, vocab]
+        exp = expand_beams(log_probs, running, cur_len, shape, self.eos)
+        sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
+        self.finished, entered = merge_finished(self.finished, exp, sequences, cur_len, shape, self.improvable)
+        can_continue = not bool(exp.hits_stop.all())
+        survivors = choose_running(exp, shape.num_beams) if can_continue else exp.parents[:0]
+        if can_continue:
+            self.running = running = Hypotheses(
+                sequences[survivors], exp.scores[survivors], exp.scores[survivors],
+                torch.full_like(survivors, cur_len + 1 - shape.prompt_len),
+                torch.zeros_like(survivors, dtype=torch.bool))
+            cache.reorder_cache(exp.parents[survivors])
+        self.cur_len = cur_len = cur_len + 1
+        self.improvable = self.improvable and can_continue and still_improvable(running, self.finished, cur_len, shape)
+        all_done = bool(self.finished.done.all()) and shape.early_stopping is True
+        best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0])
 
-def _beam_search(lm: LoadedModel, settings: RunSettings, beam: BeamSettings, prompt_ids: list[int],
-                 prompt_text: str, record: RunRecorder, recorders: BeamRecorders,
-                 pipeline: tuple[NamedTransform, ...]) -> Iterator[Event]:
-    model, tokenizer = lm.model, lm.tokenizer
-    forced = list(settings.forced_token_ids)
-    prompt_len = len(prompt_ids) + len(forced)  # the search starts after the forced prefix
-    wanted_length = len(prompt_ids) + settings.max_new_tokens
-    shape = SearchShape(
-        num_beams=beam.num_beams,
-        keep=max(2, 1 + len(lm.eos_token_ids)) * beam.num_beams,
-        prompt_len=prompt_len,
-        max_length=min(wanted_length, lm.context_length),
-        length_penalty=beam.length_penalty,
-        early_stopping=parse_early_stopping(beam.early_stopping),
-    )
-    yield record.started(prompt_ids, prompt_text)
-    lens = recorders.lens
-    if lens is not None:
-        yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
-    kv_start = kv_started(lm, recorders.kv, shape.max_length) if recorders.kv is not None else None
-    if kv_start is not None:
-        kv_start = dataclasses.replace(kv_start, sequences=beam.num_beams)
-        yield kv_start
-    text = TokenTextCache(tokenizer)
-    device = lm.device
-    eos = torch.tensor(lm.eos_token_ids, dtype=torch.long, device=device)
-    pad = _pad_id(lm)
-    with torch.inference_mode():
-        prompt = torch.tensor([prompt_ids + forced], dtype=torch.long, device=device)  # [1, prompt_len]
-        # With the lens, the first step reads the prompt's last token itself (its layers are recorded).
-        prefilled = yield from record.prefill(prompt, defer=1 if lens is not None else 0,
-                                              cache=new_cache(lm, recorders.kv) if recorders.kv else None)
-        running, finished = initial_state(prompt[0], shape, pad)
-        cur_len, improvable, stopped = prompt_len, True, prefilled is None
-        if prefilled is not None:
-            logits, cache = prefilled  # logits: [1, vocab]
-        while not stopped:
-            if record.should_stop():
-                stopped = True
-                break
-            record.step_started()
-            fed = running.sequences[:, cur_len - 1 : cur_len] if cur_len > prompt_len else prompt[:, -1:]
-            captured: Any = LayerOutputs(lens.stack, batch=True) if lens is not None else nullcontext()
-            if cur_len > prompt_len or lens is not None:  # else the first step uses the prefill's logits
-                with captured:
-                    logits = model(input_ids=fed, cache=cache, use_cache=True).logits[:, -1, :]  # [rows, vocab]
-            assert logits is not None  # the prefill's, or this step's
-            log_probs = process_log_probs(logits, running.sequences[:, :cur_len], pipeline)  # [rows, vocab]
-            exp = expand_beams(log_probs, running, cur_len, shape, eos)
-            sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
-            finished, entered = merge_finished(finished, exp, sequences, cur_len, shape, improvable)
-            can_continue = not bool(exp.hits_stop.all())
-            survivors = choose_running(exp, shape.num_beams) if can_continue else exp.parents[:0]
-            if can_continue:
-                running = Hypotheses(sequences[survivors], exp.scores[survivors], exp.scores[survivors],
-                                     torch.full_like(survivors, cur_len + 1 - prompt_len),
-                                     torch.zeros_like(survivors, dtype=torch.bool))
-                cache.reorder_cache(exp.parents[survivors])
-            cur_len += 1
-            improvable = improvable and can_continue and still_improvable(running, finished, cur_len, shape)
-            all_done = bool(finished.done.all()) and shape.early_stopping is True
-            best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0])
-            layer_step = captured.step_event(best_row, cur_len - 1 - prompt_len, lens.top, lens.token_text,
-                                             logits[best_row]) if lens is not None else None
-            step_ms = record.step_ended()
-            if layer_step is not None:  # the lens of the row the best beam grew from
-                yield layer_step
-            if kv_start is not None:
-                yield kv_step(lm, cache, cur_len - 1 - prompt_len, cur_len - 1, kv_start)
-            normalised = (exp.scores / ((cur_len - prompt_len) ** shape.length_penalty)).tolist()
-            yield BeamStep(
-                step=cur_len - 1 - prompt_len,
+        def events(_texts: list[str], step_ms: float) -> list[Event]:
+            normalised = (exp.scores / ((cur_len - shape.prompt_len) ** shape.length_penalty)).tolist()
+            return [BeamStep(
+                step=cur_len - 1 - shape.prompt_len,
                 parents=tuple(exp.parents[survivors].tolist()),
                 token_ids=tuple(exp.tokens[survivors].tolist()),
                 scores=tuple(exp.scores[survivors].tolist()),
-                candidates=step_candidates(exp, survivors, entered, normalised, text),
+                candidates=step_candidates(exp, survivors, entered, normalised, self.text),
                 step_ms=step_ms,
                 kv_cache_bytes=kv_cache_bytes(cache),
-            )
-            if not (improvable and not all_done and can_continue):
-                break
+            )]
 
-    best = best_so_far(running, finished, cur_len, shape) if stopped else finished
-    # Stopped before the first step (during the prefill): nothing to return, and no made-up score.
-    sequences_out = to_sequences(best, beam.num_return_sequences, prompt_len, forced, tokenizer) \
-        if cur_len > prompt_len else ()
-    top = sequences_out[0] if sequences_out else None
-    yield record.finished(
-        top.token_ids if top else (), top.text if top else "",
-        _stop_reason(top, lm.eos_token_ids, stopped, shape.max_length < wanted_length),
-        steps=cur_len - prompt_len, sequences=sequences_out,
-    )
+        # The lens (an observer) records the row the best beam grew from.
+        return Picked([], events, logits=logits[best_row : best_row + 1], seen=((best_row, -1),), rows=True,
+                      ended=not (self.improvable and not all_done and can_continue))
+
+    def best(self, stopped: bool) -> tuple[BeamSequence, ...]:
+        """The sequences to return; stopped before the first step (during the prefill): none, no made-up score."""
+        if self.cur_len == self.shape.prompt_len:
+            return ()
+        hyps = best_so_far(self.running, self.finished, self.cur_len, self.shape) if stopped else self.finished
+        return to_sequences(hyps, self.beam.num_return_sequences, self.shape.prompt_len, self.forced,
+                            self.lm.tokenizer)
 
 
-def _stop_reason(best: BeamSequence | None, eos_ids: tuple[int, ...], stopped: bool, capped: bool) -> StopReason:
+def _beam_search(lm: LoadedModel, loop: DecodeLoop, search: Search, kv: KVSettings) -> Iterator[Event]:
+    loop.rows = search.beam.num_beams  # the cache holds one sequence per beam (the KV measurements count them)
+    loop.taken = len(search.forced)  # the forced prefix is read with the prompt and counts towards the budget
+    yield loop.started()
+    with torch.inference_mode():
+        # The cache the settings ask for (--paged, --kv-dtype: beams share the prompt's blocks, copy on write).
+        cache = new_cache(lm, kv) if kv.paged or kv.kv_dtype != "model" else None
+        if (yield from loop.prefill(cache=cache, ids=search.prompt)):
+            yield from loop.steps(search.step)
+    stopped = loop.stop_reason == "stopped"
+    sequences = search.best(stopped)
+    top = sequences[0] if sequences else None
+    loop.generated = list(top.token_ids) if top else []
+    loop.stop_reason = _stop_reason(top, lm.eos_token_ids, stopped, loop.budget_reason)
+    yield loop.finished(steps=search.cur_len - search.shape.prompt_len, sequences=sequences)
+
+
+def _stop_reason(best: BeamSequence | None, eos_ids: tuple[int, ...], stopped: bool, budget: StopReason
+                 ) -> StopReason:
     if stopped:
         return "stopped"
     if best is not None and best.token_ids and best.token_ids[-1] in eos_ids:
         return "eos"
-    return "context_full" if capped else "max_new_tokens"
+    return budget  # "max_new_tokens", or "context_full" when the context ends first
 
 
 def _pad_id(lm: LoadedModel) -> int:

@@ -3,15 +3,18 @@ its own step.
 
 ``DecodeLoop`` owns the start event, the chunked prefill (progress and Stop between chunks), the step budget
 (``max_new_tokens`` or the context, whichever ends first), Stop before each step, forced tokens, step timing,
-incremental token text, EOS and stop strings, and the final event. A strategy supplies one step: given the step
-index and the forced token (if any), it runs its model(s), picks one or more tokens and says which events they
-make. The token ids live in one preallocated buffer (no ``torch.cat`` of the whole sequence per token).
+incremental token text, EOS and stop strings, the run's observers (``playground.engine.observers``: the lens, the
+KV cache's measurements, the run history) and the final event. A strategy supplies one step: given the step index
+and the forced token (if any), it runs its model(s), picks one or more tokens and says which events they make; a
+step over several rows (beam search: rows = beams) picks no token of the sequence and says when the search ended.
+The token ids live in one preallocated buffer (no ``torch.cat`` of the whole sequence per token).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +22,8 @@ import torch
 
 from playground.config import RunSettings
 from playground.config.stop_strings import StopStringWatch, end_reason
+from playground.engine.observe import Observer, observers_for, overrides
 from playground.engine.run_events import RunRecorder
-from playground.engine.run_history import remember
 from playground.engine.token_text import IncrementalDecoder
 from playground.events import Event, RunFinished, StopReason
 from playground.models.loaded import LoadedModel
@@ -38,6 +41,15 @@ class Picked:
     tokens: list[int]
     events: EventsOf
     stopped: bool = False  # Stop came inside the step (e.g. between a long catch-up's chunks): nothing to keep
+    # For the observers that read the step's model pass (the lens): the model's own logits [tokens, vocab] where
+    # each token was predicted, and its (batch row, position) in the pass the step ran inside ``loop.watching()``.
+    logits: torch.Tensor | None = None
+    seen: Sequence[tuple[int, int]] = ((0, -1),)
+    # A step over rows (beam search): it adds no token to the sequence, counts one step of the budget, and
+    # ``ended`` says the search is over.
+    rows: bool = False
+    ended: bool = False
+    first: int = 0  # the step number of its first token (set by the loop)
 
 
 @dataclass
@@ -87,6 +99,14 @@ class DecodeLoop:
     cut_short: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        self.context = self.record.context
+        self.observers: list[Observer] = observers_for(self.lm, self.settings, self.context)
+        self._watchers = [o for o in self.observers if overrides(o, "watch")]
+        self._after = [o for o in self.observers if overrides(o, "after_step")]
+        self._step_events = [o for o in self.observers if overrides(o, "step_events")]
+        self._opened = False
+        self.taken = 0  # steps of the budget taken: tokens, or a search's steps (its forced prefix first)
+        self.rows = 1  # sequences the cache holds (a beam search's beams)
         room = self.lm.context_length - len(self.prompt_ids)
         self.max_steps = min(self.settings.max_new_tokens, room)
         self.budget_reason: StopReason = "max_new_tokens" if self.max_steps == self.settings.max_new_tokens \
@@ -99,14 +119,43 @@ class DecodeLoop:
         self.forced = tuple(self.settings.forced_token_ids)
         self.cache: Any = None
         self.logits: torch.Tensor | None = None  # the prefill's last logits [1, vocab] float32, if it read any
+        self.deferred = 0  # prompt tokens the prefill left to the first step
+
+    @property
+    def defer(self) -> int:
+        """Prompt tokens an observer wants the first step to read (the lens records that step's layers)."""
+        return max((o.defer for o in self.observers), default=0)
 
     def started(self) -> Event:
         return self.record.started(self.prompt_ids, self.prompt_text)
 
-    def prefill(self, defer: int = 0, cache: Any = None) -> Generator[Event, None, bool]:
-        """Read the prompt but its last ``defer`` tokens (the first step reads those); False when Stop came
+    def opening(self) -> Iterator[Event]:
+        """The observers' start events (once; the prefill yields them if the strategy did not)."""
+        if not self._opened:
+            self._opened = True
+            for observer in self.observers:
+                yield from observer.started(self)
+
+    def watching(self) -> AbstractContextManager[Any]:
+        """Around a step's model pass: what the observers watch of it (the lens's layer hooks)."""
+        if not self._watchers:
+            return _NOTHING
+        scope = ExitStack()
+        for observer in self._watchers:
+            watch = observer.watch(self)
+            if watch is not None:
+                scope.enter_context(watch)
+        return scope
+
+    def prefill(self, defer: int = 0, cache: Any = None, ids: torch.Tensor | None = None
+                ) -> Generator[Event, None, bool]:
+        """Read the prompt (``ids``: the tokens the strategy reads first, the prompt's by default) but its last
+        ``defer`` tokens (at least those an observer asks for: the first step reads them); False when Stop came
         between chunks (the run then ends "stopped" with no step)."""
-        prefilled = yield from self.record.prefill(self.ids.view, defer=defer, cache=cache)
+        yield from self.opening()
+        defer = max(defer, self.defer)
+        self.deferred = defer
+        prefilled = yield from self.record.prefill(self.ids.view if ids is None else ids, defer=defer, cache=cache)
         if prefilled is None:
             self.stop_reason = "stopped"
             return False
@@ -118,41 +167,75 @@ class DecodeLoop:
         return self.forced[step] if step < len(self.forced) else None
 
     def steps(self, step: Callable[[int, int | None], Picked], *, start: int = 0) -> Iterator[Any]:
-        """Run ``step(index, forced token or None)`` until the budget, Stop, EOS or a stop string ends the run."""
+        """Run ``step(index, forced token or None)`` until the budget, Stop, EOS or a stop string ends the run (a
+        rows step: until it says the search ``ended``)."""
         if self.stop_reason == "stopped":
             return
         index = start
-        while len(self.generated) < self.max_steps:
+        after, step_events = self._after, self._step_events
+        while self.taken < self.max_steps:
             if self.record.should_stop():
                 self.stop_reason = "stopped"
                 return
             self.record.step_started()
-            picked = step(index, self.forced_at(len(self.generated)))
+            picked = step(index, self.forced_at(self.taken))
+            picked.first = index if picked.rows else len(self.generated)
+            if after and not picked.stopped:
+                for observer in after:  # inside the step's time, as its own recording
+                    observer.after_step(self, picked)
             step_ms = self.record.step_ended()
             if picked.stopped:
                 self.stop_reason = "stopped"
                 return
             texts: list[str] = []
-            ended = None
-            for token in picked.tokens[: self.max_steps - len(self.generated)]:
+            ended: StopReason | None = None
+            if picked.rows:  # a search over rows says when it is over; it names its own reason after the loop
+                self.taken += 1
+                ended = self.budget_reason if picked.ended else None
+            for token in picked.tokens[: self.max_steps - self.taken]:
                 self.ids.append(token)
                 text = self.decoder.push(token)
                 texts.append(text)
                 self.generated.append(token)
+                self.taken += 1
                 ended = end_reason(token, text, self.eos_ids, self.stop_watch)
                 if ended is not None:
                     break
-            yield from picked.events(texts, step_ms)
+            events = picked.events(texts, step_ms)
+            if step_events:
+                events = self._with_observed(events, picked, 1 if picked.rows else len(texts))
+            yield from events
             index += 1
             if ended is not None:
                 self.stop_reason = ended
                 return
 
-    def finished(self, figures: dict[str, float] | None = None, **extra: Any) -> RunFinished:
+    def _with_observed(self, events: Sequence[Any], picked: Picked, units: int) -> list[Any]:
+        """The step's events with the observers' before each of its last ``units`` (its kept tokens' own)."""
+        units = min(units, len(events))
+        before: list[list[Any]] = [[] for _ in range(units)]
+        for observer in self._step_events:
+            for j, extra in enumerate((observer.step_events(self, picked, units) or ())[:units]):
+                before[j].extend(extra)
+        head = len(events) - units
+        out = list(events[:head])
+        for j in range(units):
+            out.extend(before[j])
+            out.append(events[head + j])
+        return out
+
+    def finished(self, figures: dict[str, float] | None = None, steps: int | None = None, **extra: Any
+                 ) -> RunFinished:
+        """The final event; ``steps``: decode steps for the speed figure (default: the tokens generated)."""
         text = self.lm.tokenizer.decode(self.generated, skip_special_tokens=True)
-        remember(self.lm.model, self.prompt_ids + self.generated)  # the suffix drafter learns from earlier runs
-        done = self.record.finished(self.generated, text, self.stop_reason, steps=len(self.generated), **extra)
+        for observer in self.observers:
+            observer.finished(self)  # e.g. the history: the suffix drafter learns from earlier runs
+        done = self.record.finished(self.generated, text, self.stop_reason,
+                                    steps=len(self.generated) if steps is None else steps, **extra)
         changes: dict[str, Any] = {"cut_short": self.cut_short}
         if figures is not None:
             changes["figures"] = figures
         return dataclasses.replace(done, **changes)
+
+
+_NOTHING = nullcontext()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -15,24 +15,20 @@ from transformers import DynamicCache
 from playground.config import RunSettings, SettingsGroup
 from playground.engine.forward import prefill_in_chunks, sync_device
 from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.run_context import RunContext, StopCheck
 from playground.events import BeamSequence, Event, PrefillDone, PrefillProgress, RunFinished, RunStarted, StopReason
 from playground.models.loaded import LoadedModel
-
-StopCheck = Callable[[], bool]
-
-
-def never_stop() -> bool:
-    return False
 
 
 class RunRecorder:
     """Builds a run's shared events and keeps its clock (prefill and decode time, measured after a device sync)."""
 
-    def __init__(self, lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+    def __init__(self, lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None,
                  groups: tuple[type[SettingsGroup], ...] = ()) -> None:
         self.lm = lm
         self.settings = settings
-        self.should_stop = should_stop or never_stop
+        self.context = RunContext.of(context)  # the run's one context (a plain stop check is wrapped in one)
+        self.should_stop = self.context.should_stop
         self.groups = groups  # capability settings written into the start event even at their defaults
         self.prompt_tokens = 0
         self.prefill_ms = 0.0

@@ -6,28 +6,24 @@ on, a second context (the negative prompt, then every generated token) runs besi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 
-from playground.config import ConfigError, LayerSettings, LensSettings, RunSettings
+from playground.config import ConfigError, RunSettings
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import prefill
 from playground.engine.kv_cache import kv_cache_bytes
-from playground.engine.layers.lens import LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, SamplerRun, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_context import Chooser, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import TokenTextCache
-from playground.events import Event, TokenStep
+from playground.events import Event
 from playground.models.loaded import LoadedModel
-
-# Step mode ("you are the sampler"): called before each step's token is committed with the step as it would be
-# recorded with the strategy's own choice (its candidates, ``token_id`` the sampler's pick); returns the token to
-# take (a different one is recorded as forced) or None to end the run "stopped".
-Chooser = Callable[[TokenStep], "int | None"]
 
 
 def sample_next_token(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -35,31 +31,31 @@ def sample_next_token(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, num_samples=1, generator=generator).item())
 
 
-def make_generator(device: torch.device, seed: int) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
+make_generator = RunContext.generator
 
 
-def run_sampling(
-    lm: LoadedModel, settings: RunSettings, should_stop: Callable[[], bool] | None = None,
-    chooser: Chooser | None = None,
-) -> Iterator[Event]:
-    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events; ``chooser``: the
-    user picks each token (step mode).
+def run_sampling(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
+                 chooser: Chooser | None = None) -> Iterator[Event]:
+    """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events; the context's
+    ``chooser`` (or ``chooser``): the user picks each token (step mode).
 
     Settings are checked before the first event (``ConfigError``); the events come from the returned generator.
     """
+    context = RunContext.of(should_stop)  # the run's context, or one around a plain stop check
+    if chooser is not None:
+        context = dataclasses.replace(context, chooser=chooser)
     settings.validate()
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids), settings)
-    lens = _lens_recorder(lm, settings)
     sampling = settings.strategy == "sample"
-    run = SamplerRun.of(settings, make_generator(lm.device, settings.seed), sampling=sampling)
+    run = SamplerRun.of(settings, context.generator(lm.device, settings.seed), sampling=sampling)
     # Built here, so a setting the vocabulary refuses (a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=sampling, tokenizer=lm.tokenizer,
                               vocab_size=lm.model.config.vocab_size, run=run)
     negative = _negative_context(lm, settings, prompt_ids) if any(t.name == "guidance" for t in pipeline) else None
-    return _decode(lm, settings, prompt_ids, prompt_text, RunRecorder(lm, settings, should_stop), lens,
-                   pipeline, run, negative, chooser)
+    # The loop (and its observers: the lens refuses a tuned kind never trained) is made before the first event.
+    loop = DecodeLoop(lm, settings, RunRecorder(lm, settings, context), prompt_ids, prompt_text)
+    return _decode(lm, settings, loop, pipeline, run, negative)
 
 
 class NegativeContext:
@@ -90,20 +86,18 @@ def _negative_context(lm: LoadedModel, settings: RunSettings, prompt_ids: list[i
     return NegativeContext(lm, ids)
 
 
-def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], prompt_text: str,
-            record: RunRecorder, lens: LensRecorder | None, pipeline: tuple[NamedTransform, ...], run: SamplerRun,
-            negative: NegativeContext | None, chooser: Chooser | None = None) -> Iterator[Event]:
+def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: tuple[NamedTransform, ...],
+            run: SamplerRun, negative: NegativeContext | None) -> Iterator[Event]:
     sampling = settings.strategy == "sample"
     token_text = TokenTextCache(lm.tokenizer)
-    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
+    chooser = loop.context.chooser
 
     def step(index: int, forced: int | None) -> Picked:
-        if lens is not None:
-            logits = lens.forward(loop.ids.last, loop.cache).float()
-        elif index > 0:
-            logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[:, -1, :].float()
+        if index > 0 or loop.deferred:  # else the prefill's logits (it read the whole prompt)
+            with loop.watching():
+                logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[:, -1, :].float()
         else:
-            logits = cast(torch.Tensor, loop.logits)  # the prefill's
+            logits = loop.logits
         if negative is not None:
             run.negative_logits = negative.next_logits(loop.ids.last)
         ask = None
@@ -114,30 +108,19 @@ def _decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], promp
         analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, run, forced, ask)
         if analysis is None:  # the user ended the run instead of choosing
             return Picked([], lambda texts, ms: [], stopped=True)
-        layer_step = lens.step_event(index) if lens is not None else None
         chose_other = analysis.extra.get("chosen_by_user", False)
 
         def events(texts: list[str], step_ms: float) -> list[Event]:
-            token = analysis.to_event(step=index, text=texts[0], forced=forced is not None or chose_other,
-                                      step_ms=step_ms,
-                                      kv_bytes=kv_cache_bytes(loop.cache), token_text=token_text)
-            return [layer_step, token] if layer_step is not None else [token]
+            return [analysis.to_event(step=index, text=texts[0], forced=forced is not None or chose_other,
+                                      step_ms=step_ms, kv_bytes=kv_cache_bytes(loop.cache), token_text=token_text)]
 
-        return Picked([analysis.token_id], events)
+        return Picked([analysis.token_id], events, logits=logits)
 
     yield loop.started()
-    if lens is not None:
-        yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
     with torch.inference_mode():
-        # With the lens the first step reads the prompt's last token itself, so every step's layers are recorded.
-        if (yield from loop.prefill(defer=1 if lens is not None else 0)):
+        if (yield from loop.prefill()):
             yield from loop.steps(step)
     yield loop.finished()
-
-
-def _lens_recorder(lm: LoadedModel, settings: RunSettings) -> LensRecorder | None:
-    lens = settings.group(LensSettings)
-    return LensRecorder(lm.model, lens, TokenTextCache(lm.tokenizer)) if lens.lens else None
 
 
 def _choose(

@@ -26,7 +26,6 @@ import copy
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -35,12 +34,10 @@ from torch import nn
 
 from playground.config import ConfigError, ModelSettings, QuantSettings
 from playground.config.quant import QUICK_COPIES
+from playground.engine.run_context import Progress, StopCheck
 from playground.errors import UserError
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
-
-Progress = Callable[[str, float], None]
-StopCheck = Callable[[], bool]
 
 QUANTIZED_COPIES = 2  # quantized copies kept in all (each is about a model's size)
 HEAD = "rtn-int4-head"  # the quick recipe that quantizes the LM head too (a quarter of a step's multiply-adds)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from playground.models.run_history import RunHistory
 
 
 @dataclass
@@ -19,6 +21,9 @@ class LoadedModel:
     # The name of the model these weights were made from, when they are a derived copy ("<model> · int4" keeps
     # "<model>"): a run of the copy can branch on the model itself. "" for a model as loaded.
     base_name: str = ""
+    # This session's earlier runs on this model object (the suffix drafter's corpus): a copy made from it starts
+    # its own (not an init field, so ``dataclasses.replace`` does not share it).
+    history: RunHistory = field(default_factory=RunHistory, init=False, repr=False, compare=False)
 
     @property
     def own_name(self) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -93,10 +93,10 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.views, self.docks = window_layout.view_docks(self)
         for view in self.views.values():
             view.branch_requested.connect(self.branch)
-            if hasattr(view, "ask_choice"):  # a view that lets the user pick a waiting step's token
-                chooser: Any = view  # with that view's signals too
-                chooser.choice_made.connect(self._answer_choice)
-                chooser.run_on_requested.connect(self._run_on)
+            if view.picks_tokens:  # a view that lets the user pick a waiting step's token
+                picker = cast(Any, view)  # it has the signals the flag promises (views.base.View.picks_tokens)
+                picker.choice_made.connect(self._answer_choice)
+                picker.run_on_requested.connect(self._run_on)
         self.run_views = RunViews(self.views, self.docks, self.status)
         self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
         self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)
@@ -217,8 +217,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         if self.step_chooser is None or self.sender() is not self.step_chooser:
             return  # a run that has ended since
         for view in self.shown_views():
-            if hasattr(view, "ask_choice"):
-                view.ask_choice(step)
+            if view.picks_tokens:
+                cast(Any, view).ask_choice(step)
                 self.status.showMessage(f"Step {step.step}: your pick (Enter), the sampler's (Space) or Esc")
                 return
 

@@ -113,11 +113,10 @@ class LocalModel(ModelSource):
         return train_for_model(self.lm.model, self.lm.tokenizer, should_stop, progress)
 
     def takes_chooser(self, settings: RunSettings) -> bool:
-        from playground.config.catalog import SHARED
-        from playground.engine.strategies import takes_chooser
+        from playground.config.catalog import SHARED, get_strategy
 
         wrapped = any(s.wrapper and settings.group(s.group).active() for s in SHARED)  # --quant passes none on
-        return not wrapped and takes_chooser(settings.strategy)
+        return not wrapped and get_strategy(settings.strategy).takes_chooser  # the catalog entry says
 
     def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
         if is_remote_run(run):  # a server's run: only that server can continue it (its message says so)

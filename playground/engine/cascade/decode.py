@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -33,21 +33,20 @@ from playground.engine.forward import sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
-from playground.engine.run_events import RunRecorder, never_stop
+from playground.engine.run_context import Progress, RunContext, StopCheck, never_stop
+from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import TokenTextCache
-from playground.engine.variants import BuildStopped, Progress
+from playground.engine.variants import BuildStopped
 from playground.events import Event, StopReason, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.figures import agreement_figures
 from playground.models.anatomy import layer_count
 from playground.models.loaded import LoadedModel
 
-StopCheck = Callable[[], bool]
 
-
-def run_cascade(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+def run_cascade(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
                 progress: Progress | None = None) -> Iterator[Event]:
     """Cascade inference as a generator of events. Settings, prompt and the cheap model are checked (and the cheap
     model built, reporting ``progress``, or loaded) before the generator is returned (``ConfigError``); Stop during
@@ -56,13 +55,14 @@ def run_cascade(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck |
     cascade = settings.group(CascadeSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
+    context = RunContext.of(should_stop, progress)
     try:
-        cheap = make_cheap_model(lm, cascade, progress, should_stop)
+        cheap = make_cheap_model(lm, cascade, context.progress, context.should_stop)
     except BuildStopped as stopped:
-        record = RunRecorder(lm, settings, should_stop, groups=(CascadeSettings,))
+        record = RunRecorder(lm, settings, context, groups=(CascadeSettings,))
         return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     # The recorder's prefill reads the prompt with the cheap model: the full model reads it when first asked.
-    record = RunRecorder(dataclasses.replace(lm, model=cheap.model), settings, should_stop, groups=(CascadeSettings,))
+    record = RunRecorder(dataclasses.replace(lm, model=cheap.model), settings, context, groups=(CascadeSettings,))
     return _Cascade(lm, settings, cascade, cheap, record, prompt_ids).run(prompt_text)
 
 

@@ -19,6 +19,7 @@ import torch
 from playground.config import CompareSettings, RunSettings
 from playground.config.words import pane_settings
 from playground.engine.compare.likelihood import log_likelihood
+from playground.engine.run_context import RunContext, StopCheck
 from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
 from playground.events.figures import output_figures
 from playground.events.kv import KVQuality, KVStep
@@ -99,18 +100,20 @@ def pane_finished(pane: int, done: RunFinished, reference_ids: Sequence[int], sc
                         tokens_per_s=done.tokens_per_s, decode_ms=done.decode_ms, figures=figures)
 
 
-def run_compare(lm: LoadedModel, settings: RunSettings, should_stop=None) -> Iterator[Event]:
+def run_compare(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+                ) -> Iterator[Event]:
     """The ``compare`` strategy. Every pane is validated (and its strategy set up) before the first event."""
     from playground.engine.strategies import run_strategy
 
     specs = settings.group(CompareSettings).panes
     panes = [Pane(spec, lm, s) for spec, s in zip(specs, pane_settings(settings), strict=True)]
-    streams = [run_strategy(p.lm, p.settings, should_stop) for p in panes]
-    return _compare(lm, settings, panes, streams, should_stop)
+    context = RunContext.of(should_stop)  # every pane's run shares it (its Stop, its history)
+    streams = [run_strategy(p.lm, p.settings, context) for p in panes]
+    return _compare(lm, settings, panes, streams, context)
 
 
 def _compare(lm: LoadedModel, settings: RunSettings, panes: list[Pane], streams: list[Iterator[Event]],
-             should_stop=None) -> Iterator[Event]:
+             context: RunContext) -> Iterator[Event]:
     done: list[RunFinished | None] = [None] * len(panes)
     caches = [PaneKV() for _ in panes]
     prompt_ids: tuple[int, ...] = ()
@@ -135,7 +138,7 @@ def _compare(lm: LoadedModel, settings: RunSettings, panes: list[Pane], streams:
     if len(finished) != len(panes):  # a stream that ends without its final event is a bug in that strategy
         raise RuntimeError("a pane ended without its final event")
     cut_short = [name for d in finished for name in d.cut_short]
-    stopped = should_stop is not None and should_stop()
+    stopped = context.stopped()
     scorer = lm if settings.group(CompareSettings).log_likelihood else None
     if scorer is not None and stopped:
         scorer = None  # Stop: no scoring pass over every output

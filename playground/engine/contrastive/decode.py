@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -25,20 +25,19 @@ from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LayerStack
 from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_context import Progress, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
 from playground.engine.token_text import TokenTextCache
-from playground.engine.variants import BuildStopped, Progress, QuantizedCopy, SmallModel, detail, variant
+from playground.engine.variants import BuildStopped, QuantizedCopy, SmallModel, detail, variant
 from playground.events import Event
 from playground.events.contrastive import ContrastiveStarted
 from playground.events.figures import agreement_figures
 from playground.models.anatomy import layer_count
 from playground.models.loaded import LoadedModel
 
-StopCheck = Callable[[], bool]
 
-
-def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
                     progress: Progress | None = None) -> Iterator[Event]:
     """Contrastive decoding as a generator of events. Settings and prompt are checked and the amateur is made (a
     quantized copy built, reporting ``progress``, a model loaded) before the generator is returned
@@ -47,19 +46,21 @@ def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: StopChe
     contrastive = settings.group(ContrastiveSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    record = RunRecorder(lm, settings, should_stop, groups=(ContrastiveSettings,))
+    context = RunContext.of(should_stop, progress)
+    record = RunRecorder(lm, settings, context, groups=(ContrastiveSettings,))
     try:
-        amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens, progress, should_stop)
+        amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens, context)
     except BuildStopped as stopped:
         return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     return _decode(lm, settings, contrastive, amateur, prompt_ids, prompt_text, record)
 
 
-def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int, progress: Progress | None = None,
-                 should_stop: StopCheck | None = None) -> Amateur:
+def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
+                 context: RunContext | None = None) -> Amateur:
     """The amateur the settings name; ``positions``: the longest text it will read (checked for a model amateur).
-    A model amateur's model comes from the variants' cache (built there, with ``progress``; ``BuildStopped`` when
-    ``should_stop`` says so during the build)."""
+    A model amateur's model comes from the variants' cache (built there, reporting the context's ``progress``;
+    ``BuildStopped`` when its Stop comes during the build)."""
+    context = context or RunContext()
     if settings.amateur == "layer":
         stack = LayerStack.of(lm.model)  # "model" precision: the amateur's logits exactly as the model computes
         layer = settings.layer_for(stack.count)
@@ -72,10 +73,10 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
         tied = bool(getattr(lm.model.config.get_text_config(), "tie_word_embeddings", False))
         return DolaAmateur(stack, candidate_layers(settings.dola_layers, stack.count, tied))
     if settings.amateur == "quantized":
-        made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), progress, should_stop)
+        made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), context.progress, context.should_stop)
         return ModelAmateur("quantized", made.model, detail(made, "the expert"))
     try:
-        made = variant(lm, SmallModel(settings.amateur_model), progress, should_stop)
+        made = variant(lm, SmallModel(settings.amateur_model), context.progress, context.should_stop)
     except ConfigError as error:  # its message speaks of a draft model
         raise ConfigError(f"amateur model: {error}") from None
     small = made.loaded

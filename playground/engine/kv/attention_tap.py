@@ -104,6 +104,11 @@ def observed(implementation: str) -> str:
     return name
 
 
+def active_tap() -> AttentionTap | None:
+    """The tap observing this thread's passes now, if any."""
+    return _ACTIVE.get()
+
+
 @contextmanager
 def tapped(model: PreTrainedModel, tap: AttentionTap) -> Iterator[AttentionTap]:
     """The model's attention observed by ``tap`` for the block (this thread only), and back after."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -26,26 +26,25 @@ from playground.engine.baseline import plain_greedy
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import sync_device
 from playground.engine.kv import compressed_run, measure
-from playground.engine.kv.attention_record import attention_row
 from playground.engine.kv_cache import kv_formula_bytes
 from playground.engine.processors import build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_context import RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
 from playground.engine.token_text import TokenTextCache
 from playground.events import Event, PrefillDone
-from playground.events.attention import AttentionStarted
 from playground.events.figures import agreement_figures
 from playground.events.kv import KVCompare, KVPhase, KVStarted, KVStep, KVSweep
 from playground.models.anatomy import family_name, kv_layout
 from playground.models.loaded import LoadedModel
 
-StopCheck = Callable[[], bool]
 ELEMENT_BYTES = {"int8": 1.0, "int4-per-token": 0.5, "int4": 0.5, "int2": 0.25}
 
 
-def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+                 ) -> Iterator[Event]:
     settings.validate()
     kv = settings.group(KVSettings)
     check_attention(lm, kv)
@@ -192,31 +191,25 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
 
         if kv.compressed():
             logprobs.append(logits[0].log_softmax(dim=-1).cpu())
-        seen = tap.take() if tap is not None and tap.record else None
 
         def events(texts: list[str], ms: float) -> list[Event]:
             step_ms.append(ms)
             held_now = kv_step(lm, cache, index, rows.length - 1, start,  # measured outside the step's time
                                evictions.newly_evicted(cache))
-            looked = [attention_row(index, seen, cache, rows.length - 1, kv.attention_top, start.kv_heads)
-                      ] if seen else []
             token = analysis.to_event(step=index, text=texts[0], forced=forced_id is not None, step_ms=ms,
                                       kv_bytes=held_now.total_bytes, token_text=token_text)
-            return [held_now, *looked, token]
+            return [held_now, token]  # the observers' (the attention row) come before the token
 
         return Picked([token_id], events)
 
     yield loop.started()
     start = kv_started(lm, kv, len(prompt_ids) + loop.max_steps)
     yield start
-    if kv.record_attention:
-        yield AttentionStarted(layers=start.layers, heads=model.config.num_attention_heads,
-                               kv_heads=start.kv_heads, top=kv.attention_top,
-                               prompt_tokens=tuple(token_text(i) for i in prompt_ids))
+    yield from loop.opening()  # the observers' start events (the attention recording's)
     with ExitStack() as scope:
         scope.enter_context(attention(model, kv.attn))
         scope.enter_context(torch.inference_mode())
-        cache = new_cache(lm, kv)
+        loop.cache = cache = new_cache(lm, kv)  # the observers read it (the attention rows: which keys it holds)
         tap = compressed_run.attention_tap(kv, cache)
         scope.enter_context(compressed_run.tapping(model, tap))
         # A paged cache on a shared pool takes the prompt's blocks another run wrote: read only the rest.

@@ -8,7 +8,7 @@ token through the loop. At the end the same prompt is decoded with every layer t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from playground.engine.layers.lens import layers_started, lens_step
 from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_context import RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import analyse_step
 from playground.engine.token_text import TokenTextCache
@@ -28,20 +29,21 @@ from playground.events import Event
 from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
 
-StopCheck = Callable[[], bool]
 
-
-def run_early_exit(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_early_exit(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+                   ) -> Iterator[Event]:
     """Greedy decoding that stops each token at the first layer whose lens is confident enough."""
     return _prepare(lm, settings, should_stop, "early-exit")
 
 
-def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None) -> Iterator[Event]:
+def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+                   ) -> Iterator[Event]:
     """Greedy decoding that passes some layers by for each token (a fixed set, or after a small residual update)."""
     return _prepare(lm, settings, should_stop, "layer-skip")
 
 
-def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None, mode: str) -> Iterator[Event]:
+def _prepare(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None, mode: str
+             ) -> Iterator[Event]:
     settings.validate()
     layers = settings.group(LayerSettings)
     lens = settings.group(LensSettings)
@@ -64,7 +66,7 @@ def _prepare(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | No
         rules = {"skip_rule": skip_rule(fixed, layers.skip_threshold, count)}
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    record = RunRecorder(lm, settings, should_stop, groups=(LensSettings, LayerSettings))
+    record = RunRecorder(lm, settings, context, groups=(LensSettings, LayerSettings))
     # Built here, so a sampler these strategies refuse (guidance) fails before the first event.
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     return _decode(lm, settings, mode, layer_loop, rules, prompt_ids, prompt_text, record, pipeline)

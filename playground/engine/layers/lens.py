@@ -90,7 +90,8 @@ def bfloat16_copy(weight: torch.Tensor) -> torch.Tensor:
 
 class LayerOutputs:
     """Forward hooks that keep each decoder layer's input and output at the last ``rows`` positions while active
-    (the model's own forward runs unchanged)."""
+    (the model's own forward runs unchanged); ``rows=0``: the whole pass ([batch, positions, hidden], no copy), its
+    tokens picked afterwards (``step_event_at``)."""
 
     def __init__(self, stack: LayerStack, rows: int = 1, batch: bool = False) -> None:
         self.stack = stack
@@ -115,6 +116,8 @@ class LayerOutputs:
             hidden_in = args[0] if args else None
             hidden_out = output[0] if isinstance(output, tuple) else output
             def kept(hidden: torch.Tensor) -> torch.Tensor:
+                if self.rows == 0:
+                    return hidden
                 return hidden[:, -1] if self.batch else hidden[0, -self.rows :]
 
             self.inputs[index] = kept(hidden_in) if isinstance(hidden_in, torch.Tensor) else None
@@ -126,8 +129,18 @@ class LayerOutputs:
                    forward_ms: float = 0.0) -> LayerStep:
         """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions (of the batch rows,
         with ``batch``); ``final`` [vocab]: the model's own logits there (the last layer's lens, exactly)."""
-        outputs = [h[row] if h is not None else None for h in self.outputs]
-        updates = [relative_update(h_in[row], h_out[row]) if h_in is not None and h_out is not None else None
+        return self._event(lambda h: h[row], step, top, token_text, final, forward_ms)
+
+    def step_event_at(self, batch: int, position: int, step: int, top: int, token_text: Callable[[int], str],
+                      final: torch.Tensor, forward_ms: float = 0.0) -> LayerStep:
+        """As ``step_event``, for a whole pass kept (``rows=0``): the token predicted at ``position`` of batch row
+        ``batch``."""
+        return self._event(lambda h: h[batch, position], step, top, token_text, final, forward_ms)
+
+    def _event(self, at: Callable[[torch.Tensor], torch.Tensor], step: int, top: int,
+               token_text: Callable[[int], str], final: torch.Tensor, forward_ms: float) -> LayerStep:
+        outputs = [at(h) if h is not None else None for h in self.outputs]
+        updates = [relative_update(at(h_in), at(h_out)) if h_in is not None and h_out is not None else None
                    for h_in, h_out in zip(self.inputs, self.outputs, strict=True)]
         known = {self.stack.count - 1: final.float().log_softmax(dim=-1)}
         return lens_step(self.stack, step, outputs, updates, top, token_text, forward_ms=forward_ms, known=known)
@@ -228,32 +241,6 @@ def layer_kls(stack: LayerStack, outputs: Sequence[torch.Tensor | None], wanted:
             other[i] = value
     pair = (tuple(mine), tuple(other))
     return pair if stack.kind == "logit" else pair[::-1]
-
-
-class LensRecorder:
-    """The lens on a plain decoding run (greedy, sampling): the model's own forward pass, with hooks that keep each
-    layer's output at the newest position."""
-
-    def __init__(self, model: nn.Module, settings: LensSettings, token_text: Callable[[int], str]) -> None:
-        self.stack = LayerStack.of(model, settings.lens_precision, settings.lens_kind)
-        self.top = settings.lens_top
-        self.token_text = token_text
-        self._captured: LayerOutputs | None = None
-        self._logits = torch.empty(0)
-        self._forward_ms = 0.0
-
-    def forward(self, input_ids: torch.Tensor, cache: object) -> torch.Tensor:
-        """One decoding forward pass over ``input_ids`` [1, n], recording the layers: last logits [1, vocab]."""
-        start = time.perf_counter()
-        with LayerOutputs(self.stack) as captured:
-            logits = self.stack.model(input_ids=input_ids, cache=cache, use_cache=True).logits[:, -1, :]
-        self._captured, self._logits = captured, logits
-        self._forward_ms = (time.perf_counter() - start) * 1000
-        return logits
-
-    def step_event(self, step: int) -> LayerStep:
-        assert self._captured is not None, "forward() first"
-        return self._captured.step_event(0, step, self.top, self.token_text, self._logits[0], self._forward_ms)
 
 
 def layers_started(mode: str, count: int, lens: LensSettings, layers: LayerSettings, kv_fill: str) -> LayersStarted:

@@ -32,15 +32,13 @@ from playground.engine.quant.calibration import activation_stats, load_text, tex
 from playground.engine.quant.linear import STORED, QuantLinear, model_weight_bytes, replaced_linears
 from playground.engine.quant.metrics import perplexity
 from playground.engine.quant.targets import quant_targets
+from playground.engine.run_context import Progress, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.variants import GROUPWISE, BuildStopped, QuantizedCopy
 from playground.events import RunStarted
 from playground.events.quant import QuantReady
 from playground.models.anatomy import LAYERNORM, RMS_OFFSET, Anatomy
 from playground.models.loaded import LoadedModel
-
-Progress = Callable[[str, float], None]
-StopCheck = Callable[[], bool]
 
 EVAL_TOKENS = 256  # of the evaluation text, for the perplexities (a quick figure, not a benchmark)
 QuantCancelled = BuildStopped  # Stop was pressed while the quantized copy was being built: nothing was kept
@@ -175,7 +173,7 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
     copy = variants.cached(lm, request)
     if copy is not None and _ready_key(quant) in copy.notes:
         ready = copy.notes[_ready_key(quant)]
-        return _named(lm, quant, copy.model), dataclasses.replace(ready, seconds=0.0, cached=True)
+        return _named(lm, quant, copy), dataclasses.replace(ready, seconds=0.0, cached=True)
     say = variants.build_reporter(label(quant), lm.name, progress, should_stop)
     started = time.perf_counter()
     model = lm.model
@@ -204,11 +202,13 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
         weight_bytes=model_weight_bytes(quantized), seconds=seconds, cached=False,
         note=_notes(lm, quant, quantized, anatomy, replaced), layer_errors=errors, channels=channels, perplexity=scores)
     copy.notes[_ready_key(quant)] = ready
-    return _named(lm, quant, quantized), ready
+    return _named(lm, quant, copy), ready
 
 
-def _named(lm: LoadedModel, quant: QuantSettings, model: Any) -> LoadedModel:
-    return dataclasses.replace(lm, model=model, name=f"{lm.name} · {label(quant)}", base_name=lm.own_name)
+def _named(lm: LoadedModel, quant: QuantSettings, copy: Any) -> LoadedModel:
+    named = dataclasses.replace(lm, model=copy.model, name=f"{lm.name} · {label(quant)}", base_name=lm.own_name)
+    named.history = copy.notes.setdefault("run_history", named.history)  # the copy's earlier runs, kept with it
+    return named
 
 
 def check_combination(settings: RunSettings) -> None:
@@ -222,23 +222,24 @@ def check_combination(settings: RunSettings) -> None:
 
 
 def run_quantized(runner: Callable[..., Iterator[Any]], lm: LoadedModel, settings: RunSettings,
-                  should_stop: StopCheck | None = None, progress: Progress | None = None) -> Iterator[Any]:
+                  context: RunContext | StopCheck | None = None) -> Iterator[Any]:
     """``runner`` on the quantized copy of ``lm`` (``settings``' QuantSettings), ``QuantReady`` after its start.
 
     The strategy's own checks run first on the reference (same tokenizer and shape), so a bad setting is refused
     before a build that can take a minute; the build itself happens here, before the generator is returned. Stop
     during the build returns a run that starts and ends "stopped" with ``cut_short=("quantized_copy",)``."""
+    context = RunContext.of(context)
     check_combination(settings)
     quant = settings.group(QuantSettings)
     if not is_cached(lm, quant):
-        _close(runner(lm, settings, should_stop))
+        _close(runner(lm, settings, context))
     try:
-        qlm, ready = quantized_lm(lm, quant, progress, should_stop=should_stop)
+        qlm, ready = quantized_lm(lm, quant, context.progress, should_stop=context.should_stop)
     except BuildStopped as stopped:  # the run ends "stopped", saying what Stop cut
         prompt_ids, prompt_text = encode_prompt(lm, settings)
-        record = RunRecorder(lm, settings, should_stop, groups=get_strategy(settings.strategy).groups)
+        record = RunRecorder(lm, settings, context, groups=get_strategy(settings.strategy).groups)
         return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
-    return _with_ready(runner(qlm, settings, should_stop), ready)
+    return _with_ready(runner(qlm, settings, context), ready)
 
 
 def _close(events: Any) -> None:

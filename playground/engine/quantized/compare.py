@@ -18,6 +18,7 @@ from playground.config import QuantSettings, RunSettings
 from playground.engine.compare.panes import interleave, pane_finished, pane_token
 from playground.engine.prompt import encode_prompt
 from playground.engine.quant.teacher_forced import TeacherForcedScorer
+from playground.engine.run_context import RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.events import Event, RunFinished, RunStarted, TokenStep
 from playground.events.figures import first_divergence
@@ -26,38 +27,40 @@ from playground.events.quant import MethodRow, QuantReady, QuantStep, QuantSumma
 from playground.models.loaded import LoadedModel
 
 
-def run_quant_wrapper(runner, lm: LoadedModel, settings: RunSettings, should_stop=None, progress=None
+def run_quant_wrapper(runner, lm: LoadedModel, settings: RunSettings, context: RunContext | None = None
                       ) -> Iterator[Event]:
     """``--quant``'s wrapper of every strategy that takes it (``playground.config.catalog``): the lab
     (``--compare``: reference and copy side by side) or the strategy's ``runner`` on the quantized copy."""
     from playground.engine.quantized.apply import run_quantized
 
     if settings.group(QuantSettings).compare:
-        return run_quant_compare(lm, settings, should_stop, progress)
-    return run_quantized(runner, lm, settings, should_stop, progress)
+        return run_quant_compare(lm, settings, context)
+    return run_quantized(runner, lm, settings, context)
 
 
-def run_quant_compare(lm: LoadedModel, settings: RunSettings, should_stop=None, progress=None) -> Iterator[Event]:
+def run_quant_compare(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
+                      ) -> Iterator[Event]:
     """Validate, build the quantized copy (or take it from the cache, reporting ``progress``), return the run; Stop
     during the build returns a run that starts and ends "stopped" with ``cut_short=("quantized_copy",)``."""
     from playground.engine.quantized.apply import QuantCancelled, check_combination, quantized_lm
     from playground.engine.strategies import run_strategy
 
+    context = RunContext.of(context)
     quant = settings.group(QuantSettings)
     base = settings.replace(groups=tuple(g for g in settings.groups if not isinstance(g, QuantSettings)))
     check_combination(settings)
-    reference = run_strategy(lm, base, should_stop)  # validates the strategy's own settings before any work
+    reference = run_strategy(lm, base, context)  # validates the strategy's own settings before any work
     try:
-        qlm, ready = quantized_lm(lm, quant, progress, should_stop=should_stop)
+        qlm, ready = quantized_lm(lm, quant, context.progress, should_stop=context.should_stop)
     except QuantCancelled as stopped:  # the lab ends "stopped" before its first token, saying what Stop cut
         getattr(reference, "close", lambda: None)()
         prompt_ids, prompt_text = encode_prompt(lm, base)
-        record = RunRecorder(lm, settings, should_stop, groups=(QuantSettings,))
+        record = RunRecorder(lm, settings, context, groups=(QuantSettings,))
         return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
     except BaseException:
         getattr(reference, "close", lambda: None)()
         raise
-    streams = [reference, run_strategy(qlm, base, should_stop)]
+    streams = [reference, run_strategy(qlm, base, context)]
     return _compare(lm, settings, quant, base, streams, qlm, ready)
 
 

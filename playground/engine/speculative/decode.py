@@ -12,21 +12,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from playground.config import LayerSettings, LensSettings, RunSettings, SpeculativeSettings
+from playground.config import RunSettings, SpeculativeSettings
 from playground.engine.baseline import plain_greedy
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
-from playground.engine.layers.lens import LayerOutputs, LensRecorder, layers_started
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
+from playground.engine.run_context import Progress, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
-from playground.engine.sampling import make_generator
 from playground.engine.speculative.drafters import (
     Drafter,
     JacobiDrafter,
@@ -47,194 +46,280 @@ from playground.engine.speculative.verify import (
     verify_tree_greedy,
     verify_tree_sampled,
 )
-from playground.engine.step_analysis import analyse_step
+from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import TokenTextCache
-from playground.engine.variants import BuildStopped, FirstLayers, Progress, QuantizedCopy, SmallModel, detail, variant
+from playground.engine.variants import BuildStopped, FirstLayers, QuantizedCopy, SmallModel, detail, variant
 from playground.events import Event
 from playground.events.speculative import DraftToken, SpeculativeRound, SpeculativeStarted
 from playground.models.loaded import LoadedModel
 
-StopCheck = Callable[[], bool]
 
-
-def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck | None = None,
+def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
                     progress: Progress | None = None) -> Iterator[Event]:
     """Speculative decoding as a generator of events. Settings, prompt and drafter are checked (and a draft model
-    loaded, a quantized drafter built, reporting ``progress``) before the generator is returned (``ConfigError``);
-    Stop during that build returns a run that ends "stopped" at once."""
+    loaded, a quantized drafter built, reporting the context's ``progress``) before the generator is returned
+    (``ConfigError``); Stop during that build returns a run that ends "stopped" at once."""
+    context = RunContext.of(should_stop, progress)
     settings.validate()
     spec = settings.group(SpeculativeSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    generator = make_generator(lm.device, settings.seed)
+    generator = context.generator(lm.device, settings.seed)
     pipeline = build_pipeline(settings, sampling=spec.do_sample, tokenizer=lm.tokenizer)
-    record = RunRecorder(lm, settings, should_stop, groups=(SpeculativeSettings,))
+    record = RunRecorder(lm, settings, context, groups=(SpeculativeSettings,))
     try:
-        drafter = make_drafter(lm, spec, pipeline, generator, progress, should_stop)
+        drafter = make_drafter(lm, spec, pipeline, generator, context)
     except BuildStopped as stopped:
         return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
-    lens_settings = settings.group(LensSettings)
-    lens = LensRecorder(lm.model, lens_settings, TokenTextCache(lm.tokenizer)) if lens_settings.lens else None
-    return _decode(lm, settings, spec, drafter, pipeline, generator, prompt_ids, prompt_text, record, lens)
+    run = SpeculativeRun(lm, settings, spec, drafter, pipeline, generator,
+                         DecodeLoop(lm, settings, record, prompt_ids, prompt_text))
+    return run.decode()
 
 
 def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[NamedTransform, ...],
-                 generator: torch.Generator, progress: Progress | None = None,
-                 should_stop: StopCheck | None = None) -> Drafter:
-    """The drafter the settings name; a model drafter's model comes from the variants' cache (built there, with
-    ``progress``; ``BuildStopped`` when ``should_stop`` says so during the build)."""
+                 generator: torch.Generator, context: RunContext | None = None) -> Drafter:
+    """The drafter the settings name; a model drafter's model comes from the variants' cache (built there,
+    reporting the context's ``progress``; ``BuildStopped`` when its Stop comes during the build); the suffix
+    drafter learns from the context's run history (default: the model's own)."""
+    context = context or RunContext()
     if spec.draft == "prompt-lookup":
         return PromptLookupDrafter(spec.prompt_lookup_ngram)
     if spec.draft == "jacobi":
         return JacobiDrafter()
     if spec.draft == "suffix":
-        return SuffixDrafter(lm.model)
+        return SuffixDrafter(context.history_of(lm).earlier_runs())
     kinds: dict[str, tuple[Any, Any]] = {"layers": (LayersDrafter, FirstLayers(spec.draft_layers)),
              "model": (SmallModelDrafter, SmallModel(spec.draft_model)),
              "quantized": (QuantizedDrafter, QuantizedCopy.quick(spec.draft_quant))}
     kind, request = kinds[spec.draft]
-    made = variant(lm, request, progress, should_stop)
+    made = variant(lm, request, context.progress, context.should_stop)
     drafter = kind(made.model, pipeline, spec.do_sample, generator, lm.device)
     drafter.detail = detail(made, "the target")
     return drafter
 
 
-def _decode(lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, drafter: Drafter,
-            pipeline: tuple[NamedTransform, ...], generator: torch.Generator, prompt_ids: list[int],
-            prompt_text: str, record: RunRecorder, lens: LensRecorder | None) -> Iterator[Event]:
-    token_text = TokenTextCache(lm.tokenizer)
-    loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
-    forced = list(settings.forced_token_ids)
-    k = spec.draft_k  # tokens to draft next round
-    tree_run = spec.tree_width > 1  # every round drafts a tree (one may come out chain-shaped)
-    rounds = drafted_total = accepted_total = target_calls = 0
-    draft_ms_total = verify_ms_total = 0.0
+@dataclass
+class RoundRecord:
+    """One round as drafted, verified and committed: what its ``SpeculativeRound`` and its tokens' steps say."""
 
-    def step(_index: int, _forced: int | None) -> Picked:
-        """One round: draft a chain or a tree (or take the forced tokens), verify it in one target pass, keep the
-        accepted path in the caches."""
-        nonlocal k, rounds, drafted_total, accepted_total, target_calls, draft_ms_total, verify_ms_total
-        generated, cache = loop.generated, loop.cache
-        ids = prompt_ids + generated  # prompt + emitted tokens
-        room = loop.max_steps - len(generated)
-        forcing = len(generated) < len(forced)
+    index: int  # the round's number (forced tokens' rounds are not counted)
+    first_step: int  # the step of its first token
+    tree: DraftTree  # what was drafted (a chain is a tree with one path)
+    forcing: bool = False  # branching: the forced tokens are a draft accepted whatever the target says
+    draft_ms: float = 0.0
+    prompt_read: int = 0  # prompt tokens this round's pass read (the first round reads the prompt's tail)
+    # verify: the target's one pass and its verdict
+    raw: torch.Tensor | None = None  # [len(tree) + 1, vocab] the target's logits
+    target_probs: torch.Tensor | None = None  # the processed distributions
+    choices: list[int] = field(default_factory=list)  # the target's argmax at each row (what the drafter learns)
+    verdict: Verdict = field(default_factory=lambda: Verdict(0, 0, ()))
+    verify_ms: float = 0.0
+    # commit: the accepted path, the tokens the round emits, what each was predicted from
+    path: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # row j of the pass predicts the round's j-th token
+    emitted: list[int] = field(default_factory=list)
+    with_target: bool = True  # the target's own token follows the path (there was room for it)
+    kv_bytes: int = 0
+    analyses: list[StepAnalysis] = field(default_factory=list)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.tree.is_chain()
+
+    def event(self, emitted: int, tree_run: bool, token_text: Callable[[int], str]) -> SpeculativeRound:
+        """The round's event, ``emitted`` of its tokens kept (the run may end inside it)."""
+        tree, verdict, path, target_probs = self.tree, self.verdict, self.path, self.target_probs
+        assert target_probs is not None, "verify first"
+        cut = emitted < len(self.emitted)
+        leaf = not tree.children(path[-1] if path else -1)
+        kind = "none" if cut or not self.with_target else ("bonus" if leaf else "correction")
+        # A tree round lists the accepted path first, then the other nodes in tree order (parents before children).
+        accepted = set(path)
+        order = path + [i for i in range(len(tree)) if i not in accepted]
+        where = {node: j for j, node in enumerate(order)}
+        ranks = tree.ranks()
+        judged = range(len(verdict.draws)) if self.is_chain else verdict.draw_nodes  # the node each draw judged
+        draws = dict(zip(judged, verdict.draws, strict=True))
+        thresholds = dict(zip(verdict.draw_nodes, verdict.thresholds, strict=True))  # a tree's; a chain's: min(1, p/q)
+        drafted = []
+        for node in order:
+            token = tree.tokens[node]
+            row = 0 if tree.parents[node] < 0 else 1 + tree.parents[node]  # the target's row at the node's position
+            q = float(tree.probs[node, token]) if tree.probs is not None else 1.0
+            # A wider draft head may propose a row the target lacks: the target gives it probability 0 (rejected).
+            p = float(target_probs[row, token]) if token < target_probs.shape[-1] else 0.0
+            draw = draws.get(node)
+            accept_prob = None if draw is None else thresholds.get(node, min(1.0, p / q) if q > 0 else 0.0)
+            drafted.append(DraftToken(token_id=token, text=token_text(token), draft_prob=q, target_prob=p,
+                                      accepted=node in accepted, draw=draw, rank=ranks[node],
+                                      accept_prob=accept_prob))
+        last = 1 + path[-1] if path else 0
+        # Every round of a tree run carries its parents, a chain-shaped one too (the view tells trees from chains
+        # by them).
+        parents = () if self.is_chain and not tree_run else \
+            tuple(where[p] if p >= 0 else -1 for p in (tree.parents[n] for n in order))
+        return SpeculativeRound(
+            round=self.index, first_step=self.first_step, emitted=emitted, drafted=tuple(drafted),
+            accepted=verdict.accepted, target_token_id=verdict.token_id, target_text=token_text(verdict.token_id),
+            target_kind=kind, target_prob=float(target_probs[last, verdict.token_id]), draft_ms=self.draft_ms,
+            verify_ms=self.verify_ms, kv_cache_bytes=self.kv_bytes, prompt_read=self.prompt_read, parents=parents)
+
+
+@dataclass
+class Totals:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+
+    def add(self, done: RoundRecord) -> None:
+        self.rounds += 1
+        self.drafted += len(done.tree)
+        self.accepted += done.verdict.accepted
+        self.draft_ms += done.draft_ms
+        self.verify_ms += done.verify_ms
+
+    def figures(self) -> dict[str, float]:
+        return {
+            "rounds": float(self.rounds), "drafted": float(self.drafted), "accepted": float(self.accepted),
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_accepted": self.accepted / self.rounds if self.rounds else 0.0,
+            "target_calls": float(self.target_calls), "draft_ms": self.draft_ms, "verify_ms": self.verify_ms,
+        }
+
+
+class SpeculativeRun:
+    """The run's state between rounds and its step for the decode loop: each round drafts, verifies, commits."""
+
+    def __init__(self, lm: LoadedModel, settings: RunSettings, spec: SpeculativeSettings, drafter: Drafter,
+                 pipeline: tuple[NamedTransform, ...], generator: torch.Generator, loop: DecodeLoop) -> None:
+        self.lm, self.settings, self.spec, self.drafter = lm, settings, spec, drafter
+        self.pipeline, self.generator, self.loop = pipeline, generator, loop
+        self.token_text = TokenTextCache(lm.tokenizer)
+        self.forced = list(settings.forced_token_ids)
+        self.k = spec.draft_k  # tokens to draft next round
+        self.tree_run = spec.tree_width > 1  # every round drafts a tree (one may come out chain-shaped)
+        self.totals = Totals()
+
+    def draft(self, ids: list[int]) -> RoundRecord:
+        """A chain or a tree from the drafter (or the forced tokens), within the room the budget leaves."""
+        generated, room = self.loop.generated, self.loop.max_steps - len(self.loop.generated)
+        forcing = len(generated) < len(self.forced)
         start = time.perf_counter()
-        if forcing:  # branching: the forced tokens are a draft that is accepted whatever the target says
-            tree = chain(forced[len(generated) : len(generated) + room])
+        if forcing:
+            tree = chain(self.forced[len(generated) : len(generated) + room])
         elif room <= 1:
             tree = DraftTree()
-        elif tree_run:
-            tree = drafter.propose_tree(ids, min(k, room - 1), spec.tree_width, spec.tree_nodes)
+        elif self.tree_run:
+            tree = self.drafter.propose_tree(ids, min(self.k, room - 1), self.spec.tree_width, self.spec.tree_nodes)
         else:
-            draft = drafter.propose(ids, min(k, room - 1))
-            tree = chain(draft.tokens[: max(0, room - 1)])
-            tree.probs = draft.probs[: len(tree)] if draft.probs is not None else None
-        is_chain = tree.is_chain()
-        draft_ms = (time.perf_counter() - start) * 1000
-        start = time.perf_counter()
-        prompt_read = max(0, len(prompt_ids) - cache.get_seq_length())
-        captured: Any = LayerOutputs(lens.stack, len(tree) + 1) if lens is not None else nullcontext()
-        with captured:  # the lens: every layer's output at the verified positions
-            raw, processed = _score(lm, cache, ids, tree, pipeline)  # [n + 1, vocab]
-        target_calls += 1
-        verdict, target_probs = _verify(tree, processed, spec.do_sample, generator, forcing)
-        path = list(verdict.path) if not is_chain else list(range(verdict.accepted))
-        rows = [0] + [1 + node for node in path]  # row j of the pass predicts the j-th token of the round
+            drafted = self.drafter.propose(ids, min(self.k, room - 1))
+            tree = chain(drafted.tokens[: max(0, room - 1)])
+            tree.probs = drafted.probs[: len(tree)] if drafted.probs is not None else None
+        return RoundRecord(index=self.totals.rounds, first_step=len(generated), tree=tree, forcing=forcing,
+                           draft_ms=(time.perf_counter() - start) * 1000)
+
+    def verify(self, done: RoundRecord, ids: list[int]) -> None:
+        """The target's one pass over the draft (watched by the loop's observers) and its verdict."""
+        cache = self.loop.cache
+        done.prompt_read = max(0, len(self.loop.prompt_ids) - cache.get_seq_length())
+        with self.loop.watching():  # the lens: every layer's output at the verified positions
+            done.raw, processed = _score(self.lm, cache, ids, done.tree, self.pipeline)  # [n + 1, vocab]
+        self.totals.target_calls += 1
+        done.verdict, done.target_probs = _verify(done.tree, processed, self.spec.do_sample, self.generator,
+                                                  done.forcing)
+        done.choices = processed.argmax(dim=-1).tolist()
+
+    def commit(self, done: RoundRecord, ids: list[int]) -> None:
+
+        tree, verdict, cache = done.tree, done.verdict, self.loop.cache
+        room = self.loop.max_steps - len(self.loop.generated)
+        done.path = list(verdict.path) if not done.is_chain else list(range(verdict.accepted))
+        done.rows = [0] + [1 + node for node in done.path]
         # The target's token after the kept path comes in the round only when there is room for it.
-        emitted = [tree.tokens[node] for node in path]
-        with_target = len(emitted) < room
-        if with_target:
-            emitted = [*emitted, verdict.token_id]
+        done.emitted = [tree.tokens[node] for node in done.path]
+        done.with_target = len(done.emitted) < room
+        if done.with_target:
+            done.emitted.append(verdict.token_id)
         kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
-        if is_chain:
+        if done.is_chain:
             roll_back(cache, kept)
         else:
-            keep_path(cache, len(ids), path)
-        choices = processed.argmax(dim=-1).tolist()
-        drafter.after_round(kept, [choices[row] for row in rows] if not is_chain else choices, verdict.accepted,
-                            path_tokens=emitted[: verdict.accepted])
-        verify_ms = (time.perf_counter() - start) * 1000
-        first_step = len(generated)
-        kv_bytes = kv_cache_bytes(cache)
-        # Recording the round's tokens is part of its time, as a plain step's is: token j follows ids + the
-        # round's first j tokens (every emitted token but the last is an accepted draft).
-        analyses = []
-        line = torch.tensor([ids + emitted], device=lm.device)  # one tensor: token j follows its first len(ids) + j
-        for j, token in enumerate(emitted):
-            analysis = analyse_step(pipeline, line[:, : len(ids) + j], raw[rows[j] : rows[j] + 1],
-                                    settings.num_candidates)
+            keep_path(cache, len(ids), done.path)
+        choices = done.choices
+        self.drafter.after_round(kept, [choices[row] for row in done.rows] if not done.is_chain else choices,
+                                 verdict.accepted, path_tokens=done.emitted[: verdict.accepted])
+
+    def record_steps(self, done: RoundRecord, ids: list[int]) -> None:
+        """Each emitted token's analysis (part of the round's time, as a plain step's is): token j follows ids +
+        the round's first j tokens (every emitted token but the last is an accepted draft)."""
+        line = torch.tensor([ids + done.emitted], device=self.lm.device)  # token j follows its first len(ids) + j
+        assert done.raw is not None
+        for j, token in enumerate(done.emitted):
+            analysis = analyse_step(self.pipeline, line[:, : len(ids) + j], done.raw[done.rows[j] : done.rows[j] + 1],
+                                    self.settings.num_candidates)
             analysis.token_id = token
-            analyses.append(analysis)
-        lens_steps = [captured.step_event(rows[j], first_step + j, lens.top, token_text, raw[rows[j]])
-                      for j in range(len(emitted))] if lens is not None else []
-        if not forcing:
-            if spec.adaptive_k and len(tree):
-                depth = max(tree.depths()) + 1
-                k = next_draft_length(k, min(verdict.accepted, depth), depth)
-            rounds += 1
-            drafted_total += len(tree)
-            accepted_total += verdict.accepted
-            draft_ms_total += draft_ms
-            verify_ms_total += verify_ms
-        round_index = rounds - 1
+            done.analyses.append(analysis)
 
-        def events(texts: list[str], round_ms: float) -> list[Event]:
-            n = len(texts)  # the loop cut the round at an end (EOS, a stop string)
-            steps = [analyses[j].to_event(step=first_step + j, text=texts[j], forced=forcing and j < len(tree),
-                                          step_ms=round_ms / n, kv_bytes=kv_bytes, token_text=token_text)
-                     for j in range(n)]
-            out: list[Event] = []
-            if not forcing:
-                cut = n < len(emitted)  # the run ended inside the round
-                leaf = not tree.children(path[-1] if path else -1)
-                out.append(_round_event(round_index, first_step, n, tree, is_chain, tree_run, verdict, path,
-                                        target_probs, lm, token_text, "none" if cut or not with_target else
-                                        ("bonus" if leaf else "correction"),
-                                        draft_ms, verify_ms, kv_bytes, prompt_read))
-            for j, token_step in enumerate(steps):
-                if lens_steps:
-                    out.append(lens_steps[j])
-                out.append(token_step)
-            return out
+    def step(self, _index: int, _forced: int | None) -> Picked:
+        """One round: draft, verify in one target pass, commit the accepted path."""
+        ids = self.loop.prompt_ids + self.loop.generated  # prompt + emitted tokens
+        done = self.draft(ids)
+        start = time.perf_counter()
+        self.verify(done, ids)
+        self.commit(done, ids)
+        done.verify_ms = (time.perf_counter() - start) * 1000
+        done.kv_bytes = kv_cache_bytes(self.loop.cache)
+        self.record_steps(done, ids)
+        if not done.forcing:
+            if self.spec.adaptive_k and len(done.tree):
+                depth = max(done.tree.depths()) + 1
+                self.k = next_draft_length(self.k, min(done.verdict.accepted, depth), depth)
+            self.totals.add(done)
+        assert done.raw is not None  # verified
+        return Picked(done.emitted, lambda texts, ms: self.events(done, texts, ms), logits=done.raw[done.rows],
+                      seen=[(0, row - len(done.tree) - 1) for row in done.rows[: len(done.emitted)]])
 
-        return Picked(emitted, events)
+    def events(self, done: RoundRecord, texts: list[str], round_ms: float) -> list[Event]:
+        n = len(texts)  # the loop cut the round at an end (EOS, a stop string)
+        out: list[Event] = [] if done.forcing else [done.event(n, self.tree_run, self.token_text)]
+        out += [done.analyses[j].to_event(step=done.first_step + j, text=texts[j],
+                                          forced=done.forcing and j < len(done.tree), step_ms=round_ms / n,
+                                          kv_bytes=done.kv_bytes, token_text=self.token_text) for j in range(n)]
+        return out
 
-    yield loop.started()
-    tree_width = spec.tree_width if spec.tree_width > 1 else 1
-    yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
-                             do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens, tree_width=tree_width,
-                             tree_nodes=spec.tree_nodes if tree_width > 1 else 0)
-    if lens is not None:
-        yield layers_started("lens", lens.stack.count, settings.group(LensSettings), LayerSettings(), kv_fill="")
-    with torch.inference_mode():
-        # The prompt's tail (all of a short prompt) is read by the first verification pass together with the first
-        # draft: one target pass fewer than a separate prefill, as in transformers' assisted generation.
-        if (yield from loop.prefill(defer=deferred_tail(len(prompt_ids)))):
-            target_calls += record.prefill_passes
-            yield from loop.steps(step)
-    generated, stop_reason = loop.generated, loop.stop_reason
-
-    figures = {
-        "rounds": float(rounds), "drafted": float(drafted_total), "accepted": float(accepted_total),
-        "acceptance_rate": accepted_total / drafted_total if drafted_total else 0.0,
-        "mean_accepted": accepted_total / rounds if rounds else 0.0,
-        "target_calls": float(target_calls), "draft_ms": draft_ms_total, "verify_ms": verify_ms_total,
-    }
-    cut_short: tuple[str, ...] = ()
-    if spec.baseline_tokens and generated:
-        wanted = min(spec.baseline_tokens, len(generated))
-        baseline_ids, baseline = ([], 0.0) if stop_reason == "stopped" else \
-            plain_greedy(lm, settings, prompt_ids, wanted, record.should_stop)
-        if len(baseline_ids) < wanted:  # Stop came before or during the baseline: no speed-up to report
-            stop_reason, cut_short = "stopped", ("baseline",)
-        else:
-            figures["baseline_tokens_per_s"] = baseline
-    loop.stop_reason, loop.cut_short = stop_reason, cut_short
-    finished = loop.finished()
-    if "baseline_tokens_per_s" in figures:
-        baseline = figures["baseline_tokens_per_s"]
-        figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
-    yield dataclasses.replace(finished, figures=figures)
+    def decode(self) -> Iterator[Event]:
+        loop, spec, drafter = self.loop, self.spec, self.drafter
+        yield loop.started()
+        tree_width = spec.tree_width if spec.tree_width > 1 else 1
+        yield SpeculativeStarted(drafter=drafter.name, detail=drafter.detail, draft_k=spec.draft_k,
+                                 do_sample=spec.do_sample, baseline_tokens=spec.baseline_tokens,
+                                 tree_width=tree_width, tree_nodes=spec.tree_nodes if tree_width > 1 else 0)
+        with torch.inference_mode():
+            # The prompt's tail (all of a short prompt) is read by the first verification pass together with the
+            # first draft: one target pass fewer than a separate prefill, as in transformers' assisted generation.
+            if (yield from loop.prefill(defer=deferred_tail(len(loop.prompt_ids)))):
+                self.totals.target_calls += loop.record.prefill_passes
+                yield from loop.steps(self.step)
+        figures = self.totals.figures()
+        generated, stop_reason = loop.generated, loop.stop_reason
+        cut_short: tuple[str, ...] = ()
+        if spec.baseline_tokens and generated:
+            wanted = min(spec.baseline_tokens, len(generated))
+            baseline_ids, baseline = ([], 0.0) if stop_reason == "stopped" else \
+                plain_greedy(self.lm, self.settings, loop.prompt_ids, wanted, loop.context.should_stop)
+            if len(baseline_ids) < wanted:  # Stop came before or during the baseline: no speed-up to report
+                stop_reason, cut_short = "stopped", ("baseline",)
+            else:
+                figures["baseline_tokens_per_s"] = baseline
+        loop.stop_reason, loop.cut_short = stop_reason, cut_short
+        finished = loop.finished()
+        if "baseline_tokens_per_s" in figures:
+            baseline = figures["baseline_tokens_per_s"]
+            figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
+        yield dataclasses.replace(finished, figures=figures)
 
 
 def next_draft_length(k: int, accepted: int, drafted: int) -> int:
@@ -287,38 +372,3 @@ def _verify(tree: DraftTree, processed: torch.Tensor, sample: bool, generator: t
         if len(tree):
             q[torch.arange(len(tree)), torch.tensor(tree.tokens, device=probs.device)] = 1.0
     return verify_sampled(tree.tokens, q, probs, generator), probs
-
-
-def _round_event(index: int, first_step: int, emitted: int, tree: DraftTree, is_chain: bool, tree_run: bool,
-                 verdict: Verdict, path: list[int], target_probs: torch.Tensor, lm: LoadedModel,
-                 token_text: TokenTextCache, kind: str, draft_ms: float, verify_ms: float, kv_bytes: int,
-                 prompt_read: int) -> SpeculativeRound:
-    # A tree round lists the accepted path first, then the other nodes in tree order (parents before children).
-    accepted = set(path)
-    order = path + [i for i in range(len(tree)) if i not in accepted]
-    where = {node: j for j, node in enumerate(order)}
-    ranks = tree.ranks()
-    judged = range(len(verdict.draws)) if is_chain else verdict.draw_nodes  # the node each draw judged
-    draws = dict(zip(judged, verdict.draws, strict=True))
-    thresholds = dict(zip(verdict.draw_nodes, verdict.thresholds, strict=True))  # a tree's; a chain's: min(1, p/q)
-    drafted = []
-    for node in order:
-        token = tree.tokens[node]
-        row = 0 if tree.parents[node] < 0 else 1 + tree.parents[node]  # the target's row at the node's position
-        q = float(tree.probs[node, token]) if tree.probs is not None else 1.0
-        # A wider draft head may propose a row the target lacks: the target gives it probability 0 (rejected).
-        p = float(target_probs[row, token]) if token < target_probs.shape[-1] else 0.0
-        draw = draws.get(node)
-        accept_prob = None if draw is None else thresholds.get(node, min(1.0, p / q) if q > 0 else 0.0)
-        drafted.append(DraftToken(token_id=token, text=token_text(token), draft_prob=q, target_prob=p,
-                                  accepted=node in accepted, draw=draw, rank=ranks[node], accept_prob=accept_prob))
-    last = 1 + path[-1] if path else 0
-    target_prob = float(target_probs[last, verdict.token_id])
-    # Every round of a tree run carries its parents, a chain-shaped one too (the view tells trees from chains by them).
-    parents = () if is_chain and not tree_run else \
-        tuple(where[p] if p >= 0 else -1 for p in (tree.parents[n] for n in order))
-    return SpeculativeRound(
-        round=index, first_step=first_step, emitted=emitted, drafted=tuple(drafted), accepted=verdict.accepted,
-        target_token_id=verdict.token_id, target_text=token_text(verdict.token_id), target_kind=kind,
-        target_prob=target_prob, draft_ms=draft_ms, verify_ms=verify_ms, kv_cache_bytes=kv_bytes,
-        prompt_read=prompt_read, parents=parents)

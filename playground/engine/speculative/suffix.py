@@ -12,9 +12,6 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
-from torch import nn
-
-from playground.engine.run_history import earlier_runs
 from playground.engine.speculative.drafters import Draft, Drafter, ResumedDraft
 from playground.engine.speculative.tree import DraftTree, graft
 
@@ -24,9 +21,10 @@ MAX_PATTERN = 32  # the longest suffix of the text matched
 class SuffixDrafter(Drafter):
     name = "suffix"
 
-    def __init__(self, model: nn.Module, max_pattern: int = MAX_PATTERN) -> None:
+    def __init__(self, earlier: list[list[int]], max_pattern: int = MAX_PATTERN) -> None:
+        """``earlier``: the token sequences of this session's earlier runs on the model (the run's history)."""
         self.max_pattern = max_pattern
-        self.corpus = earlier_runs(model)  # earlier runs, fixed for this run; the current text is added per round
+        self.corpus = list(earlier)  # earlier runs, fixed for this run; the current text is added per round
         self.index: dict[int, list[tuple[int, int]]] = defaultdict(list)  # token -> (sequence, end) after it
         for s, sequence in enumerate(self.corpus):
             for end in range(1, len(sequence)):

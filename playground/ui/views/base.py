@@ -56,6 +56,9 @@ class View(QWidget):
     title: ClassVar[str] = ""  # the dock's title
     consumes: ClassVar[tuple[type, ...]] = ()  # per-step event types this view draws
     data_formats: ClassVar[tuple[str, ...]] = ()  # exports besides the picture (e.g. "csv")
+    # Step mode: the view lets the user pick a waiting step's token (it has ``ask_choice(step)`` and the signals
+    # ``choice_made(token_id)`` and ``run_on_requested()``).
+    picks_tokens: ClassVar[bool] = False
 
     branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
 

@@ -51,6 +51,7 @@ class TokensView(View):
     consumes = (TokenStep,)
     data_formats = ("csv",)
     # Step mode: the user's pick for the waiting step (a token id, None = stop), and Run on.
+    picks_tokens = True
     choice_made = Signal(object)
     run_on_requested = Signal()
 
