@@ -10,6 +10,7 @@ so compare figures of one invocation, or of invocations made under a similar loa
     QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/bench_gui_share.py [--repeats 3] [--max-new-tokens 160]
     ... --presets greedy-loop,speculative-prompt-lookup      (the default: the four below)
     ... --tiny      a tiny random model (a quick smoke run; presets still give the settings)
+    ... --profile FILE   cProfile of the GUI thread during the measured runs (pstats file)
 """
 
 from __future__ import annotations
@@ -63,11 +64,15 @@ def make_window(lm, store_dir: str):
     return window
 
 
-def streamed(window, settings) -> tuple[float, float, float, int]:
+def streamed(window, settings, profiler=None) -> tuple[float, float, float, int]:
     """One run in the window: (GUI CPU s, wall s, decode tok/s, tokens)."""
     wall, cpu = time.perf_counter(), time.thread_time()
+    if profiler is not None:
+        profiler.enable()
     run = window.start_run(settings)
     spin_until(lambda: not window.busy)
+    if profiler is not None:
+        profiler.disable()
     cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     assert run.finished is not None, f"the window's run did not finish: {run.error}"
     return cpu, wall, run.finished.tokens_per_s, len(run.unit_steps)
@@ -79,7 +84,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--profile", default=None)
     args = parser.parse_args()
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
 
     from PySide6.QtCore import qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
@@ -114,10 +125,10 @@ def main() -> None:
             streamed(window, settings[n].replace(max_new_tokens=8))
         for i in range(args.repeats):
             for n in names:
-                rows[n].append(streamed(window, settings[n]))
+                rows[n].append(streamed(window, settings[n], profiler))
                 cpu, wall, rate, count = rows[n][-1]
-                print(f"  repeat {i + 1} {n}: GUI {cpu / wall * 100:.1f}% of {wall:.1f} s wall, "
-                      f"{rate:.1f} tok/s, {count} steps", flush=True)
+                print(f"  repeat {i + 1} {n}: GUI {cpu / wall * 100:.1f}% of {wall:.1f} s wall "
+                      f"({cpu / count * 1000:.1f} ms per step), {rate:.1f} tok/s, {count} steps", flush=True)
         window.close()
         app.processEvents()
     end_load = os.getloadavg()
@@ -128,12 +139,17 @@ def main() -> None:
     shares = []
     for n in names:
         share = statistics.median(cpu / wall for cpu, wall, _, _ in rows[n])
+        per_step = statistics.median(cpu / count for cpu, _, _, count in rows[n])
         rate = statistics.median(r for _, _, r, _ in rows[n])
         shares.append(share)
-        print(f"{n:32s} GUI thread {share * 100:5.1f}% of the wall time   worker {rate:6.1f} tok/s")
+        print(f"{n:32s} GUI thread {share * 100:5.1f}% of the wall time ({per_step * 1000:5.1f} ms per step)   "
+              f"worker {rate:6.1f} tok/s")
     all_cpu = sum(cpu for n in names for cpu, _, _, _ in rows[n])
     all_wall = sum(wall for n in names for _, wall, _, _ in rows[n])
     print(f"{'all runs':32s} GUI thread {all_cpu / all_wall * 100:5.1f}% of the wall time")
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+        print(f"GUI-thread profile written to {args.profile} (python -m pstats {args.profile})")
 
 
 if __name__ == "__main__":

@@ -26,11 +26,22 @@ from playground.ui.views.contrastive.style import (
 from playground.ui.views.drawing import clear_bars, static_plot
 from playground.ui.views.texts import short_label
 
+_BRUSHES: dict[tuple[bool, bool] | None, QBrush] = {}  # made once, shared by every step's bar
 
-def step_brush(changed: bool, forced: bool) -> QBrush:
-    if forced:
-        return QBrush(QColor(SAME_COLOR), Qt.BrushStyle.BDiagPattern)
-    return pg.mkBrush(CHANGED_COLOR if changed else SAME_COLOR)
+
+def step_brush(changed: bool | None, forced: bool) -> QBrush:
+    """A step's bar: changed (magenta), kept (grey), forced (hatched grey), or unknown at the what-if (None)."""
+    key = None if changed is None else (changed, forced)
+    brush = _BRUSHES.get(key)
+    if brush is None:
+        if key is None:
+            brush = pg.mkBrush(UNKNOWN_COLOR)
+        elif forced:
+            brush = QBrush(QColor(SAME_COLOR), Qt.BrushStyle.BDiagPattern)
+        else:
+            brush = pg.mkBrush(CHANGED_COLOR if changed else SAME_COLOR)
+        _BRUSHES[key] = brush
+    return brush
 
 
 class StepsStrip(Panel):
@@ -61,7 +72,7 @@ class StepsStrip(Panel):
         run_brushes = [step_brush(r.contrast.changed, r.contrast.forced) for r in state.steps]
         self.run_row.setOpts(x=xs, y0=np.full(n, 0.55), height=np.full(n, 0.9), width=0.86, brushes=run_brushes)
         if replay is not None:
-            what_brushes = [pg.mkBrush(UNKNOWN_COLOR) if c is None else step_brush(c, False) for c in replay.changed]
+            what_brushes = [step_brush(c, False) for c in replay.changed]
             self.what_if_row.setOpts(x=xs, y0=np.full(n, -0.45), height=np.full(n, 0.9), width=0.86,
                                      brushes=what_brushes)
         else:
