@@ -60,6 +60,7 @@ class StepsStrip(Panel):
             item.addItem(graphic)
         item.getAxis("left").setTicks([[(1.0, "this run"), (0.0, "what-if")]])
         item.getAxis("left").setWidth(64)
+        self._ticks: list[tuple[float, str]] | None = None  # the labels last set (set again only when they change)
         item.getViewBox().sigResized.connect(self.draw_ticks)
         item.getViewBox().sigXRangeChanged.connect(self.draw_ticks)
         self.plot.scene().sigMouseClicked.connect(self._clicked)
@@ -95,9 +96,11 @@ class StepsStrip(Panel):
         per_step = box.width() / max(high - low, 1.0)
         stride = max(1, math.ceil(56 / max(per_step, 1e-6)))  # a shortened label is ~55 px wide
         steps = self.view.state.steps
-        item.getAxis("bottom").setTicks([[
-            (float(j), short_label(visible_token_text(r.text if r.text is not None else "…"), TICK_CHARS))
-            for j, r in enumerate(steps) if j % stride == 0]])
+        ticks = [(float(j), short_label(visible_token_text(r.text if r.text is not None else "…"), TICK_CHARS))
+                 for j, r in enumerate(steps) if j % stride == 0]
+        if ticks != self._ticks:  # a new range re-labels the axis once (the range's signal and the draw both ask)
+            self._ticks = ticks
+            item.getAxis("bottom").setTicks([ticks])
 
     def draw_band(self) -> None:
         shown = self.view.shown_step
