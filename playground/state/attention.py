@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from playground.events import Event, RunFinished, RunStarted, TokenStep
+from playground.events import Event, TokenStep
 from playground.events.attention import AttentionRow, AttentionStarted
 from playground.events.kv import KVQuality, KVStep
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
 
 SINK_POSITIONS = 4  # "the sink": the first positions (StreamingLLM keeps 4)
+ROWS = "rows"  # a part: the attention rows (the heat map and the run's summaries)
 DISTANCE_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 1 << 30)  # buckets of query − key
 
 
-class AttentionState(RunEnd):
-    def __init__(self) -> None:
-        self.reset()
+class AttentionState(Fold):
+    parts = frozenset({ROWS})
+    start_event = AttentionStarted
+    started: AttentionStarted | None
 
-    def reset(self) -> None:
-        self.started: AttentionStarted | None = None
+    def _clear(self) -> None:
         self.rows: list[AttentionRow] = []
         self.texts: list[str] = []  # every position's text: the prompt's, then each generated token's
         self.evicted: dict[int, int] = {}  # position -> the step after which no layer held it
@@ -30,13 +31,9 @@ class AttentionState(RunEnd):
         self.accumulated = np.zeros(0)  # per position: weight summed over steps, mean over layers and heads
         self.sink_mass = 0.0  # summed over rows: mean over layers and heads of the weight on the sink positions
         self.distance_mass = np.zeros(len(DISTANCE_EDGES) - 1)  # per distance bucket, mean over layers and heads
-        self.stop_reason = self.ended_status = None
 
-    def apply(self, event: Event) -> None:
-        if isinstance(event, RunStarted):
-            self.reset()
-        elif isinstance(event, AttentionStarted):
-            self.started = event
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, AttentionStarted):
             self.texts = list(event.prompt_tokens)
         elif isinstance(event, AttentionRow):
             self._add_row(event)
@@ -47,8 +44,9 @@ class AttentionState(RunEnd):
                 self.evicted.setdefault(position, event.step)
         elif isinstance(event, KVQuality):
             self.quality = event
-        elif isinstance(event, RunFinished):
-            self.stop_reason = event.stop_reason
+        else:
+            return None
+        return {ROWS, STATUS}
 
     def _add_row(self, row: AttentionRow) -> None:
         self.rows.append(row)

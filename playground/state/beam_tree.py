@@ -22,7 +22,9 @@ from typing import cast
 
 from playground.config import BeamSettings, RunSettings
 from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
+
+TREE = "tree"  # a part: the tree, its best path and the re-ranking pool
 
 SURVIVING = "surviving"
 PRUNED = "pruned"
@@ -74,13 +76,12 @@ class RankedHypothesis:
     run_rank: int | None  # rank among the sequences the run returned (None: not returned)
 
 
-class BeamTree(RunEnd):
+class BeamTree(Fold):
     """The growing tree of one beam-search run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({TREE})
 
-    def reset(self) -> None:
+    def _clear(self) -> None:
         self.nodes: list[TreeNode] = []
         self.columns: list[list[int]] = []  # node ids of each step, top to bottom
         self.width = 0
@@ -88,8 +89,6 @@ class BeamTree(RunEnd):
         self.processed = False  # penalties changed the log-probs (so they are not the raw model's)
         self.forced_token_ids: tuple[int, ...] = ()
         self.best_path: list[int] = []
-        self.stop_reason: str | None = None  # from RunFinished
-        self.ended_status: str | None = None  # how a run without RunFinished ended ("failed", "stopped")
         self.kv_cache_bytes = 0
         self.prompt_tokens = 0
         self._beam_nodes: list[int] = []  # node id of each running beam, in the engine's beam order
@@ -99,23 +98,17 @@ class BeamTree(RunEnd):
         self._path_texts: dict[int, str] = {}  # re-ranking pool nodes' texts (they never change)
 
     # --- folding events -------------------------------------------------------------------------------------
-    def apply(self, event: Event) -> bool:
-        """Fold one event in; True when the tree changed."""
-        if isinstance(event, RunStarted):
-            self._start(event)
-        elif isinstance(event, PrefillDone):
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, PrefillDone):
             self.prompt_tokens = event.prompt_tokens
             self.kv_cache_bytes = event.kv_cache_bytes
         elif isinstance(event, BeamStep):
             self._add_step(event)
-        elif isinstance(event, RunFinished):
-            self._finish(event)
         else:
-            return False
-        return True
+            return None
+        return {TREE, STATUS}
 
-    def _start(self, event: RunStarted) -> None:
-        self.reset()
+    def _run_started(self, event: RunStarted) -> None:
         settings, _unknown = RunSettings.from_plain_dict(event.settings)
         beam = settings.group(BeamSettings)
         self.width = beam.num_beams
@@ -171,9 +164,7 @@ class BeamTree(RunEnd):
         if len(self.columns) == 0:  # centre the prompt on the first column
             nodes[0].y = (y - 1.0) / 2 if column else 0.0
 
-    def _finish(self, event: RunFinished) -> None:
-        self.stop_reason = event.stop_reason
-        self.ended_status = None
+    def _finished(self, event: RunFinished) -> set[str]:
         forced = len(self.forced_token_ids)
         for rank, seq in enumerate(event.sequences, start=1):
             node_id = self._find_sequence(tuple(seq.token_ids[forced:]), prefer_finished=event.stop_reason != "stopped")
@@ -186,6 +177,7 @@ class BeamTree(RunEnd):
                 self.returned_running.append(node_id)
             if rank == 1:
                 self.best_path = self.path(node_id)
+        return {TREE}
 
 
     def _find_sequence(self, token_ids: tuple[int, ...], prefer_finished: bool) -> int | None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from playground.events import Event, RunFinished, RunStarted, TokenStep
+from playground.events import Event, TokenStep
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
 
 DISCARDED = "discarded"  # per response: a token of the cheap response that the full model rewrote
 KINDS = (CHEAP, FULL, FORCED, DISCARDED)
+MARKS = "marks"  # a part: the marked output, the confidence strip and the counts
 
 
 @dataclass
@@ -37,14 +38,14 @@ class Mark:
         return self.step.text
 
 
-class CascadeState(RunEnd):
+class CascadeState(Fold):
     """One cascade run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({MARKS})
+    start_event = CascadeStarted
+    started: CascadeStarted | None
 
-    def reset(self) -> None:
-        self.started: CascadeStarted | None = None
+    def _clear(self) -> None:
         self.marks: list[Mark] = []
         self.output: list[CascadeStep] = []  # the output's steps, in order
         self.drafts: list[CascadeStep] = []  # per response: the cheap model's response
@@ -58,31 +59,16 @@ class CascadeState(RunEnd):
         self.cheap_ms = 0.0
         self.full_ms = 0.0
         self.cheap_steps = 0  # steps where the cheap model chose (its pass or, at the first, the prefill's logits)
-        self.figures: dict[str, float] = {}
-        self.tokens_per_s: float | None = None
-        self.stop_reason: str | None = None
-        self.ended_status: str | None = None
 
     # --- folding events -------------------------------------------------------------------------------------
-    def apply(self, event: Event) -> bool:
-        """Fold one event in; True when the state changed."""
-        if isinstance(event, RunStarted):
-            self.reset()
-        elif isinstance(event, CascadeStarted):
-            self.started = event
-        elif isinstance(event, CascadeStep):
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, CascadeStep):
             self._add_step(event)
         elif isinstance(event, CascadeResponse):
             self._verdict(event)
-        elif isinstance(event, TokenStep):
-            return self._kept_draft(event)
-        elif isinstance(event, RunFinished):
-            self.figures = dict(event.figures)
-            self.tokens_per_s = event.tokens_per_s
-            self.stop_reason = event.stop_reason
-        else:
-            return False
-        return True
+        elif not (isinstance(event, TokenStep) and self._kept_draft(event)):
+            return None
+        return {MARKS, STATUS}
 
     def _add_step(self, step: CascadeStep) -> None:
         self._count_cost(step)

@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from playground.events import Event, RunFinished, RunStarted, TokenStep
+from playground.events import Event, TokenStep
 from playground.events.contrastive import ContrastCandidate, ContrastiveStarted, ContrastStep
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
+
+STEPS = "steps"  # a part: the steps (the strip, the DoLa plot, the what-if's replay, the chart)
+TEXTS = "texts"  # a part: the steps' token texts (the strip's labels, the step panel)
 
 
 def relative_prob(candidate: ContrastCandidate, expert_max: float) -> float:
@@ -101,14 +104,14 @@ def replay_alpha(state: ContrastiveState, alpha: float) -> AlphaReplay:
     return AlphaReplay(alpha, tuple(choices), tuple(changed), tuple(differs))
 
 
-class ContrastiveState(RunEnd):
+class ContrastiveState(Fold):
     """The steps of one contrastive run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({STEPS, TEXTS})
+    start_event = ContrastiveStarted
+    started: ContrastiveStarted | None
 
-    def reset(self) -> None:
-        self.started: ContrastiveStarted | None = None
+    def _clear(self) -> None:
         self.steps: list[StepRecord] = []
         self.changed = 0  # steps whose contrast choice is not the expert's top token
         self.forced = 0
@@ -116,31 +119,18 @@ class ContrastiveState(RunEnd):
         self.amateur_ms = 0.0
         self.contrast_ms = 0.0
         self.step_ms = 0.0
-        self.figures: dict[str, float] = {}
-        self.tokens_per_s: float | None = None
-        self.stop_reason: str | None = None
-        self.ended_status: str | None = None
 
-    def apply(self, event: Event) -> bool:
-        """Fold one event in; True when the state changed."""
-        if isinstance(event, RunStarted):
-            self.reset()
-        elif isinstance(event, ContrastiveStarted):
-            self.started = event
-        elif isinstance(event, ContrastStep):
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, ContrastStep):
             self._add_step(event)
-        elif isinstance(event, TokenStep):
+            return {STEPS, TEXTS, STATUS}
+        if isinstance(event, TokenStep):
             if not self.steps or self.steps[-1].step != event.step:
-                return False
+                return None
             self.steps[-1].text = event.text
             self.step_ms += event.step_ms
-        elif isinstance(event, RunFinished):
-            self.figures = dict(event.figures)
-            self.tokens_per_s = event.tokens_per_s
-            self.stop_reason = event.stop_reason
-        else:
-            return False
-        return True
+            return {TEXTS, STATUS}
+        return None
 
     def _add_step(self, s: ContrastStep) -> None:
         alpha = self.started.alpha if self.started is not None else 0.0

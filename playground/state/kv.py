@@ -15,9 +15,12 @@ from typing import cast
 
 import numpy as np
 
-from playground.events import Event, PrefillDone, RunFinished, RunStarted
+from playground.events import Event, PrefillDone, RunStarted
 from playground.events.kv import KVBlocks, KVCompare, KVPhase, KVStarted, KVStep, KVSweep
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
+
+# Its parts: the steps' bytes (and the prefill), the prefill/decode phases, the no-cache comparison, the batch sweep.
+STEPS, PHASES, COMPARE, SWEEP = "steps", "phases", "compare", "sweep"
 
 FIRST_CAPACITY = 64  # steps reserved before the first one; doubled when full
 # What a position of a cache that keeps less holds (``KVState.position_map``).
@@ -52,14 +55,14 @@ class _Growing:
         return self.data[..., : self.size]
 
 
-class KVState(RunEnd):
+class KVState(Fold):
     """The KV-cache record of one run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({STEPS, PHASES, COMPARE, SWEEP})
+    start_event = KVStarted
+    started: KVStarted | None
 
-    def reset(self) -> None:
-        self.started: KVStarted | None = None
+    def _clear(self) -> None:
         self.prompt_tokens: int | None = None  # from the run's start (the prefill's, once it came)
         self.model_dtype = ""  # the model's dtype (what "model" means as a KV dtype)
         self.prefill: PrefillDone | None = None
@@ -77,39 +80,34 @@ class KVState(RunEnd):
         self._process = _Growing()
         self._reserved = _Growing()
         self._layers: _Growing | None = None
-        self.tokens_per_s: float | None = None
-        self.stop_reason: str | None = None
-        self.ended_status: str | None = None
 
     # --- folding events -------------------------------------------------------------------------------------
-    def apply(self, event: Event) -> bool:
-        """Fold one event in; True when the state changed."""
-        if isinstance(event, RunStarted):
-            self.reset()
-            self.prompt_tokens = len(event.prompt_token_ids)
-            self.model_dtype = event.dtype
-        elif isinstance(event, KVStarted):
-            self.started = event
+    def _run_started(self, event: RunStarted) -> None:
+        self.prompt_tokens = len(event.prompt_token_ids)
+        self.model_dtype = event.dtype
+
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, KVStarted):
             if self._layers is None:
                 self._layers = _Growing(event.layers)
         elif isinstance(event, PrefillDone):
             self.prefill = event
             self.prompt_tokens = event.prompt_tokens
             self.prefill_position = self.count
+            return {STEPS, STATUS}
         elif isinstance(event, KVStep):
             self._add_step(event)
+            return {STEPS, STATUS}
         elif isinstance(event, KVPhase):
             self.phases[event.phase] = event
+            return {PHASES, STATUS}
         elif isinstance(event, KVCompare):
             self.compare = event
+            return {COMPARE, STATUS}
         elif isinstance(event, KVSweep):
             self.sweep = event
-        elif isinstance(event, RunFinished):
-            self.tokens_per_s = event.tokens_per_s
-            self.stop_reason = event.stop_reason
-        else:
-            return False
-        return True
+            return {SWEEP, STATUS}
+        return None
 
     def _add_step(self, step: KVStep) -> None:
         if self._layers is None:  # no KVStarted (a damaged trace): the first step says how many layers

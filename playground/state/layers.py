@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from playground.events import BeamStep, Event, RunFinished, RunStarted, TokenStep
+from playground.events import BeamStep, Event, TokenStep
 from playground.events.layers import LayersStarted, LayerStep
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
+
+LAYERS = "layers"  # a part: the layer map, the chosen token's layers and the exit replay
 
 ENTROPY = "entropy"
 MAX_PROB = "max-prob"
@@ -76,14 +78,14 @@ def _nan(values: tuple[float | None, ...]) -> list[float]:
     return [np.nan if v is None else float(v) for v in values]
 
 
-class LayerState(RunEnd):
+class LayerState(Fold):
     """The layer-wise record of one run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({LAYERS})
+    start_event = LayersStarted
+    started: LayersStarted | None
 
-    def reset(self) -> None:
-        self.started: LayersStarted | None = None
+    def _clear(self) -> None:
         self.layers = 0
         self.tokens: list[LayerToken] = []
         self._by_step: dict[int, int] = {}  # step -> index into tokens, until its token event comes
@@ -94,32 +96,17 @@ class LayerState(RunEnd):
         self.layers_computed = 0  # Σ over tokens
         self.layers_total = 0
         self.exits = 0  # tokens answered before the last layer
-        self.figures: dict[str, float] = {}
-        self.tokens_per_s: float | None = None
-        self.stop_reason: str | None = None
-        self.ended_status: str | None = None
 
     # --- folding events -------------------------------------------------------------------------------------
-    def apply(self, event: Event) -> bool:
-        """Fold one event in; True when the state changed."""
-        if isinstance(event, RunStarted):
-            self.reset()
-        elif isinstance(event, LayersStarted):
-            self.started = event
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, LayersStarted):
             self._ensure_layers(event.layers)
         elif isinstance(event, LayerStep):
             self._add_step(event)
-        elif isinstance(event, TokenStep):
-            return self._add_token(event)
-        elif isinstance(event, BeamStep):
-            return self._add_beam_step(event)
-        elif isinstance(event, RunFinished):
-            self.figures = dict(event.figures)
-            self.tokens_per_s = event.tokens_per_s
-            self.stop_reason = event.stop_reason
-        else:
-            return False
-        return True
+        elif not ((isinstance(event, TokenStep) and self._add_token(event))
+                  or (isinstance(event, BeamStep) and self._add_beam_step(event))):
+            return None
+        return {LAYERS, STATUS}
 
     def _ensure_layers(self, layers: int) -> None:
         if self._entropy is None:

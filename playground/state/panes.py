@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from playground.events import Event, RunFinished
 from playground.events.figures import first_divergence
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
+from playground.state.fold import STATUS, Fold
+
+PANES = "panes"  # a part: the panes' texts, divergence and figures
 
 
 @dataclass
@@ -29,24 +32,19 @@ class PaneRecord:
         return self.finished.text if self.finished is not None else "".join(self.texts)
 
 
-class PanesState:
-    """The panes of one run. ``apply(event)`` folds an event in and says whether it was one of ours."""
+class PanesState(Fold):
+    """The panes of one run. ``apply(event)`` folds an event in and says whether it was one of ours (the run's end
+    is not: it ends the panes, ``ended``)."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({PANES})
 
-    def reset(self) -> None:
+    def _clear(self) -> None:
         self.panes: list[PaneRecord] = []
         self.divergence: list[int | None] = []  # per pane: first step differing from pane 0 (None: not yet)
-        self.run_ended = False
 
     @property
-    def ended(self) -> bool:
-        return self.run_ended
-
-    def end(self, status: str) -> None:
-        """The run ended (finished, stopped, failed) without its final event reaching the panes."""
-        self.run_ended = True
+    def run_ended(self) -> bool:
+        return self.ended
 
     def _pane(self, index: int) -> PaneRecord:
         while len(self.panes) <= index:  # a pane seen before its start (a truncated trace) still shows
@@ -54,7 +52,7 @@ class PanesState:
             self.divergence.append(None)
         return self.panes[index]
 
-    def apply(self, event: Event) -> bool:
+    def _fold(self, event: Event) -> set[str] | None:
         if isinstance(event, PaneStarted):
             pane = self._pane(event.pane)
             pane.label, pane.strategy, pane.model_name = event.label, event.strategy, event.model_name
@@ -70,12 +68,12 @@ class PanesState:
             if event.token_ids and not pane.token_ids:  # a strategy without token events (beam): its final text
                 pane.token_ids = list(event.token_ids)
             self._settle_divergence()
-        elif isinstance(event, RunFinished):
-            self.run_ended = True
-            return False
         else:
-            return False
-        return True
+            return None
+        return {PANES, STATUS}
+
+    def _finished(self, event: RunFinished) -> set[str]:
+        return set()  # the run's end is not a pane's event (the panes' own ends came before it)
 
     def _compare_step(self, index: int, step: int) -> None:
         """A new token at ``step`` of pane ``index``: compare it with pane 0's (or pane 0's with every pane's)."""

@@ -7,19 +7,21 @@ import numpy as np
 
 from playground.events import Event
 from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
+from playground.state.fold import STATUS, Fold
+
+QUANT = "quant"  # a part: the copy, the per-token comparison, the summary and the table
 
 
-class QuantState:
-    def __init__(self) -> None:
-        self.reset()
+class QuantState(Fold):
+    parts = frozenset({QUANT})
 
-    def reset(self) -> None:
+    def _clear(self) -> None:
         self.ready: QuantReady | None = None
         self.steps: list[QuantStep] = []
         self.summary: QuantSummary | None = None
         self.table: QuantTable | None = None
 
-    def apply(self, event: Event) -> bool:
+    def _fold(self, event: Event) -> set[str] | None:
         if isinstance(event, QuantReady):
             self.ready = event
         elif isinstance(event, QuantStep):
@@ -29,8 +31,8 @@ class QuantState:
         elif isinstance(event, QuantTable):
             self.table = event
         else:
-            return False
-        return True
+            return None
+        return {QUANT, STATUS}
 
     @property
     def kl(self) -> np.ndarray:

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
+from playground.events import Event, PrefillDone, RunFinished, TokenStep
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
-from playground.state.run_end import RunEnd
+from playground.state.fold import STATUS, Fold
 
 ACCEPTED = "accepted"  # a drafted token the target kept
 REJECTED = "rejected"  # a drafted token the target threw away (it is not in the output)
 TARGET = "target"  # the target's own token: a correction after a rejection, or the bonus after a full draft
 FORCED = "forced"  # forced by branching (no drafting, no verdict)
 KINDS = (ACCEPTED, REJECTED, TARGET, FORCED)
+
+ROUNDS = "rounds"  # a part: the rounds (timeline, round chart, acceptance by position, what-if)
+MARKS = "marks"  # a part: the output's marks (the text)
 
 K_RANGE = range(0, 17)  # the what-if's k axis: 0 (plain decoding) to the settings' maximum
 
@@ -111,13 +114,13 @@ def rejected_nodes(r: SpeculativeRound) -> list[int]:
     return sorted(children, key=lambda i: r.drafted[i].rank)
 
 
-class SpeculativeState(RunEnd):
+class SpeculativeState(Fold):
     """The rounds of one speculative run. ``apply(event)`` folds an event in; ``reset()`` empties it."""
 
-    def __init__(self) -> None:
-        self.reset()
+    parts = frozenset({ROUNDS, MARKS})
+    start_event = SpeculativeStarted
 
-    def reset(self) -> None:
+    def _clear(self) -> None:
         self.drafter = ""
         self.detail = ""
         self.draft_k = 0
@@ -147,35 +150,28 @@ class SpeculativeState(RunEnd):
         self._fit = [0.0] * 5  # n, Σx, Σy, Σx², Σxy of (drafted, verify_ms) per round
         self._pending: dict[int, int] = {}  # step -> index of its mark, until its token event comes
         self._last_forced = False
-        self.figures: dict[str, float] = {}
-        self.tokens_per_s: float | None = None
-        self.stop_reason: str | None = None
-        self.ended_status: str | None = None
 
     # --- folding events -------------------------------------------------------------------------------------
-    def apply(self, event: Event) -> bool:
-        """Fold one event in; True when the state changed."""
-        if isinstance(event, RunStarted):
-            self.reset()
-        elif isinstance(event, SpeculativeStarted):
+    def _fold(self, event: Event) -> set[str] | None:
+        if isinstance(event, SpeculativeStarted):
             self.drafter, self.detail = event.drafter, event.detail
             self.draft_k, self.do_sample = event.draft_k, event.do_sample
             self.tree_width, self.tree_nodes = event.tree_width, event.tree_nodes
         elif isinstance(event, PrefillDone):
             self.prefill_passes = event.forward_passes
             self.prompt_passes = event.forward_passes + int(event.deferred_tokens > 0)
+            return {STATUS}
         elif isinstance(event, SpeculativeRound):
             self._add_round(event)
+            return {ROUNDS, MARKS, STATUS}
         elif isinstance(event, TokenStep):
             self._add_token(event)
-        elif isinstance(event, RunFinished):
-            self.figures = dict(event.figures)
-            self.tokens_per_s = event.tokens_per_s
-            self.stop_reason = event.stop_reason
-            self._settle_all()
-        else:
-            return False
-        return True
+            return {MARKS, STATUS}
+        return None
+
+    def _finished(self, event: RunFinished) -> set[str]:
+        self._settle_all()
+        return set(self.parts)
 
     def _add_round(self, r: SpeculativeRound) -> None:
         index = len(self.rounds)  # = r.round (forced stretches are not rounds)
@@ -271,11 +267,9 @@ class SpeculativeState(RunEnd):
         self._pending.clear()
         self.settled = len(self.marks)
 
-    def end(self, status: str) -> None:
-        """A run that ended without RunFinished (failed, stopped): draw what there is; a no-op after one."""
-        if self.stop_reason is None:
-            super().end(status)
-            self._settle_all()
+    def _ended_without_finish(self) -> None:
+        """A run that ended without RunFinished (failed, stopped): draw what there is."""
+        self._settle_all()
 
     # --- reading ----------------------------------------------------------------------------------------------
 

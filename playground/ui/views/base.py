@@ -17,6 +17,8 @@ from PySide6.QtWidgets import QLabel, QWidget
 from playground.config.catalog import STRATEGIES
 from playground.events import Event, RunStarted
 from playground.state import Run
+from playground.state.fold import Fold
+from playground.ui.views.columns import Panel
 from playground.ui.views.drawing import ThrottledDraw
 
 IMAGE_FORMATS = ("png", "svg")
@@ -134,27 +136,67 @@ class View(QWidget):
 
 
 class FoldView(View):
-    """A view drawn from one Qt-free fold of its events (``self.state``, with ``reset``/``apply``/``end`` and
-    ``ended``), redrawn by ``_draw`` at once when a run is shown and at most every ``live_draw_ms`` while it streams.
+    """A view drawn from Qt-free folds of its events (``self.state``, a ``playground.state.fold.Fold``), redrawn at
+    once when a run is shown and at most every ``live_draw_ms`` while it streams, and then only where it changed.
 
     A subclass sets ``self.state`` and calls ``_start_drawing()`` at the end of its ``__init__`` (which resets it);
-    it adds what it keeps besides the fold in ``_forget`` (on reset, before the draw), ``_follow`` (before each
-    batch's draw) and ``_ended`` (when the run ends, before the last draw), and ``idle_header``, the header's text
-    while nothing is shown. A view whose events go to more than its one fold, or whose fold ends another way,
-    overrides ``_fold`` (one event in), ``_streaming`` (whether the run still streams: draws stay throttled) and
-    ``_end_fold`` (the run ended with this status)."""
+    it lists its panels in ``sections`` (``columns.Panel``s: each is drawn when a part of the fold it shows
+    changed), or draws itself whole in ``_draw`` (then whenever anything changed). Nothing changed since the last
+    draw (a batch of events none of its folds keeps): nothing is drawn. It adds what it keeps besides the fold in
+    ``_forget`` (on reset, before the draw), ``_follow`` (before each batch's draw) and ``_ended`` (when the run
+    ends, before the last draw), and ``idle_header``, the header's text while nothing is shown. A view whose events
+    go to more than its one fold names them in ``_folds``; one whose fold ends another way overrides ``_fold`` (one
+    event in), ``_streaming`` (whether the run still streams: draws stay throttled) and ``_end_fold`` (the run ended
+    with this status)."""
 
     live_draw_ms: ClassVar[int] = 200
     idle_header: ClassVar[str] = ""
-    state: Any  # the view's fold (each view names its type); a view whose fold ends otherwise overrides the below
+    state: Any  # the view's fold (a ``Fold``; each view names its own type)
+    sections: tuple[Panel, ...] = ()  # the view's panels, where it has them (each drawn where its parts changed)
     header: QLabel  # where ``idle_header`` is set
 
     def _start_drawing(self) -> None:
-        self._redraw = ThrottledDraw(self, self.live_draw_ms, self._draw)
+        self._redraw = ThrottledDraw(self, self.live_draw_ms, self._draw_changed)
         self.reset()
 
     def _draw(self) -> None:
-        raise NotImplementedError
+        """The whole view: every panel (a view without ``sections`` draws itself)."""
+        if not self.sections:
+            raise NotImplementedError
+        for section in self.sections:
+            section.draw()
+
+    def _draw_parts(self, parts: set[str]) -> None:
+        """Draw what shows ``parts`` of the folds (called only when some changed): the panels that show one of
+        them; a view without ``sections``, whole."""
+        if not self.sections:
+            self._draw()
+            return
+        for section in self.sections:
+            if section.shows & parts:
+                section.draw()
+
+    def _folds(self) -> tuple[Fold, ...]:
+        return (self.state,)
+
+    def _changed(self) -> bool:
+        return any(fold.dirty for fold in self._folds())
+
+    def _take_changed(self) -> set[str]:
+        parts: set[str] = set()
+        for fold in self._folds():
+            parts |= fold.take_dirty()
+        return parts
+
+    def _draw_changed(self) -> None:
+        """The streaming redraw: the panels of what changed since the last draw, nothing if nothing did."""
+        parts = self._take_changed()
+        if parts:
+            self._draw_parts(parts)
+
+    def _draw_all(self) -> None:
+        self._take_changed()
+        self._draw()
 
     def _forget(self) -> None:
         """Reset what the view keeps besides its fold."""
@@ -177,9 +219,10 @@ class FoldView(View):
 
     def reset(self) -> None:
         self._redraw.cancel()
-        self.state.reset()
+        for fold in self._folds():
+            fold.reset()
         self._forget()
-        self._draw()
+        self._draw_all()
         if self.idle_header:
             self.header.setText(self.idle_header)
 
@@ -191,13 +234,14 @@ class FoldView(View):
 
     def flush(self) -> None:
         self._follow()
-        self._redraw.request(streaming=self._streaming())
+        if self._changed():
+            self._redraw.request(streaming=self._streaming())
 
     def end(self, run: Run) -> None:
         self._redraw.cancel()
         self._end_fold(run.status)
         self._ended()
-        self._draw()
+        self._draw_all()
 
 
 def save_widget_picture(widget: QWidget, path: Path, pixmap: QPixmap | None = None) -> None:

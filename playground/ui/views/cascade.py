@@ -34,7 +34,9 @@ from playground.ui.style import format_percent, mono_font, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
 from playground.ui.views.drawing import fill_with_scroll, static_plot
+from playground.ui.views.texts import short_label, status_html
 
+TICK_CHARS = 8  # a token's label under its step
 LIVE_DRAW_MS = 200  # while streaming, the strip and figures redraw at most this often
 # One colour per meaning (Paul Tol's colour-blind-safe "vibrant" set, as the speculative view: the cheap model's
 # kept token is its accepted draft's teal, the full model the target's blue, a thrown-away token the rejected red).
@@ -55,10 +57,6 @@ def _swatch(kind: str, text: str) -> str:
 
 def _pct(prob: float | None) -> str:
     return "—" if prob is None else html.escape(format_percent(prob))
-
-
-def _short(text: str, limit: int = 8) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def mark_tooltip(state: CascadeState, mark: Mark) -> str:
@@ -322,7 +320,8 @@ class CascadeView(FoldView):
         low, high = box.viewRange()[0]
         per_token = box.width() / max(high - low, 1.0)
         stride = max(1, math.ceil(58 / max(per_token, 1e-6)))
-        ticks = [(float(s.step), _short(visible_token_text(s.text))) for s in steps if s.step % stride == 0]
+        ticks = [(float(s.step), short_label(visible_token_text(s.text), TICK_CHARS))
+                 for s in steps if s.step % stride == 0]
         self.strip.getPlotItem().getAxis("bottom").setTicks([ticks])
 
     def _draw_texts(self) -> None:
@@ -330,12 +329,7 @@ class CascadeView(FoldView):
         if started is None:
             self.figures.setText("")
             return
-        if state.stop_reason:
-            status = f"finished ({html.escape(state.stop_reason)})"
-        elif state.ended_status:
-            status = f"<b>{html.escape(state.ended_status)}</b>"
-        else:
-            status = "running…"
+        status = status_html(state)
         how = "sampled" if started.do_sample else "greedy"
         rule = (f"the whole response is rewritten by the full model when the cheap model's mean p is below "
                 f"<b>{started.threshold:g}</b>" if state.per_response else

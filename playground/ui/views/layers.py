@@ -45,8 +45,10 @@ from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
 from playground.ui.views.drawing import fill_with_scroll, static_plot
+from playground.ui.views.texts import short_label, status_html
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
+TICK_CHARS = 8  # a token's label under its column
 NOT_RUN_COLOR = "#A8A8A8"  # a layer that did not run: neutral grey, in no colour map
 EXIT_COLOR = "#EE3377"  # the layer that answered (Tol's magenta: in no part of the colour map)
 REPLAY_COLOR = "#000000"  # the replayed threshold's exits: a dashed line on a white one reads on any cell
@@ -56,10 +58,6 @@ TOP_PROB_LINE = "#CC6600"
 SLIDER_STEPS = {ENTROPY: 0.05, MAX_PROB: 0.01}  # threshold per slider notch
 EXPLANATION = ("Each cell: how unsure layer L is about the next token if the model stopped there — the entropy, in "
                "bits, of that layer's guess (final norm + LM head on its output). Light = sure, dark = unsure.")
-
-
-def _short(text: str, limit: int = 8) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _outline(size: float, color: str, width: float) -> pg.ScatterPlotItem:
@@ -432,7 +430,7 @@ class LayersView(FoldView):
             self._exit_marks.setPen(pg.mkPen(EXIT_COLOR, width=widths[0]))
             self._selected.setPen(pg.mkPen(SELECT_COLOR, width=widths[0]))
         stride = max(1, math.ceil(62 / max(per_token, 1e-6)))  # a shortened label is ~60 px wide
-        ticks = [(float(j), _short(visible_token_text(t.text if t.text is not None else "…")))
+        ticks = [(float(j), short_label(visible_token_text(t.text if t.text is not None else "…"), TICK_CHARS))
                  for j, t in enumerate(tokens) if j % stride == 0]
         self.heatmap.getPlotItem().getAxis("bottom").setTicks([ticks])
 
@@ -524,12 +522,7 @@ class LayersView(FoldView):
 
     def _draw_texts(self) -> None:
         state = self.state
-        if state.stop_reason:
-            status = f"finished ({html.escape(state.stop_reason)})"
-        elif state.ended_status:
-            status = f"<b>{html.escape(state.ended_status)}</b>"
-        else:
-            status = "running…" if state.tokens else "waiting for the first token…"
+        status = status_html(state, "waiting for the first token…", under_way=bool(state.tokens))
         if state.started is None and not state.tokens:
             return
         tuned = state.started is not None and state.started.lens_kind == "tuned"

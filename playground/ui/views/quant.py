@@ -32,18 +32,19 @@ from playground.config import QuantSettings
 from playground.events import Event
 from playground.events.quant import QuantReady, QuantStep
 from playground.state import Run
+from playground.state.fold import Fold
 from playground.state.panes import PaneRecord, PanesState
 from playground.state.quant import QuantState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
+from playground.ui.views.columns import SHORT_DOCK
 from playground.ui.views.drawing import LeastHeight, fill_with_scroll, static_plot
 from playground.ui.views.side_by_side import DIVERGE_BG, SideBySidePanes
 
 PLOT_HEIGHT = 110  # px: a plot's least height (title, axis, a readable curve)
 PANES_HEIGHT = 175  # px the two panes take at most; in a short dock (1280 x 800's) less, so the plots stay readable
 SHORT_PANES_HEIGHT = 138
-SHORT_DOCK = 600  # px: a view lower than this is a short dock
 KL_COLOR = "#0077BB"
 DISAGREE_COLOR = "#CC3311"
 BEFORE_COLOR = "#9E9E9E"
@@ -165,11 +166,12 @@ class QuantView(FoldView):
     # --- the view interface -----------------------------------------------------------------------------------
     # Two folds: the lab's own (the copy, the teacher-forced steps, the summary) and the panes'; the run streams
     # until its summary comes or its panes end.
-    def _forget(self) -> None:
-        self.panes_state.reset()
+    def _folds(self) -> tuple[Fold, ...]:
+        return (self.state, self.panes_state)
 
     def _fold(self, event: Event) -> None:
-        self.state.apply(event) or self.panes_state.apply(event)
+        self.state.apply(event)
+        self.panes_state.apply(event)
 
     def _streaming(self) -> bool:
         return self.state.summary is None and not self.panes_state.ended

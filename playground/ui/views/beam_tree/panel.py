@@ -45,6 +45,7 @@ from playground.ui.views.beam_tree.items import (
     StepChunk,
     TokenLabels,
 )
+from playground.ui.views.texts import short_middle
 
 STEP_PX = 92  # the view shows as many steps as fit at this width (room for a label of ~10 characters)
 MIN_VISIBLE_STEPS = 6
@@ -62,14 +63,6 @@ def format_mb(n_bytes: float) -> str:
 def sequence_text(text: str) -> str:
     """A whole sequence for one line: spaces stay spaces, line breaks and tabs become visible."""
     return text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "⟨CR⟩")
-
-
-def _short(text: str, limit: int = 60) -> str:
-    """Start and end of a long text (hypotheses often share a long start and differ at the end)."""
-    if len(text) <= limit:
-        return text
-    head = limit // 3
-    return text[:head] + " … " + text[-(limit - head - 3) :]
 
 
 def chunk_of(step: int) -> int:
@@ -424,7 +417,7 @@ class BeamTreePanel(QWidget):
                     f"finished hypotheses · {state}")
             if tree.best_path:
                 best = tree.nodes[tree.best_path[-1]]
-                text = html.escape(_short(sequence_text(tree.path_text(best.id)), 90))
+                text = html.escape(short_middle(sequence_text(tree.path_text(best.id)), 90))
                 score = best.normalised_score(tree.length_penalty)
                 head += (f"<br>best sequence (<span style='color:{BEST_COLOR}'>━</span>): <code>{text}</code> "
                          f"· score {score:.3f} = log-prob {best.cum_logprob:.2f} / {best.length}"
@@ -475,7 +468,7 @@ class BeamTreePanel(QWidget):
             f"<b>nothing was regenerated</b> ({note}). Score = sum of log-probs / length<sup>penalty</sup>.")
         rows = []
         for i, hyp in enumerate(self.ranking[:RANKING_ROWS], start=1):
-            text = html.escape(_short(sequence_text(hyp.text), 80))
+            text = html.escape(short_middle(sequence_text(hyp.text), 80))
             run = f" · run's #{hyp.run_rank}" if hyp.run_rank else ""
             rows.append(f"#{i} &nbsp;<b>{hyp.score:.3f}</b> · {hyp.length} tokens{run} · <code>{text}</code>")
         self.ranking_label.setText("<br>".join(rows))
@@ -532,5 +525,5 @@ class BeamTreePanel(QWidget):
                          f"{node.finished_score:.3f}")
         if node.id in tree.best_path:
             lines.append("on the best sequence")
-        lines.append(f"text: {_short(sequence_text(tree.path_text(node.id)), 80)}")
+        lines.append(f"text: {short_middle(sequence_text(tree.path_text(node.id)), 80)}")
         return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any
 
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -120,6 +121,10 @@ class Panel(QWidget):
         layout.setSpacing(2)
         layout.addWidget(self.stack, 1)
         layout.addWidget(self.caption)
+
+    def draw(self, s: Any) -> None:
+        """Draw the panel from the KV fold (each panel its own part of it)."""
+        raise NotImplementedError
 
     def show_plot(self, caption: str) -> None:
         self.stack.setCurrentWidget(self.plot)

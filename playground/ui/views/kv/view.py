@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QTabWidget, QVBoxLayout,
 
 from playground.events.kv import KVStep
 from playground.state import Run
-from playground.state.kv import KVState
+from playground.state.kv import COMPARE, PHASES, STEPS, SWEEP, KVState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
@@ -31,10 +31,11 @@ from playground.ui.views.kv.panel import format_mb
 from playground.ui.views.kv.roofline import RooflinePanel
 from playground.ui.views.kv.size import SizePanel
 from playground.ui.views.kv.sweep import SweepPanel
+from playground.ui.views.texts import status_html
 
 THREE_COLUMNS_PX = 1100  # the panels sit in three columns from this width of the view, else in two (at 1062 px
 # three columns cut the block map's title and the sweep's right axis)
-SHORT_DOCK = 850  # px: two columns' three rows need about this; a lower dock pages them, two panels a page
+PAGED_BELOW = 850  # px: two columns' three rows need about this; a lower dock pages them, two panels a page
 PAGES = ("size and layers", "blocks and latency", "roofline and batch sweep")  # the tabs, in the grid's order
 EXPLANATION = ("Each token's keys and values are kept for every layer, so later tokens attend to them instead of "
                "recomputing them: the cache grows by the same bytes per token (2 × layers × KV heads × head dim × "
@@ -128,9 +129,7 @@ class KVView(FoldView):
                 self.sweep_panel)
 
     def resizeEvent(self, event) -> None:
-        self._arrange(3 if event.size().width() >= THREE_COLUMNS_PX else 2, event.size().height() < SHORT_DOCK)
-        super().resizeEvent(event)
-
+        self._arrange(3 if event.size().width() >= THREE_COLUMNS_PX else 2, event.size().height() < PAGED_BELOW)
         super().resizeEvent(event)
 
     def remote_note(self, run: Run) -> str:
@@ -153,18 +152,23 @@ class KVView(FoldView):
             panel.draw(self.state)
         self._draw_texts()
 
+    def _draw_parts(self, parts: set[str]) -> None:
+        """While streaming: the panels of the parts that changed (a step grows the size, layer and block panels;
+        the latency, roofline and sweep panels wait for their own events), and the texts."""
+        shows = {self.size_panel: STEPS, self.layer_panel: STEPS, self.compare_panel: COMPARE,
+                 self.block_panel: STEPS, self.roofline_panel: PHASES, self.sweep_panel: SWEEP}
+        for panel, part in shows.items():
+            if part in parts:
+                panel.draw(self.state)
+        self._draw_texts()
+
     def _draw_texts(self) -> None:
         s = self.state
         started = s.started
         if started is None and s.last is None:
             self.figures.setText("")
             return
-        if s.stop_reason:
-            status = f"finished ({html.escape(s.stop_reason)})"
-        elif s.ended_status:
-            status = f"<b>{html.escape(s.ended_status)}</b>"
-        else:
-            status = "running…" if s.count else "waiting for the first token…"
+        status = status_html(s, "waiting for the first token…", under_way=bool(s.count))
         parts = ["<b>KV cache</b>"]
         if started is not None:
             holder = {"contiguous": "contiguous cache", "none": "no cache",

@@ -25,6 +25,7 @@ from playground.state import visible_token_text
 from playground.state.speculative import ACCEPTED, REJECTED, TARGET, TreeWhatIf, rejected_nodes
 from playground.ui.style import format_percent
 from playground.ui.views.speculative.text import KIND_COLORS, TINTS
+from playground.ui.views.texts import short_label
 
 UNREACHED = "unreached"  # a node the verification never reached (below a rejected node, or a sibling of the path)
 NODE_COLORS = {**KIND_COLORS, UNREACHED: "#AAAAAA"}
@@ -36,10 +37,6 @@ DOT_PITCH = 0.4  # a crowded tree: the height of a row that holds only nodes nev
 # The heat map's colours: light red below plain decoding's speed, white at 1×, light teal above (black text reads on
 # all of them).
 SLOWER_RGB, EVEN_RGB, FASTER_RGB = (244, 165, 130), (255, 255, 255), (128, 205, 193)
-
-
-def short_text(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def node_kinds(r: SpeculativeRound) -> list[str]:
@@ -210,7 +207,7 @@ class RoundTree:
         self._plot.setYRange(-0.6, max(height, 3) - 0.4, padding=0)
 
     def _set(self, label: pg.TextItem, text: str, kind: str, x: float, row: float, limit: int) -> None:
-        words = html.escape(short_text(text, limit)) or "∅"
+        words = html.escape(short_label(text, limit)) or "∅"
         if self.crowded and kind == UNREACHED:
             words = "•"
         if kind == REJECTED:
