@@ -3,6 +3,7 @@ neither torch nor Qt; reading the strategy registry, settings and saved runs loa
 
 from __future__ import annotations
 
+import os
 import pkgutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ QT_FREE_MODULES = [
 def _loaded_after(code: str) -> set[str]:
     probe = f"{code}\nimport sys\nprint('LOADED', ' '.join(sorted(m.split('.')[0] for m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                         cwd=ROOT / "tests")  # tests/support (the tiny models) is importable there
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})  # tests/support importable
     line = next(line for line in out.stdout.splitlines() if line.startswith("LOADED "))
     return set(line.split()[1:])
 
