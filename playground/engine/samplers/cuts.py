@@ -1,5 +1,5 @@
-"""What the truncating samplers share (epsilon, eta, mirostat): the ``-inf`` of a removed token and the guard
-that keeps the likeliest tokens whatever a cut says."""
+"""What the truncating samplers share: the ``-inf`` of a removed token (typical-p, epsilon, eta, top-nσ, XTC,
+mirostat) and the guard that keeps the likeliest tokens whatever a cut says (epsilon, eta, mirostat)."""
 
 from __future__ import annotations
 
