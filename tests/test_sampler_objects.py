@@ -53,3 +53,18 @@ def test_stateful_samplers_accept_reset_clone_and_roll_back():
     first = [xtc.apply(ids, logits) for _ in range(6)]
     xtc.restore(saved)  # the same draws again
     assert all(torch.equal(a, xtc.apply(ids, logits)) for a in first)
+
+
+def test_every_declared_sampler_is_one_module_of_its_name_in_each_of_the_three_folders():
+    """A sampler's declaration, engine object and what-if stage each live in a module named as the sampler (a
+    declared sampler with no what-if stage would only fail when a run re-derives with it on)."""
+    import importlib.util
+
+    from playground.state.what_if.stages import STAGES
+
+    assert set(STAGES) == set(SPECS)
+    for name, spec in SPECS.items():
+        for package in ("playground.config.samplers", "playground.engine.samplers", "playground.state.what_if.stages"):
+            assert importlib.util.find_spec(f"{package}.{name}") is not None, (package, name)
+        assert spec.is_on.__module__ == f"playground.config.samplers.{name}", name
+        assert STAGES[name].fn.__module__ == f"playground.state.what_if.stages.{name}", name

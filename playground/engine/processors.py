@@ -3,7 +3,8 @@
 strategy that carries the stateful samplers (greedy and sample) hands them: the run's generator, the strategy's
 per-step inputs (guidance's negative logits) and ``accept`` after each chosen token.
 
-The transformers processors' functions live in ``playground.engine.samplers.basic`` (importable from here).
+The transformers processors' functions live in their samplers' modules (``playground.engine.samplers.top_k``, ...;
+importable from here).
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ from playground.config import RunSettings
 from playground.config.errors import ConfigError
 from playground.config.samplers import SPECS, active_samplers
 from playground.engine.samplers import ENGINE_SAMPLERS, BuildContext, MirostatState, Sampler
-from playground.engine.samplers.basic import (
-    FAST_TOP,
-    FAST_VOCAB,
-    apply_repetition_penalty,
-    ban_repeated_ngrams,
-    keep_min_p,
-    keep_top_k,
-    keep_top_p,
-)
+from playground.engine.samplers.min_p import keep_min_p
 from playground.engine.samplers.mirostat import Mirostat
+from playground.engine.samplers.no_repeat_ngram import ban_repeated_ngrams
+from playground.engine.samplers.repetition_penalty import apply_repetition_penalty
 from playground.engine.samplers.temperature import apply_temperature
+from playground.engine.samplers.top_k import keep_top_k
+from playground.engine.samplers.top_p import FAST_TOP, FAST_VOCAB, keep_top_p
 
 NamedTransform = Sampler  # a chain's stage: ``name`` and ``apply`` (the strategies' annotations use this name)
 

@@ -59,6 +59,10 @@ class SamplerSpec:
         return (self.name, *self.stages)
 
 
+# The what-if bound of the samplers that read the whole distribution (typical-p, eta, top-nσ).
+WHOLE_DISTRIBUTION = ("estimate while tokens outside the recorded candidates are in play (it reads the whole "
+                      "distribution)")
+
 SPECS: dict[str, SamplerSpec] = {}  # by name, in the default order
 SAMPLER_GROUPS: dict[type[SettingsGroup], SamplerSpec] = {}  # a sampler's own settings group -> the sampler
 SAMPLERS: dict[str, str] = {}  # name -> what it is, in the default order (kept in step with SPECS)

@@ -1,12 +1,6 @@
-"""Penalties on what the text already holds: OpenAI's presence and frequency penalties, and DRY."""
+"""OpenAI's presence and frequency penalties, one sampler (llama.cpp's ``penalties`` entry)."""
 
-from playground.config.samplers.base import SamplerSpec, ServerWords, register_sampler, unescape_breaker
-
-
-def _dry_words(s, sampling: bool) -> dict:
-    return dict(dry_multiplier=s.dry_multiplier, dry_base=s.dry_base, dry_allowed_length=s.dry_allowed_length,
-                dry_penalty_last_n=-1,  # -1: the whole context
-                dry_sequence_breakers=[unescape_breaker(b) for b in s.dry_sequence_breakers])
+from playground.config.samplers.base import SamplerSpec, ServerWords, register_sampler
 
 
 def _openai_penalties(s) -> dict:
@@ -21,10 +15,3 @@ register_sampler(SamplerSpec(
     is_on=lambda s: s.presence_penalty != 0.0 or s.frequency_penalty != 0.0,
     server=ServerWords(llama_word="penalties", openai=_openai_penalties),
     what_if="exact while no tail token is raised"))
-register_sampler(SamplerSpec(
-    name="dry", position=60, sampling_only=False,
-    reads=("dry_multiplier", "dry_base", "dry_allowed_length", "dry_sequence_breakers"),
-    help="don't repeat yourself: penalise extending a repeated sequence (--dry-multiplier)",
-    is_on=lambda s: s.dry_multiplier > 0.0,
-    server=ServerWords(llama_word="dry", llama=_dry_words, llama_only="DRY"),
-    what_if="exact; breakers given as words need the tokenizer"))

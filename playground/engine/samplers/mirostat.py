@@ -1,5 +1,8 @@
 """Mirostat v2 (Basu et al.; llama.cpp's ``mirostat_v2``): mu, the surprise cut, carried across steps and moved
-after each chosen token (``accept``) toward the target surprise tau."""
+after each chosen token (``accept``) toward the target surprise tau.
+
+ids: [batch, seq]; logits: [batch, vocab] (``-inf`` where an earlier sampler removed a token).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,14 @@ from typing import Any
 import torch
 
 from playground.engine.samplers.base import BuildContext, Sampler, engine_sampler
-from playground.engine.samplers.truncation import truncate_by_surprise
+from playground.engine.samplers.cuts import NEG_INF, protect_top
 from playground.sampler_maths import mirostat_next_mu
+
+
+def truncate_by_surprise(ids: torch.Tensor, logits: torch.Tensor, mu: float) -> torch.Tensor:
+    """Mirostat v2's cut: drop tokens whose surprise −log2 p exceeds ``mu`` (the top token always stays)."""
+    surprise = -torch.log2(logits.softmax(dim=-1))
+    return logits.masked_fill(protect_top(surprise > mu, logits, 1), NEG_INF)
 
 
 @dataclass

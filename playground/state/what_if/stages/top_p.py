@@ -1,4 +1,4 @@
-"""transformers' processors and warpers: repetition penalty, the n-gram ban, top-k, top-p, min-p."""
+"""transformers' top-p, decided at both of the tail's bounds."""
 
 from __future__ import annotations
 
@@ -7,51 +7,9 @@ import math
 import numpy as np
 
 from playground.config import RunSettings
-from playground.sampler_maths import NgramIndex
-from playground.state.what_if.bounds import _PAST, _RAISES, _ROUNDING, _SPREAD, _Chain, _counts, _per_step_bans
+from playground.state.what_if.bounds import _PAST, _ROUNDING, _SPREAD, _Chain
 from playground.state.what_if.recorded import NEG_INF
 from playground.state.what_if.stages import stage
-
-
-@stage("repetition_penalty")
-def _repetition(c: _Chain, s: RunSettings, context: np.ndarray, start: int, *_: object) -> None:
-    counts, outside = _counts(c)
-    p = s.repetition_penalty
-    c.x = np.where(counts > 0, np.where(c.x < 0, c.x * p, c.x / p), c.x)
-    c.err = c.err * max(p, 1 / p)
-    if p > 1:
-        c.lower_tail(outside)
-    else:
-        c.flag(c.alive & (outside > 0), _RAISES)
-        c.pristine &= ~(outside > 0)
-        c.top = np.where(c.top > 0, c.top / p, c.top * p)
-
-
-@stage("no_repeat_ngram")
-def _no_repeat_ngram(c: _Chain, s: RunSettings, context: np.ndarray, start: int, *_: object) -> None:
-    """The engine's rule: every n-gram window of the context whose first n-1 tokens are the context's last n-1
-    bans its last token."""
-    index, tokens = NgramIndex(s.no_repeat_ngram_size), context.tolist()
-    banned = [dict.fromkeys(index.banned(tokens, start + row), 0.0) for row in range(c.x.shape[0])]
-    _per_step_bans(c, banned, subtract=False)
-
-
-@stage("top_k")
-def _top_k(c: _Chain, s: RunSettings, *_: object) -> None:
-    k = max(s.top_k, 1)
-    finite = c.x
-    width = c.x.shape[1]
-    kth = np.full(c.x.shape[0], -np.inf)
-    if k <= width:
-        ranked = -np.partition(-finite, [k - 1, k] if k < width else [k - 1], axis=1)  # k-th (and next) largest
-        kth = ranked[:, k - 1]
-        if k < width:  # the k-th and the next one too close to tell apart
-            c.near((kth - np.where(np.isfinite(ranked[:, k]), ranked[:, k], -np.inf))[:, None])
-    above = (finite > c.top[:, None]).sum(axis=1)
-    decided = above >= k  # k recorded tokens lie above every tail token: the tail is out
-    c.flag(c.alive & ~decided, _PAST)
-    c.x = np.where(finite < kth[:, None], NEG_INF, c.x)
-    c.cut_tail(decided)
 
 
 @stage("top_p")
@@ -95,14 +53,3 @@ def _top_p(c: _Chain, s: RunSettings, *_: object) -> None:
     c.x = np.where(remove, NEG_INF, c.x)
     c.cut_tail(gone)
 
-
-@stage("min_p")
-def _min_p(c: _Chain, s: RunSettings, *_: object) -> None:
-    top = np.max(c.x, axis=1)
-    line = top + math.log(s.min_p)
-    c.flag(c.alive & (top < c.top), _SPREAD)
-    c.near(c.x - line[:, None])
-    c.x = np.where(c.x < line[:, None], NEG_INF, c.x)
-    gone = c.top < line
-    c.flag(c.alive & ~gone, _PAST)
-    c.cut_tail(gone)
