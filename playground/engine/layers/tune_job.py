@@ -3,7 +3,6 @@ progress and Stop, save where ``--lens-kind tuned`` finds it. (Apart from ``tune
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from playground.engine.layers.lens import LayerStack
@@ -14,12 +13,11 @@ from playground.engine.layers.tuned import (
     save_tuned_lens,
     train_tuned_lens,
 )
-from playground.engine.run_context import RunContext
+from playground.engine.run_context import Progress, RunContext, StopCheck
 
 
-def train_for_model(model, tokenizer, should_stop: Callable[[], bool] | None = None,
-                    progress: Callable[[str, float], None] | None = None, *, steps: int = 40,
-                    tokens: int = 4096) -> Path | None:
+def train_for_model(model, tokenizer, should_stop: StopCheck | None = None, progress: Progress | None = None, *,
+                    steps: int = 40, tokens: int = 4096) -> Path | None:
     """Train the model's tuned lens on the calibration text and save it where ``--lens-kind tuned`` finds it; the
     path, or None when Stop came first (nothing saved). ``progress(message, fraction)`` between steps. (The
     window's job gives its stop check and progress as they are: they are made into the job's run context here.)"""
