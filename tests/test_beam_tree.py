@@ -138,7 +138,7 @@ def test_kv_cost_per_beam(long_run):
 def test_stopped_run_marks_the_best_running_beam(tiny_lm):
     polls = iter(range(100))
     settings = RunSettings.from_flat(strategy="beam", prompt="Beam search keeps", num_beams=3, max_new_tokens=20)
-    events = list(run_beam_search(tiny_lm, settings, should_stop=lambda: next(polls) >= 4))
+    events = list(run_beam_search(tiny_lm, settings, lambda: next(polls) >= 4))
     tree = fold(events)
     assert tree.stop_reason == "stopped" and tree.steps == 4
     assert tree.path_tokens(tree.best_path[-1]) == events[-1].token_ids

@@ -107,3 +107,27 @@ def test_stop_between_chunks_ends_the_run_before_any_step(long_lm, strategy):
     assert isinstance(done, RunFinished) and done.stop_reason == "stopped"
     assert done.token_ids == () and done.sequences == () and done.tokens_per_s == 0.0
     assert done.prefill_ms > 0
+
+
+def test_stop_between_the_chunks_of_the_cascades_full_model_catch_up(long_lm):
+    """The cascade's full model reads the long prompt only at its first escalation, in chunks: Stop between two of
+    those chunks ends the run before that step's token (the full model's read polls the run's Stop)."""
+    prompt = long_prompt(long_lm, 3 * PREFILL_CHUNK)
+    tokens = len(long_lm.tokenizer(prompt)["input_ids"])
+    between_chunks = -(-tokens // PREFILL_CHUNK) - 1  # polls of one chunked read of the prompt
+    assert between_chunks >= 2  # precondition: a read with at least two polls between its chunks
+    settings = RunSettings.from_flat(strategy="cascade", prompt=prompt, chat=False, max_new_tokens=4,
+                                     cascade_threshold=1.0, cheap="layers", cheap_layers=1, cascade_compare=False)
+    polls: list[int] = []
+    # Polls: the cheap model's prefill's, the one before the first step, then the full model's catch-up's.
+    first_catch_up_poll = between_chunks + 2
+
+    def should_stop() -> bool:
+        polls.append(1)
+        return len(polls) >= first_catch_up_poll
+
+    events = list(run_strategy(long_lm, settings, should_stop))
+    done = events[-1]
+    assert isinstance(done, RunFinished) and done.stop_reason == "stopped"
+    assert done.token_ids == () and TokenStep not in [type(e) for e in events]
+    assert len(polls) == first_catch_up_poll  # nothing read or polled after Stop

@@ -17,6 +17,7 @@ from playground.engine.quant.awq import AwqResult, awq
 from playground.engine.quant.calibration import load_text, text_ids
 from playground.engine.quant.linear import quantize_model
 from playground.engine.quantized.apply import QuantCancelled, clear_cache, quantized_lm
+from playground.engine.run_context import RunContext
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, RunStarted, TokenStep, event_from_dict
 from playground.events.quant import ChannelScales, LayerError, QuantReady
@@ -264,8 +265,8 @@ def test_stop_during_the_build_keeps_nothing(tiny_lm):
     reports: list[tuple[str, float]] = []
     with pytest.raises(QuantCancelled, match="nothing was kept"):
         quantized_lm(tiny_lm, QuantSettings(quant="awq", group_size=32),
-                     lambda message, fraction: reports.append((message, fraction)),
-                     should_stop=lambda: len(reports) >= 2)
+                     RunContext(progress=lambda message, fraction: reports.append((message, fraction)),
+                                should_stop=lambda: len(reports) >= 2))
     assert not variants.held(kind=variants.QuantizedCopy) and reports[0][0].startswith("awq g32: ")
 
 

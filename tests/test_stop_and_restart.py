@@ -7,6 +7,7 @@ The window is driven with the worker in the loop (pytest-qt, offscreen) on tiny 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -22,6 +23,7 @@ from windows import let_go, open_window
 from playground.config import RunSettings
 from playground.config.catalog import strategy_names
 from playground.config.words import settings_from_pane
+from playground.engine.run_context import RunContext
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, TokenStep
 from playground.events.panes import PaneToken
@@ -182,8 +184,9 @@ def test_stop_mid_run_keeps_the_run_and_the_next_run_starts(qtbot, window, produ
 
 def stop_inside(monkeypatch, w: MainWindow, module_name: str, function: str, call: int = 1, poll: int = 0) -> list:
     """Press Stop (from the worker thread, as a user would at that moment) inside the ``call``-th call of
-    ``module.function``: at its ``poll``-th poll of the stop callback it was given, or before it runs (``poll`` 0,
-    or no callback given: it must then notice Stop by itself). Returns the calls seen."""
+    ``module.function``: at its ``poll``-th poll of the stop check it was given (its run context's, or a plain
+    ``should_stop``), or before it runs (``poll`` 0, or none given: it must then notice Stop by itself). Returns the
+    calls seen."""
     module = importlib.import_module(module_name)
     real = getattr(module, function)
     signature = inspect.signature(real)
@@ -194,7 +197,8 @@ def stop_inside(monkeypatch, w: MainWindow, module_name: str, function: str, cal
         if len(calls) != call:
             return real(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
-        given = bound.arguments.get("should_stop")
+        name = "context" if "context" in signature.parameters else "should_stop"
+        given = bound.arguments.get(name)
         if poll == 0 or given is None:
             w.job.stop()
             return real(*args, **kwargs)
@@ -206,7 +210,8 @@ def stop_inside(monkeypatch, w: MainWindow, module_name: str, function: str, cal
                 w.job.stop()
             return given()
 
-        bound.arguments["should_stop"] = polling
+        bound.arguments[name] = (dataclasses.replace(given, should_stop=polling) if isinstance(given, RunContext)
+                                 else polling)
         return real(*bound.args, **bound.kwargs)
 
     monkeypatch.setattr(module, function, wrapper)

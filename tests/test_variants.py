@@ -15,6 +15,7 @@ import torch
 from playground.config import ConfigError, QuantSettings
 from playground.engine import variants
 from playground.engine.quant.linear import QuantLinear
+from playground.engine.run_context import RunContext
 from playground.engine.variants import BuildStopped, FirstLayers, QuantizedCopy, SmallModel, variant
 
 
@@ -151,7 +152,7 @@ def test_labels_details_and_the_build_reporter_say_what_was_made(tiny_lm, model_
         assert first.model.config.layer_types == types[:1] and len(tiny_lm.model.config.layer_types) == 2
     assert first.model.model.config is first.model.config.get_text_config(decoder=True)
     reports: list[tuple[str, float]] = []
-    say = variants.build_reporter("rtn-int4 g32", "tiny", lambda m, f: reports.append((m, f)), None)
+    say = variants.build_reporter("rtn-int4 g32", "tiny", RunContext(progress=lambda m, f: reports.append((m, f))))
     say("a", -0.5)
     say("b", 0.25)
     say("c", 1.5)
@@ -175,8 +176,8 @@ def test_stop_during_a_build_keeps_nothing(tiny_lm, built, method):
     before = quant_linears()
     reports: list[tuple[str, float]] = []
     with pytest.raises(BuildStopped, match="nothing was kept") as stopped:
-        variant(tiny_lm, QuantizedCopy.quick(method), lambda message, f: reports.append((message, f)),
-                should_stop=lambda: bool(reports))
+        variant(tiny_lm, QuantizedCopy.quick(method),
+                RunContext(progress=lambda message, f: reports.append((message, f)), should_stop=lambda: bool(reports)))
     assert stopped.value.cut == "quantized_copy"
     assert len(reports) == 1 and reports[0][0].startswith(variants.label(QuantizedCopy.quick(method)) + ": ")
     assert variants.held() == [] and live(built) == []
@@ -184,12 +185,13 @@ def test_stop_during_a_build_keeps_nothing(tiny_lm, built, method):
     # Stop later in the build: it ends at the next progress point.
     reports.clear()
     with pytest.raises(BuildStopped):
-        variant(tiny_lm, QuantizedCopy.quick(method), lambda message, f: reports.append((message, f)),
-                should_stop=lambda: len(reports) >= 2)
+        variant(tiny_lm, QuantizedCopy.quick(method),
+                RunContext(progress=lambda message, f: reports.append((message, f)),
+                           should_stop=lambda: len(reports) >= 2))
     assert len(reports) == 2 and variants.held() == []
     # Without Stop the same request builds, reporting every layer.
     reports.clear()
-    variant(tiny_lm, QuantizedCopy.quick(method), lambda message, f: reports.append((message, f)))
+    variant(tiny_lm, QuantizedCopy.quick(method), RunContext(progress=lambda message, f: reports.append((message, f))))
     assert any("quantizing layer 2/2" in m for m, _ in reports) and reports[-1][1] == 1.0
 
 

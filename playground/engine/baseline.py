@@ -4,7 +4,6 @@ skipping are compared with (the same per-token analysis as a greedy run, no even
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache
@@ -12,22 +11,23 @@ from transformers import DynamicCache
 from playground.config import RunSettings
 from playground.engine.forward import prefill, sync_device
 from playground.engine.processors import build_pipeline
+from playground.engine.run_context import NO_CONTEXT, RunContext
 from playground.engine.step_analysis import analyse_step
 from playground.models.loaded import LoadedModel
 
 
 def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int,
-                 should_stop: Callable[[], bool] | None = None) -> tuple[list[int], float]:
+                 context: RunContext = NO_CONTEXT) -> tuple[list[int], float]:
     """``tokens`` greedy tokens after ``prompt_ids`` with every layer (the settings' penalties apply), one target
     pass per token with a greedy run's per-token analysis; returns the tokens and the decode speed (tokens/s,
     prefill excluded).
 
-    ``should_stop`` is polled before the prompt's pass and each token: a stopped decode returns fewer than
+    The run's Stop (``context``) is polled before the prompt's pass and each token: a stopped decode returns fewer than
     ``tokens`` tokens (the speed over those, 0.0 for none), which the caller reports as cut short."""
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     ids = torch.tensor([prompt_ids], device=lm.device)
     chosen: list[int] = []
-    if should_stop is not None and should_stop():
+    if context.stopped():
         return chosen, 0.0
     with torch.inference_mode():
         # The prompt but its last token is prefilled: every timed token then costs one forward pass, as in the
@@ -36,7 +36,7 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
         sync_device(lm.device)
         start = time.perf_counter()
         for step in range(tokens):
-            if should_stop is not None and should_stop():
+            if context.stopped():
                 break
             logits = lm.model(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1, :]
             analysis = analyse_step(pipeline, ids, logits.float(), settings.num_candidates)

@@ -231,7 +231,7 @@ def to_sequences(hyps: Hypotheses, count: int, prompt_len: int, forced: list[int
     return tuple(result)
 
 
-def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
                     ) -> Iterator[Event]:
     """Beam search as a generator of events: RunStarted, PrefillDone, BeamStep..., RunFinished.
 
@@ -254,7 +254,7 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, should_stop: RunCont
     kv = settings.group(KVSettings)
     if kv.no_cache:
         raise ConfigError("beam search keeps a cache for every beam: --no-cache is for the kv-cache strategy")
-    record = RunRecorder(lm, settings, RunContext.of(should_stop), groups=(BeamSettings,))
+    record = RunRecorder(lm, settings, context, groups=(BeamSettings,))
     # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)

@@ -174,7 +174,7 @@ class DecodeLoop:
         index = start
         after, step_events = self._after, self._step_events
         while self.taken < self.max_steps:
-            if self.record.should_stop():
+            if self.record.context.stopped():
                 self.stop_reason = "stopped"
                 return
             self.record.step_started()

@@ -7,6 +7,10 @@ user picks each token); ``history`` is the earlier runs the suffix drafter learn
 model's own, ``LoadedModel.history``); ``observers`` are attached to the run's decode loop besides the ones the
 settings ask for (``playground.engine.observers``). A strategy's catalog entry says whether it takes the progress
 and the chooser (``takes_progress``, ``takes_chooser``); a context without them is the plain default.
+
+The engine's helpers below the runners (the baselines, the KV lab's timed decodes and batch sweep, the variants'
+builds, the cascade's and the amateur's catch-up reads, the tuned lens's training) take the run's context as it is
+(``context: RunContext = NO_CONTEXT``) and poll ``context.stopped()`` / report through ``context.report``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ class RunContext:
     def stopped(self) -> bool:
         return self.should_stop()
 
+    def report(self, message: str, fraction: float) -> None:
+        """``progress(message, fraction)``, when the context has one."""
+        if self.progress is not None:
+            self.progress(message, fraction)
+
     def __call__(self) -> bool:
         """A context is also a plain stop check, for a runner written against ``(lm, settings, should_stop)``."""
         return self.should_stop()
@@ -65,3 +74,7 @@ class RunContext:
     def generator(device: torch.device, seed: int) -> torch.Generator:
         """The run's random generator (sampling, sampled verification, parallel samples), seeded explicitly."""
         return torch.Generator(device=device).manual_seed(seed)
+
+
+# The default of an engine helper called without a run's context (tests, benchmarks): it never stops, reports nothing.
+NO_CONTEXT = RunContext()

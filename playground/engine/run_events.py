@@ -28,7 +28,6 @@ class RunRecorder:
         self.lm = lm
         self.settings = settings
         self.context = RunContext.of(context)  # the run's one context (a plain stop check is wrapped in one)
-        self.should_stop = self.context.should_stop
         self.groups = groups  # capability settings written into the start event even at their defaults
         self.prompt_tokens = 0
         self.prefill_ms = 0.0
@@ -68,7 +67,7 @@ class RunRecorder:
                 except StopIteration as end:
                     logits, cache = end.value
                     break
-                if self.should_stop():
+                if self.context.stopped():
                     self.prefill_ms = (time.perf_counter() - start) * 1000
                     return None
                 yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])

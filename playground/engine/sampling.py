@@ -34,14 +34,14 @@ def sample_next_token(probs: torch.Tensor, generator: torch.Generator) -> int:
 make_generator = RunContext.generator
 
 
-def run_sampling(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
+def run_sampling(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None,
                  chooser: Chooser | None = None) -> Iterator[Event]:
     """Greedy (``strategy="greedy"``) or sampling (``strategy="sample"``) as a stream of events; the context's
     ``chooser`` (or ``chooser``): the user picks each token (step mode).
 
     Settings are checked before the first event (``ConfigError``); the events come from the returned generator.
     """
-    context = RunContext.of(should_stop)  # the run's context, or one around a plain stop check
+    context = RunContext.of(context)  # the run's context, or one around a plain stop check
     if chooser is not None:
         context = dataclasses.replace(context, chooser=chooser)
     settings.validate()

@@ -10,8 +10,9 @@ beside) the loaded model, asked for with one typed request:
   (``QuantizedCopy.of``) are the same requests where they are the same recipe, so they share one copy;
 - ``SmallModel(path)``: a separate small model with the loaded model's tokenizer, on its device and dtype.
 
-``variant(lm, request, progress, should_stop)`` returns the cached variant or builds it, reporting
-``progress(message, fraction)``; Stop at any progress point of a build raises ``BuildStopped`` and keeps nothing.
+``variant(lm, request, context)`` returns the cached variant or builds it, reporting through the run's context
+(``progress(message, fraction)``); its Stop at any progress point of a build raises ``BuildStopped`` and keeps
+nothing.
 ``detail(variant, whose)`` says what a variant is in a few words.
 
 The cache is keyed by (the loaded model, the request). It holds its models weakly: a variant goes when the model it
@@ -34,7 +35,7 @@ from torch import nn
 
 from playground.config import ConfigError, ModelSettings, QuantSettings
 from playground.config.quant import QUICK_COPIES
-from playground.engine.run_context import Progress, StopCheck
+from playground.engine.run_context import NO_CONTEXT, Progress, RunContext
 from playground.errors import UserError
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
@@ -209,12 +210,11 @@ def _make_room(lm: LoadedModel, request: VariantRequest) -> None:
             _ENTRIES.pop(key, None)
 
 
-def variant(lm: LoadedModel, request: VariantRequest, progress: Progress | None = None,
-            should_stop: StopCheck | None = None) -> Variant:
+def variant(lm: LoadedModel, request: VariantRequest, context: RunContext = NO_CONTEXT) -> Variant:
     """The variant of ``lm`` that ``request`` names: from the cache, or built and kept.
 
     ``ConfigError`` when it cannot be made for this model (before any work where that can be known);
-    ``BuildStopped`` when ``should_stop`` said so at a progress point of the build (nothing is kept); a small model
+    ``BuildStopped`` when the context's Stop said so at a progress point of the build (nothing is kept); a small model
     that cannot be loaded raises ``ModelLoadError``.
     """
     found = cached(lm, request)
@@ -223,7 +223,7 @@ def variant(lm: LoadedModel, request: VariantRequest, progress: Progress | None 
     if isinstance(request, QuantizedCopy):  # a copy this model cannot have frees nothing
         _targets(lm.model, request.method)
     _make_room(lm, request)
-    built = build(lm, request, progress, should_stop)
+    built = build(lm, request, context)
     with _LOCK:
         _ENTRIES[(id(lm.model), request)] = _Entry(weakref.ref(lm.model, _forget), built)
     return built
@@ -236,29 +236,25 @@ def quantized_copy(lm: LoadedModel, method: str) -> nn.Module:
 
 # --- the builder -------------------------------------------------------------------------------------------------
 
-def build(lm: LoadedModel, request: VariantRequest, progress: Progress | None = None,
-          should_stop: StopCheck | None = None) -> Variant:
+def build(lm: LoadedModel, request: VariantRequest, context: RunContext = NO_CONTEXT) -> Variant:
     """A new variant (not cached; ``variant`` keeps what it builds)."""
     if isinstance(request, FirstLayers):
         model = first_layers(lm.model, request.layers, request.setting)
         return Variant(request, model, anatomy_of(lm.model).count)
     if isinstance(request, SmallModel):
-        small = load_small_model(lm, request.path, progress, should_stop)
+        small = load_small_model(lm, request.path, context)
         return Variant(request, small.model, 0, loaded=small)
     with torch.no_grad():
-        return _quantized(lm, request, build_reporter(label(request), lm.name, progress, should_stop))
+        return _quantized(lm, request, build_reporter(label(request), lm.name, context))
 
 
-def build_reporter(what: str, model_name: str, progress: Progress | None, should_stop: StopCheck | None
-                   ) -> Progress:
+def build_reporter(what: str, model_name: str, context: RunContext = NO_CONTEXT) -> Progress:
     """``say(message, fraction)`` for a build of ``what``: reports ``"what: message"`` (fraction clamped to 0..1)
-    and raises ``BuildStopped`` when Stop has come, so nothing half-built is kept."""
-    stop = should_stop or (lambda: False)
+    through the context and raises ``BuildStopped`` when its Stop has come, so nothing half-built is kept."""
 
     def say(message: str, fraction: float) -> None:
-        if progress is not None:
-            progress(f"{what}: {message}", min(max(fraction, 0.0), 1.0))
-        if stop():
+        context.report(f"{what}: {message}", min(max(fraction, 0.0), 1.0))
+        if context.stopped():
             raise BuildStopped(f"stopped while building the {what} copy of {model_name}: nothing was kept")
 
     return say
@@ -301,20 +297,16 @@ def _shallow(module: nn.Module, config: Any) -> nn.Module:
     return twin
 
 
-def load_small_model(lm: LoadedModel, path: str, progress: Progress | None = None,
-                     should_stop: StopCheck | None = None) -> LoadedModel:
+def load_small_model(lm: LoadedModel, path: str, context: RunContext = NO_CONTEXT) -> LoadedModel:
     """A separate model on ``lm``'s device and dtype that must share its tokenizer (``ConfigError`` if not).
 
     Stop is honoured between the load's phases (before the tokenizer, before the weights, before the move to the
     device, at the end): ``BuildStopped`` ("small_model"), and the half-loaded model goes with it."""
     from playground.models.loading import load_model
 
-    stop = should_stop or (lambda: False)
-
     def say(message: str, fraction: float) -> None:
-        if progress is not None:
-            progress(message, fraction)
-        if stop():
+        context.report(message, fraction)
+        if context.stopped():
             raise BuildStopped(f"stopped while loading the small model {path} for {lm.name}: nothing was kept",
                                cut="small_model")
 

@@ -33,7 +33,7 @@ from playground.engine.forward import sync_device
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
-from playground.engine.run_context import Progress, RunContext, StopCheck, never_stop
+from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import StepAnalysis, analyse_step
@@ -46,18 +46,18 @@ from playground.models.anatomy import layer_count
 from playground.models.loaded import LoadedModel
 
 
-def run_cascade(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
-                progress: Progress | None = None) -> Iterator[Event]:
+def run_cascade(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
+                ) -> Iterator[Event]:
     """Cascade inference as a generator of events. Settings, prompt and the cheap model are checked (and the cheap
-    model built, reporting ``progress``, or loaded) before the generator is returned (``ConfigError``); Stop during
-    that build returns a run that ends "stopped" at once."""
+    model built, reporting the context's ``progress``, or loaded) before the generator is returned
+    (``ConfigError``); Stop during that build returns a run that ends "stopped" at once."""
     settings.validate()
     cascade = settings.group(CascadeSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    context = RunContext.of(should_stop, progress)
+    context = RunContext.of(context)
     try:
-        cheap = make_cheap_model(lm, cascade, context.progress, context.should_stop)
+        cheap = make_cheap_model(lm, cascade, context)
     except BuildStopped as stopped:
         record = RunRecorder(lm, settings, context, groups=(CascadeSettings,))
         return record.stopped_before_start(prompt_ids, prompt_text, (stopped.cut,))
@@ -142,7 +142,7 @@ class _Cascade:
                 or self.stop_reason == "stopped":
             return None
         return full_model_alone(self.lm, self.settings, self.prompt_ids, len(output), self.sample,
-                                self.record.should_stop)
+                                self.record.context)
 
     def _per_response(self, cheap: ModelSide, full: ModelSide, output: list[CascadeStep]) -> Iterator[Event]:
         """The cheap model's whole response, the verdict on it, then the output: that response or the full
@@ -182,16 +182,16 @@ class _Cascade:
         def step(index: int, forced_id: int | None) -> Picked:
             forced = forced_id is not None
             ids = self.prompt_ids + loop.generated
-            context = loop.ids.view  # [1, prompt + step]
+            view = loop.ids.view  # [1, prompt + step]
             analysis = None
             cheap_token = cheap_prob = full_prob = None
             cheap_ms = full_ms = 0.0
             full_read = 0
             if cheap is not None:
                 start = time.perf_counter()
-                cheap_logits = cheap.next_logits(ids, never_stop)
+                cheap_logits = cheap.next_logits(ids)  # no context: the cheap side's read is never stopped
                 assert cheap_logits is not None  # never stopped
-                analysis = analyse_step(self.pipeline, context, cheap_logits, settings.num_candidates)
+                analysis = analyse_step(self.pipeline, view, cheap_logits, settings.num_candidates)
                 # At a forced step the cheap model's top token is recorded, with no draw (as greedy's forced steps).
                 cheap_token = choose(analysis, self.sample and not forced, self.generator)
                 cheap_prob = float(analysis.processed_probs[0, cheap_token])
@@ -199,11 +199,11 @@ class _Cascade:
             escalated = not forced and (cheap is None or escalates(cast(float, cheap_prob), threshold))
             if full is not None and (escalated or analysis is None):
                 start, before = time.perf_counter(), full.read
-                logits = full.next_logits(ids, record.should_stop)
+                logits = full.next_logits(ids, record.context)
                 if logits is None:  # Stop between the chunks of a long prompt
                     return Picked([], lambda texts, ms: [], stopped=True)
                 full_read = len(ids) - before
-                analysis = analyse_step(self.pipeline, context, logits, settings.num_candidates)
+                analysis = analyse_step(self.pipeline, view, logits, settings.num_candidates)
                 token = forced_id if forced else choose(analysis, self.sample, self.generator)
                 full_prob = float(analysis.processed_probs[0, token])
                 full_ms = _ms_since(start, lm.device)
@@ -261,11 +261,11 @@ class _Cascade:
 
 
 def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], tokens: int, sample: bool,
-                     should_stop: StopCheck = never_stop) -> tuple[list[int], float] | None:
+                     context: RunContext = NO_CONTEXT) -> tuple[list[int], float] | None:
     """``tokens`` tokens of the full model alone after ``prompt_ids`` (forced tokens first; greedy, or sampled
     with the run's seed), each step timed as a cascade step is (forward pass, analysis, choice; not the event);
     returns them and the milliseconds it took, the prompt's pass included (as a cascade run's time includes its
-    prompt). ``should_stop`` is polled before each step (and between a long prompt's chunks): None when it
+    prompt). The context's Stop is polled before each step (and between a long prompt's chunks): None when it
     stopped the decode."""
     pipeline = build_pipeline(settings, sampling=sample, tokenizer=lm.tokenizer)
     generator = make_generator(lm.device, settings.seed)
@@ -277,13 +277,13 @@ def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[in
         sync_device(lm.device)
         start = time.perf_counter()
         for step in range(tokens):
-            if should_stop():
+            if context.stopped():
                 return None
-            context = torch.tensor([ids], device=lm.device)
-            logits = side.next_logits(ids, should_stop)
+            read = torch.tensor([ids], device=lm.device)
+            logits = side.next_logits(ids, context)
             if logits is None:  # Stop between the chunks of a long prompt
                 return None
-            analysis = analyse_step(pipeline, context, logits, settings.num_candidates)
+            analysis = analyse_step(pipeline, read, logits, settings.num_candidates)
             token = forced[step] if step < len(forced) else choose(analysis, sample, generator)
             chosen.append(token)
             ids.append(token)

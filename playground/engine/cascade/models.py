@@ -3,7 +3,6 @@ the decode (its KV cache, read lazily: a model reads the positions it missed onl
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -15,7 +14,8 @@ from transformers.pytorch_utils import Conv1D
 from playground.config import CascadeSettings, ConfigError
 from playground.engine.forward import PREFILL_CHUNK, keep_last_logits
 from playground.engine.quant.linear import QuantLinear
-from playground.engine.variants import FirstLayers, Progress, QuantizedCopy, SmallModel, StopCheck, detail, variant
+from playground.engine.run_context import NO_CONTEXT, RunContext
+from playground.engine.variants import FirstLayers, QuantizedCopy, SmallModel, detail, variant
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
@@ -27,20 +27,19 @@ class CheapModel:
     detail: str
 
 
-def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings, progress: Progress | None = None,
-                     should_stop: StopCheck | None = None) -> CheapModel:
+def make_cheap_model(lm: LoadedModel, cascade: CascadeSettings, context: RunContext = NO_CONTEXT) -> CheapModel:
     """The cheap model the settings name (``ConfigError`` when it cannot be made for this full model), from the
-    variants' cache or built (``progress``; ``BuildStopped`` when ``should_stop`` says so during a build)."""
+    variants' cache or built (the context's ``progress``; ``BuildStopped`` when its Stop comes during a build)."""
     from playground.models.loading import ModelLoadError
 
     if cascade.cheap == "quantized":
-        made = variant(lm, QuantizedCopy.quick(cascade.cheap_quant), progress, should_stop)
+        made = variant(lm, QuantizedCopy.quick(cascade.cheap_quant), context)
     elif cascade.cheap == "layers":
         total = anatomy_of(lm.model).count  # ConfigError naming the family when it cannot be opened up
         made = variant(lm, FirstLayers(cascade.layers_for(total), setting="cheap_layers"))
     else:
         try:
-            made = variant(lm, SmallModel(cascade.cheap_model), progress, should_stop)
+            made = variant(lm, SmallModel(cascade.cheap_model), context)
         except ModelLoadError as error:
             raise ConfigError(f"the cheap model could not be loaded: {error}") from error
         except ConfigError as error:
@@ -78,16 +77,16 @@ class ModelSide:
         """Positions in the cache (every one read exactly once: nothing is rolled back)."""
         return self.cache.get_seq_length()
 
-    def next_logits(self, ids: list[int], should_stop: Callable[[], bool]) -> torch.Tensor | None:
+    def next_logits(self, ids: list[int], context: RunContext = NO_CONTEXT) -> torch.Tensor | None:
         """Float logits [1, vocab] for the token after ``ids``, reading the positions not yet in the cache; None
-        when Stop came between two chunks of a long catch-up."""
+        when the run's Stop (``context``; by default none) came between two chunks of a long catch-up."""
         if self._logits_at == len(ids):
             return self._logits
         feed = ids[self.read :]
         assert feed, "the cache already holds every position but has no logits for the next one"
         out = None
         for start in range(0, len(feed), PREFILL_CHUNK):
-            if start and should_stop():
+            if start and context.stopped():
                 return None
             chunk = torch.tensor([feed[start : start + PREFILL_CHUNK]], device=self.device)
             out = self.model(input_ids=chunk, cache=self.cache, use_cache=True, **keep_last_logits(self.model, 1))

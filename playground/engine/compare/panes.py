@@ -100,14 +100,14 @@ def pane_finished(pane: int, done: RunFinished, reference_ids: Sequence[int], sc
                         tokens_per_s=done.tokens_per_s, decode_ms=done.decode_ms, figures=figures)
 
 
-def run_compare(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+def run_compare(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
                 ) -> Iterator[Event]:
     """The ``compare`` strategy. Every pane is validated (and its strategy set up) before the first event."""
     from playground.engine.strategies import run_strategy
 
     specs = settings.group(CompareSettings).panes
     panes = [Pane(spec, lm, s) for spec, s in zip(specs, pane_settings(settings), strict=True)]
-    context = RunContext.of(should_stop)  # every pane's run shares it (its Stop, its history)
+    context = RunContext.of(context)  # every pane's run shares it (its Stop, its history)
     streams = [run_strategy(p.lm, p.settings, context) for p in panes]
     return _compare(lm, settings, panes, streams, context)
 

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ from transformers import DynamicCache
 
 from playground.engine.forward import keep_last_logits, prefill_in_chunks
 from playground.engine.layers.lens import LayerStack
+from playground.engine.run_context import RunContext
 from playground.events import PrefillProgress
 
 
@@ -33,10 +34,11 @@ class Amateur:
     def __init__(self) -> None:
         self.ms = 0.0  # time of the last ``next_logits``
 
-    def prefill(self, ids: torch.Tensor, should_stop: Callable[[], bool]
+    def prefill(self, ids: torch.Tensor, context: RunContext
                 ) -> Generator[PrefillProgress, None, float | None]:
         """Read ``ids`` [1, n] (the prompt but its last token) before the first step, yielding progress between
-        chunks of a long prompt; milliseconds it took, or None when Stop came between two chunks."""
+        chunks of a long prompt; milliseconds it took, or None when the run's Stop (``context``) came between two
+        chunks."""
         return 0.0
         yield  # a generator that reads nothing
 
@@ -106,12 +108,12 @@ class ModelAmateur(Amateur):
         self.cache = DynamicCache(config=cast(Any, model).config)
         self._extra = keep_last_logits(model, 1)
 
-    def prefill(self, ids: torch.Tensor, should_stop: Callable[[], bool]
+    def prefill(self, ids: torch.Tensor, context: RunContext
                 ) -> Generator[PrefillProgress, None, float | None]:
         start = time.perf_counter()
         if ids.shape[1]:
             for done in prefill_in_chunks(self.model, ids, cache=self.cache):
-                if should_stop():
+                if context.stopped():
                     return None
                 yield PrefillProgress(done_tokens=done, total_tokens=ids.shape[1])
         return (time.perf_counter() - start) * 1000

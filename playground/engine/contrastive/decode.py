@@ -25,7 +25,7 @@ from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.layers.lens import LayerStack
 from playground.engine.processors import build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
-from playground.engine.run_context import Progress, RunContext, StopCheck
+from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator
 from playground.engine.token_text import TokenTextCache
@@ -37,16 +37,16 @@ from playground.models.anatomy import layer_count
 from playground.models.loaded import LoadedModel
 
 
-def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
-                    progress: Progress | None = None) -> Iterator[Event]:
+def run_contrastive(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
+                    ) -> Iterator[Event]:
     """Contrastive decoding as a generator of events. Settings and prompt are checked and the amateur is made (a
-    quantized copy built, reporting ``progress``, a model loaded) before the generator is returned
+    quantized copy built, reporting the context's ``progress``, a model loaded) before the generator is returned
     (``ConfigError``); Stop during that build returns a run that ends "stopped" at once."""
     settings.validate()
     contrastive = settings.group(ContrastiveSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    context = RunContext.of(should_stop, progress)
+    context = RunContext.of(context)
     record = RunRecorder(lm, settings, context, groups=(ContrastiveSettings,))
     try:
         amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens, context)
@@ -56,11 +56,10 @@ def run_contrastive(lm: LoadedModel, settings: RunSettings, should_stop: RunCont
 
 
 def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
-                 context: RunContext | None = None) -> Amateur:
+                 context: RunContext = NO_CONTEXT) -> Amateur:
     """The amateur the settings name; ``positions``: the longest text it will read (checked for a model amateur).
     A model amateur's model comes from the variants' cache (built there, reporting the context's ``progress``;
     ``BuildStopped`` when its Stop comes during the build)."""
-    context = context or RunContext()
     if settings.amateur == "layer":
         stack = LayerStack.of(lm.model)  # "model" precision: the amateur's logits exactly as the model computes
         layer = settings.layer_for(stack.count)
@@ -73,10 +72,10 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
         tied = bool(getattr(lm.model.config.get_text_config(), "tie_word_embeddings", False))
         return DolaAmateur(stack, candidate_layers(settings.dola_layers, stack.count, tied))
     if settings.amateur == "quantized":
-        made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), context.progress, context.should_stop)
+        made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), context)
         return ModelAmateur("quantized", made.model, detail(made, "the expert"))
     try:
-        made = variant(lm, SmallModel(settings.amateur_model), context.progress, context.should_stop)
+        made = variant(lm, SmallModel(settings.amateur_model), context)
     except ConfigError as error:  # its message speaks of a draft model
         raise ConfigError(f"amateur model: {error}") from None
     small = made.loaded
@@ -141,7 +140,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
     with torch.inference_mode():
         # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
         if (yield from loop.prefill(defer=1)):
-            amateur_prefill_ms = yield from amateur.prefill(loop.ids.view[:, :-1], record.should_stop)
+            amateur_prefill_ms = yield from amateur.prefill(loop.ids.view[:, :-1], record.context)
             if amateur_prefill_ms is None:  # Stop between two chunks of the amateur's reading of the prompt
                 loop.stop_reason = "stopped"
             yield from loop.steps(step)
@@ -160,7 +159,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
     if contrastive.contrast_baseline and generated:
         wanted = min(contrastive.contrast_baseline, n)
         greedy, speed = ([], 0.0) if stop_reason == "stopped" else \
-            plain_greedy(lm, settings, prompt_ids, wanted, record.should_stop)
+            plain_greedy(lm, settings, prompt_ids, wanted, record.context)
         if len(greedy) < wanted:  # Stop came before or during the greedy baseline: its figures are left out
             stop_reason, cut_short, greedy = "stopped", ("baseline",), None
     loop.stop_reason, loop.cut_short = stop_reason, cut_short

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from playground.engine.forward import keep_last_logits, sync_device
 from playground.engine.kv_cache import kv_cache_bytes
+from playground.engine.run_context import NO_CONTEXT, RunContext
 from playground.models.loaded import LoadedModel
 
 
@@ -36,15 +37,11 @@ def _greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits[:, -1, :].argmax(dim=-1)  # logits: [batch, positions, vocab] -> [batch]
 
 
-def _stopped(should_stop: Callable[[], bool] | None) -> bool:
-    return should_stop is not None and should_stop()
-
-
 def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_ids: Collection[int] = (),
-                  should_stop: Callable[[], bool] | None = None) -> tuple[list[int], list[float]]:
+                  context: RunContext = NO_CONTEXT) -> tuple[list[int], list[float]]:
     """Greedy with a ``DynamicCache``: the first token from one pass over the prompt, each later one from a pass over
     the previous token alone. Returns the new ids and each one's milliseconds (index 0: the prompt pass); fewer
-    when ``should_stop`` (polled before each pass) stopped it."""
+    when the context's Stop (polled before each pass) stopped it."""
     model, extra = lm.model, keep_last_logits(lm.model, 1)
     ids = torch.tensor([list(prompt_ids)], device=lm.device)  # [1, prompt_len]
     cache = DynamicCache(config=model.config)
@@ -52,7 +49,7 @@ def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_
     times: list[float] = []
     with torch.inference_mode():
         for _ in range(tokens):
-            if _stopped(should_stop):
+            if context.stopped():
                 break
             step_input = ids if not chosen else ids[:, -1:]
             token, ms = _timed(lm.device, lambda x: _greedy(
@@ -66,17 +63,17 @@ def cached_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_
 
 
 def no_cache_decode(lm: LoadedModel, prompt_ids: Sequence[int], tokens: int, stop_ids: Collection[int] = (),
-                    should_stop: Callable[[], bool] | None = None) -> tuple[list[int], list[float]]:
+                    context: RunContext = NO_CONTEXT) -> tuple[list[int], list[float]]:
     """Greedy without a cache: every step runs the whole sequence so far (prompt + tokens chosen) through the model
     again. Same tokens as ``cached_decode``, quadratic cost. Returns the new ids and each one's milliseconds; fewer
-    when ``should_stop`` (polled before each pass) stopped it."""
+    when the context's Stop (polled before each pass) stopped it."""
     model, extra = lm.model, keep_last_logits(lm.model, 1)
     ids = torch.tensor([list(prompt_ids)], device=lm.device)  # [1, prompt_len + step]
     chosen: list[int] = []
     times: list[float] = []
     with torch.inference_mode():
         for _ in range(tokens):
-            if _stopped(should_stop):
+            if context.stopped():
                 break
             token, ms = _timed(lm.device, lambda x: _greedy(model(input_ids=x, use_cache=False, **extra).logits), ids)
             chosen.append(int(token.item()))
@@ -121,10 +118,10 @@ def _pad_id(lm: LoadedModel) -> int:
 
 
 def batch_greedy(lm: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: int,
-                 should_stop: Callable[[], bool] | None = None) -> BatchRun:
+                 context: RunContext = NO_CONTEXT) -> BatchRun:
     """Greedy decoding of all ``prompts`` as one batch with one ``DynamicCache``: left padding with an attention
     mask, and positions counted from each row's first real token (as ``generate`` does), so every row chooses the
-    tokens it would alone. Every row decodes ``new_tokens`` tokens (no stop at EOS), fewer when ``should_stop``
+    tokens it would alone. Every row decodes ``new_tokens`` tokens (no stop at EOS), fewer when the context's Stop
     (polled before each step after the prefill) stopped it."""
     if new_tokens < 1 or not prompts or not all(prompts):
         raise ValueError("batch_greedy needs at least one token to decode and non-empty prompts")
@@ -143,7 +140,7 @@ def batch_greedy(lm: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: 
             times.append(ms)
             for row, value in zip(rows, token.tolist(), strict=True):
                 row.append(int(value))
-            if len(rows[0]) == new_tokens or _stopped(should_stop):
+            if len(rows[0]) == new_tokens or context.stopped():
                 break
             step_input = token[:, None]  # [batch, 1]
             if mask is not None and positions is not None:
@@ -160,17 +157,17 @@ class SweepPoint(NamedTuple):
 
 
 def batch_sweep(lm: LoadedModel, prompts: Sequence[Sequence[int]], sizes: Sequence[int], new_tokens: int,
-                should_stop: Callable[[], bool] | None = None) -> list[SweepPoint]:
+                context: RunContext = NO_CONTEXT) -> list[SweepPoint]:
     """For each size N, decode N prompts as one batch (``prompts`` taken in turn: one prompt gives N copies,
     several give different, left-padded prompts) and time the steps after the prefill (the median, which a busy
-    machine disturbs least). When ``should_stop`` stops it, the sizes measured in full before are returned."""
+    machine disturbs least). When the context's Stop stops it, the sizes measured in full before are returned."""
     if new_tokens < 2:
         raise ValueError("a sweep needs new_tokens >= 2: the first token comes from the prefill, not a step")
     points = []
     for size in sizes:
-        if _stopped(should_stop):
+        if context.stopped():
             break
-        run = batch_greedy(lm, [prompts[i % len(prompts)] for i in range(size)], new_tokens, should_stop)
+        run = batch_greedy(lm, [prompts[i % len(prompts)] for i in range(size)], new_tokens, context)
         if len(run.tokens[0]) < new_tokens:  # cut short: its steps are not the size's figure
             break
         ms = statistics.median(run.step_ms)

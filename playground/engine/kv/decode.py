@@ -29,7 +29,7 @@ from playground.engine.kv import compressed_run, measure
 from playground.engine.kv_cache import kv_formula_bytes
 from playground.engine.processors import build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
-from playground.engine.run_context import RunContext, StopCheck
+from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.sampling import make_generator, sample_next_token
 from playground.engine.step_analysis import analyse_step
@@ -43,14 +43,14 @@ from playground.models.loaded import LoadedModel
 ELEMENT_BYTES = {"int8": 1.0, "int4-per-token": 0.5, "int4": 0.5, "int2": 0.25}
 
 
-def run_kv_cache(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+def run_kv_cache(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
                  ) -> Iterator[Event]:
     settings.validate()
     kv = settings.group(KVSettings)
     check_attention(lm, kv)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
-    record = RunRecorder(lm, settings, should_stop, groups=(KVSettings,))
+    record = RunRecorder(lm, settings, context, groups=(KVSettings,))
     return _decode(lm, settings, kv, prompt_ids, prompt_text, record)
 
 
@@ -233,9 +233,9 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     # The measurements after the run poll Stop too: one Stop cut short, or skipped, is named in the final event.
     figures: dict[str, float] | None = {}
     cut_short: list[str] = []
-    stop = (lambda: True) if stop_reason == "stopped" else record.should_stop
+    after = RunContext(should_stop=lambda: True) if stop_reason == "stopped" else record.context
     if generated and kv.compare_no_cache:
-        compared = _compare(lm, prompt_ids, len(generated), stop)
+        compared = _compare(lm, prompt_ids, len(generated), after)
         if compared is None:
             cut_short.append("no_cache")
         else:
@@ -243,13 +243,13 @@ def _decode(lm: LoadedModel, settings: RunSettings, kv: KVSettings, prompt_ids: 
     if generated and kv.sweep_sizes():
         # At least two tokens, so one step follows the prefill: the sweep times steps, and decodes past EOS
         # anyway, so an answer that ended at its first token still gets one.
-        sweep = _sweep(lm, prompt_ids, kv.sweep_sizes(), max(2, min(len(generated), 32)), stop)
+        sweep = _sweep(lm, prompt_ids, kv.sweep_sizes(), max(2, min(len(generated), 32)), after)
         if len(sweep.batch_sizes) < len(kv.sweep_sizes()):
             cut_short.append("batch_sweep")
         if sweep.batch_sizes:  # the sizes measured in full before Stop
             yield sweep
     if generated and (kv.kv_dtype != "model" or kv.compressed()) and samples == 1 and not forced:
-        figures = _divergence(lm, settings, prompt_ids, generated, stop)
+        figures = _divergence(lm, settings, prompt_ids, generated, after)
         if figures is None:
             cut_short.append("full_model")
         elif kv.compressed() and len(logprobs) == len(generated):
@@ -288,10 +288,10 @@ def _prefill(lm: LoadedModel, record: RunRecorder, start: KVStarted, ids: torch.
 
 
 def _divergence(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
-                should_stop: StopCheck | None = None) -> dict[str, float] | None:
+                context: RunContext = NO_CONTEXT) -> dict[str, float] | None:
     """Where a quantized cache's greedy output first leaves the full-precision cache's (−1: nowhere); None when
     Stop cut the full-precision decode short."""
-    full, _ = plain_greedy(lm, settings, prompt_ids, len(generated), should_stop)
+    full, _ = plain_greedy(lm, settings, prompt_ids, len(generated), context)
     return agreement_figures(generated, full) if len(full) == len(generated) else None
 
 
@@ -318,23 +318,23 @@ def _phase(lm: LoadedModel, start: KVStarted, phase: str, tokens: int, context: 
                    intensity=flops / moved if moved else 0.0, achieved_flops=flops / seconds if seconds else 0.0)
 
 
-def _compare(lm: LoadedModel, prompt_ids: list[int], tokens: int, should_stop: StopCheck | None = None
+def _compare(lm: LoadedModel, prompt_ids: list[int], tokens: int, context: RunContext = NO_CONTEXT
              ) -> KVCompare | None:
     """The same tokens decoded with and without a cache, each step timed; None when Stop cut either short."""
     from playground.engine.kv.batch import cached_decode, no_cache_decode
 
-    cached_ids, cached_ms = cached_decode(lm, prompt_ids, tokens, should_stop=should_stop)
-    uncached_ids, uncached_ms = no_cache_decode(lm, prompt_ids, tokens, should_stop=should_stop)
+    cached_ids, cached_ms = cached_decode(lm, prompt_ids, tokens, context=context)
+    uncached_ids, uncached_ms = no_cache_decode(lm, prompt_ids, tokens, context=context)
     if min(len(cached_ids), len(uncached_ids)) < tokens:
         return None
     return KVCompare(cached_ms=tuple(cached_ms), uncached_ms=tuple(uncached_ms), identical=cached_ids == uncached_ids)
 
 
 def _sweep(lm: LoadedModel, prompt_ids: list[int], sizes: tuple[int, ...], tokens: int,
-           should_stop: StopCheck | None = None) -> KVSweep:
+           context: RunContext = NO_CONTEXT) -> KVSweep:
     """The batch sweep; when Stop comes, only the sizes measured before it."""
     from playground.engine.kv.batch import batch_sweep
 
-    rows = batch_sweep(lm, [prompt_ids], sizes, tokens, should_stop)
+    rows = batch_sweep(lm, [prompt_ids], sizes, tokens, context)
     return KVSweep(batch_sizes=tuple(r[0] for r in rows), tokens_per_s=tuple(r[1] for r in rows),
                    ms_per_step=tuple(r[2] for r in rows), kv_bytes=tuple(r[3] for r in rows))

@@ -21,7 +21,7 @@ from playground.engine.layers.lens import layers_started, lens_step
 from playground.engine.layers.loop import KV_FILL, ExitRule, LayerLoop, skip_rule
 from playground.engine.processors import NamedTransform, build_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
-from playground.engine.run_context import RunContext, StopCheck
+from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.step_analysis import analyse_step
 from playground.engine.token_text import TokenTextCache
@@ -30,16 +30,16 @@ from playground.events.figures import agreement_figures
 from playground.models.loaded import LoadedModel
 
 
-def run_early_exit(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+def run_early_exit(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
                    ) -> Iterator[Event]:
     """Greedy decoding that stops each token at the first layer whose lens is confident enough."""
-    return _prepare(lm, settings, should_stop, "early-exit")
+    return _prepare(lm, settings, context, "early-exit")
 
 
-def run_layer_skip(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None
+def run_layer_skip(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
                    ) -> Iterator[Event]:
     """Greedy decoding that passes some layers by for each token (a fixed set, or after a small residual update)."""
-    return _prepare(lm, settings, should_stop, "layer-skip")
+    return _prepare(lm, settings, context, "layer-skip")
 
 
 def _prepare(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None, mode: str
@@ -111,7 +111,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, mode: str, layer_loop: Layer
     full = None
     if layers.compare_full and generated:
         full = None if loop.stop_reason == "stopped" else full_decode(lm, settings, prompt_ids, generated,
-                                                                      record.should_stop)
+                                                                      record.context)
         if full is None:  # Stop came before or during the full model's decode: no agreement to report
             loop.stop_reason, loop.cut_short = "stopped", ("full_model",)
     finished = loop.finished()
@@ -121,11 +121,11 @@ def _decode(lm: LoadedModel, settings: RunSettings, mode: str, layer_loop: Layer
 
 
 def full_decode(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], generated: list[int],
-                should_stop: StopCheck | None = None) -> tuple[list[int], float] | None:
+                context: RunContext = NO_CONTEXT) -> tuple[list[int], float] | None:
     """The full model's greedy decode of as many tokens as ``generated`` and its speed; None when Stop cut it."""
     forced = list(settings.forced_token_ids[: len(generated)])  # a branch: the full model continues it too
     wanted = len(generated) - len(forced)
-    rest, full_tokens_per_s = plain_greedy(lm, settings, prompt_ids + forced, wanted, should_stop)
+    rest, full_tokens_per_s = plain_greedy(lm, settings, prompt_ids + forced, wanted, context)
     return (forced + rest, full_tokens_per_s) if len(rest) == wanted else None
 
 

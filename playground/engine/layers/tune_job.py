@@ -3,7 +3,6 @@ progress and Stop, save where ``--lens-kind tuned`` finds it. (Apart from ``tune
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from playground.engine.layers.lens import LayerStack
@@ -14,28 +13,28 @@ from playground.engine.layers.tuned import (
     save_tuned_lens,
     train_tuned_lens,
 )
+from playground.engine.run_context import Progress, RunContext, StopCheck
 
 
-def train_for_model(model, tokenizer, should_stop: Callable[[], bool] | None = None,
-                    progress: Callable[[str, float], None] | None = None, *, steps: int = 40,
-                    tokens: int = 4096) -> Path | None:
+def train_for_model(model, tokenizer, should_stop: StopCheck | None = None, progress: Progress | None = None, *,
+                    steps: int = 40, tokens: int = 4096) -> Path | None:
     """Train the model's tuned lens on the calibration text and save it where ``--lens-kind tuned`` finds it; the
-    path, or None when Stop came first (nothing saved). ``progress(message, fraction)`` between steps."""
+    path, or None when Stop came first (nothing saved). ``progress(message, fraction)`` between steps. (The
+    window's job gives its stop check and progress as they are: they are made into the job's run context here.)"""
+    context = RunContext.of(should_stop, progress)
     stack = LayerStack.of(model)
-    if progress is not None:
-        progress("Tuned lens: reading the calibration text through every layer…", 0.0)
+    context.report("Tuned lens: reading the calibration text through every layer…", 0.0)
     hidden, final = collect_hidden(stack, calibration_ids(tokenizer, "calibration", tokens))
     lens = None
-    training = train_tuned_lens(stack, hidden, final, steps=steps, should_stop=should_stop)
+    training = train_tuned_lens(stack, hidden, final, steps=steps, context=context)
     while True:
         try:
             step = next(training)
         except StopIteration as done:
             lens = done.value
             break
-        if progress is not None:
-            progress(f"Tuned lens: step {step.step} of {step.steps}, mean KL {step.loss:.2f} nats", step.step / steps)
-    if should_stop is not None and should_stop():
+        context.report(f"Tuned lens: step {step.step} of {step.steps}, mean KL {step.loss:.2f} nats", step.step / steps)
+    if context.stopped():
         return None
     lens.info.update({"steps": str(steps), "tokens": str(hidden.shape[1])})
     return save_tuned_lens(lens, lens_path_of(model, stack.count))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from playground.engine.quant.calibration import load_text, text_ids
+from playground.engine.run_context import NO_CONTEXT, RunContext
 from playground.models.anatomy import anatomy_of
 from playground.models.paths import cache_root
 
@@ -126,7 +127,7 @@ def lens_kl(stack, lens: TunedLens | None, hidden: torch.Tensor, final: torch.Te
 
 
 def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps: int = 40, batch: int = 64,
-                     lr: float = 3e-3, seed: int = 0, should_stop: Callable[[], bool] | None = None,
+                     lr: float = 3e-3, seed: int = 0, context: RunContext = NO_CONTEXT,
                      check_every: int = 10, validation_share: float = 0.2
                      ) -> Generator[TrainProgress, None, TunedLens]:
     """Adam on every translator at once, its rate decaying linearly to 0; each layer's KL goes backward on its own,
@@ -136,7 +137,7 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
     them is measured and each layer keeps its best translator so far, the identity (step 0) included — Adam moves
     every layer at the same pace, and the top layers, whose logit lens is already close, overshoot first (hence
     also a rate per layer in proportion to its starting KL). Returns
-    the ``TunedLens`` (the best of the steps done so far if stopped)."""
+    the ``TunedLens`` (the best of the steps done so far if the context's Stop, polled before each step, came)."""
     layers, n, d = hidden.shape
     held = max(1, int(n * validation_share)) if validation_share > 0 and n > 1 else 0
     n -= held
@@ -160,7 +161,7 @@ def train_tuned_lens(stack, hidden: torch.Tensor, final: torch.Tensor, *, steps:
     start = time.perf_counter()
     try:
         for step in range(steps):
-            if should_stop is not None and should_stop():
+            if context.stopped():
                 break
             pick = torch.randint(0, n, (batch,), generator=generator)
             target = final[pick]  # [batch, vocab]

@@ -32,7 +32,7 @@ from playground.engine.quant.calibration import activation_stats, load_text, tex
 from playground.engine.quant.linear import STORED, QuantLinear, model_weight_bytes, replaced_linears
 from playground.engine.quant.metrics import perplexity
 from playground.engine.quant.targets import quant_targets
-from playground.engine.run_context import Progress, RunContext, StopCheck
+from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.variants import GROUPWISE, BuildStopped, QuantizedCopy
 from playground.events import RunStarted
@@ -158,12 +158,12 @@ def _awq_note(model: Any, anatomy: Anatomy, label: dict[str, str]) -> str:
                                 for path in kept)
 
 
-def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | None = None, *,
-                 should_stop: StopCheck | None = None) -> tuple[LoadedModel, QuantReady]:
+def quantized_lm(lm: LoadedModel, quant: QuantSettings, context: RunContext = NO_CONTEXT
+                 ) -> tuple[LoadedModel, QuantReady]:
     """The loaded model's quantized copy for ``quant`` (built once, then from the cache) and its description.
 
-    ``progress(message, fraction)`` reports calibration, quantization and measurement; ``should_stop`` is polled
-    at each report and ends the build with ``QuantCancelled`` (nothing half-built is kept; a copy already built
+    The context's ``progress(message, fraction)`` reports calibration, quantization and measurement; its Stop is
+    polled at each report and ends the build with ``QuantCancelled`` (nothing half-built is kept; a copy already built
     stays, its description is measured again next time). The reference model is not changed.
     """
     if quant.quant == "none":
@@ -174,14 +174,14 @@ def quantized_lm(lm: LoadedModel, quant: QuantSettings, progress: Progress | Non
     if copy is not None and _ready_key(quant) in copy.notes:
         ready = copy.notes[_ready_key(quant)]
         return _named(lm, quant, copy), dataclasses.replace(ready, seconds=0.0, cached=True)
-    say = variants.build_reporter(label(quant), lm.name, progress, should_stop)
+    say = variants.build_reporter(label(quant), lm.name, context)
     started = time.perf_counter()
     model = lm.model
     anatomy, _ = quant_targets(model, quant.quant)  # ConfigError naming the family before any work
     tokens = min(quant.calibration_tokens, lm.context_length)
     with torch.no_grad():
-        copy = variants.variant(lm, request, lambda message, f: progress(message, 0.8 * f) if progress else None,
-                                should_stop)
+        building = RunContext.of(context, lambda message, f: context.report(message, 0.8 * f))  # the build: 0..0.8
+        copy = variants.variant(lm, request, building)
         quantized = copy.model
         replaced = len(replaced_linears(quantized))  # the builder refused a copy short of its targets
         stats = copy.stats  # SmoothQuant's build measured them on the same tokens
@@ -234,7 +234,7 @@ def run_quantized(runner: Callable[..., Iterator[Any]], lm: LoadedModel, setting
     if not is_cached(lm, quant):
         _close(runner(lm, settings, context))
     try:
-        qlm, ready = quantized_lm(lm, quant, context.progress, should_stop=context.should_stop)
+        qlm, ready = quantized_lm(lm, quant, context)
     except BuildStopped as stopped:  # the run ends "stopped", saying what Stop cut
         prompt_ids, prompt_text = encode_prompt(lm, settings)
         record = RunRecorder(lm, settings, context, groups=get_strategy(settings.strategy).groups)

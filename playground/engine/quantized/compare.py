@@ -51,7 +51,7 @@ def run_quant_compare(lm: LoadedModel, settings: RunSettings, context: RunContex
     check_combination(settings)
     reference = run_strategy(lm, base, context)  # validates the strategy's own settings before any work
     try:
-        qlm, ready = quantized_lm(lm, quant, context.progress, should_stop=context.should_stop)
+        qlm, ready = quantized_lm(lm, quant, context)
     except QuantCancelled as stopped:  # the lab ends "stopped" before its first token, saying what Stop cut
         getattr(reference, "close", lambda: None)()
         prompt_ids, prompt_text = encode_prompt(lm, base)

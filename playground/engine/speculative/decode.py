@@ -24,7 +24,7 @@ from playground.engine.forward import deferred_tail, keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, build_pipeline, run_pipeline
 from playground.engine.prompt import check_fits_context, encode_prompt
-from playground.engine.run_context import Progress, RunContext, StopCheck
+from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.speculative.drafters import (
     Drafter,
@@ -54,12 +54,12 @@ from playground.events.speculative import DraftToken, SpeculativeRound, Speculat
 from playground.models.loaded import LoadedModel
 
 
-def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: RunContext | StopCheck | None = None,
-                    progress: Progress | None = None) -> Iterator[Event]:
+def run_speculative(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
+                    ) -> Iterator[Event]:
     """Speculative decoding as a generator of events. Settings, prompt and drafter are checked (and a draft model
     loaded, a quantized drafter built, reporting the context's ``progress``) before the generator is returned
     (``ConfigError``); Stop during that build returns a run that ends "stopped" at once."""
-    context = RunContext.of(should_stop, progress)
+    context = RunContext.of(context)
     settings.validate()
     spec = settings.group(SpeculativeSettings)
     prompt_ids, prompt_text = encode_prompt(lm, settings)
@@ -77,11 +77,10 @@ def run_speculative(lm: LoadedModel, settings: RunSettings, should_stop: RunCont
 
 
 def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[NamedTransform, ...],
-                 generator: torch.Generator, context: RunContext | None = None) -> Drafter:
+                 generator: torch.Generator, context: RunContext = NO_CONTEXT) -> Drafter:
     """The drafter the settings name; a model drafter's model comes from the variants' cache (built there,
     reporting the context's ``progress``; ``BuildStopped`` when its Stop comes during the build); the suffix
     drafter learns from the context's run history (default: the model's own)."""
-    context = context or RunContext()
     if spec.draft == "prompt-lookup":
         return PromptLookupDrafter(spec.prompt_lookup_ngram)
     if spec.draft == "jacobi":
@@ -92,7 +91,7 @@ def make_drafter(lm: LoadedModel, spec: SpeculativeSettings, pipeline: tuple[Nam
              "model": (SmallModelDrafter, SmallModel(spec.draft_model)),
              "quantized": (QuantizedDrafter, QuantizedCopy.quick(spec.draft_quant))}
     kind, request = kinds[spec.draft]
-    made = variant(lm, request, context.progress, context.should_stop)
+    made = variant(lm, request, context)
     drafter = kind(made.model, pipeline, spec.do_sample, generator, lm.device)
     drafter.detail = detail(made, "the target")
     return drafter
@@ -309,7 +308,7 @@ class SpeculativeRun:
         if spec.baseline_tokens and generated:
             wanted = min(spec.baseline_tokens, len(generated))
             baseline_ids, baseline = ([], 0.0) if stop_reason == "stopped" else \
-                plain_greedy(self.lm, self.settings, loop.prompt_ids, wanted, loop.context.should_stop)
+                plain_greedy(self.lm, self.settings, loop.prompt_ids, wanted, loop.context)
             if len(baseline_ids) < wanted:  # Stop came before or during the baseline: no speed-up to report
                 stop_reason, cut_short = "stopped", ("baseline",)
             else:
