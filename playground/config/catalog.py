@@ -12,10 +12,16 @@ imports every module of the package, so the catalog names none of them; entries 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from playground.config.errors import ConfigError
 from playground.config.groups import AFTER_BUILT_INS, SettingsGroup
+
+# What a caller hands a run besides the model and its settings, for every model source (the engine's run context,
+# a server run, the window's jobs): a check polled for Stop, and a report of a build's progress (message, 0..1).
+StopCheck = Callable[[], bool]
+Progress = Callable[[str, float], None]
 
 
 @dataclass(frozen=True)

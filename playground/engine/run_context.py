@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from playground.config.catalog import Progress, StopCheck
 from playground.models.run_history import RunHistory
 
 if TYPE_CHECKING:
     from playground.events import TokenStep
     from playground.models.loaded import LoadedModel
 
-StopCheck = Callable[[], bool]
-Progress = Callable[[str, float], None]
 # Step mode ("you are the sampler"): called before each step's token is committed with the step as it would be
 # recorded with the strategy's own choice (its candidates, ``token_id`` the sampler's pick); returns the token to
 # take (a different one is recorded as forced) or None to end the run "stopped".

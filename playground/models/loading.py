@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from playground.config import ModelSettings
+from playground.config.catalog import Progress
 from playground.errors import UserError
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
@@ -23,7 +24,6 @@ from playground.models.loaded import LoadedModel
 if TYPE_CHECKING:
     from torch import nn
 
-Progress = Callable[[str, float], None]
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 

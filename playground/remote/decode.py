@@ -20,6 +20,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
+from playground.config.catalog import StopCheck
 from playground.config.samplers import SAMPLER_GROUPS
 from playground.config.stop_strings import StopStringWatch
 from playground.events import STOP_REASONS, Event, PrefillDone, RunFinished, RunStarted, StopReason
@@ -42,7 +43,6 @@ from playground.remote.request import build_request, distribution_of, missing_of
 from playground.remote.source import RemoteSource
 from playground.remote.stream import MalformedChunk, MissingLogprobs, StreamFormat, chunk_parts, chunk_steps
 
-StopCheck = Callable[[], bool]
 POLL_S = 0.05  # how often Stop is looked at while waiting for the server
 REMOTE_STRATEGIES = ("greedy", "sample")
 _CHUNK, _END, _ERROR = "chunk", "end", "error"

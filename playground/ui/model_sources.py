@@ -8,12 +8,13 @@ run from a local one by the events' own fields (the start event's device, whethe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from playground.config import ConfigError, RunSettings
+from playground.config.catalog import Progress, StopCheck
 from playground.models.anatomy import model_support
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
@@ -26,8 +27,6 @@ from playground.ui.server_model import (
 )
 from playground.ui.views.base import is_remote_run
 
-StopCheck = Callable[[], bool]
-Progress = Callable[[str, float], None]
 # (the run's settings, the runs list's branch, what the source needs to continue it: a server's RemoteBranch)
 BranchPlan = tuple[RunSettings, Branch, Any]
 

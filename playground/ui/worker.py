@@ -20,10 +20,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
+from playground.config.catalog import Progress, StopCheck
 from playground.ui import gui_gc
 
-StopCheck = Callable[[], bool]
-Progress = Callable[[str, float], None]
 # A job's body: gets a stop check and a progress callback, returns an iterator of items for the GUI.
 JobBody = Callable[[StopCheck, Progress], Iterator[Any]]
 

@@ -32,20 +32,18 @@ Not done: AWQ's second step, the search for a clipping range of each weight grou
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import nn
 
+from playground.config.catalog import Progress
 from playground.engine.quant.calibration import capture_inputs, text_ids
 from playground.engine.quant.linear import InputScaledLinear, QuantLinear, check_replaced
 from playground.engine.quant.rtn import dequantize, quantize
 from playground.engine.quant.targets import float_linear_copy, in_features, out_features, quant_targets, set_module
 from playground.models.anatomy import Anatomy, part_rows, scale_norm_output
-
-Progress = Callable[[str, float], None]
 
 
 def fake_quantize(w: torch.Tensor, bits: int, group_size: int | None, symmetric: bool) -> torch.Tensor:

@@ -8,7 +8,7 @@ points, AWQ's o_proj input scales), not the run-time copies some layers build on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from playground.config import ConfigError
@@ -19,7 +19,6 @@ from playground.engine.quant.smoothquant import naive_w8a8, smoothquant
 
 METHODS = ("rtn-int8", "rtn-int8-asym", "rtn-int4", "zeroquant", "naive-w8a8", "smoothquant", "awq")
 PER_CHANNEL = ("rtn-int8", "rtn-int8-asym")  # RTN int8 methods: one scale per output channel
-Progress = Callable[[str, float], None]
 
 
 def check_methods(methods: list[str]) -> None:
