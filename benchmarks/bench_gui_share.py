@@ -15,7 +15,7 @@ one, ...): each round is this script in a fresh process measuring that checkout'
     QT_QPA_PLATFORM=offscreen .venv/bin/python benchmarks/bench_gui_share.py [--repeats 3] [--max-new-tokens 160]
     ... --presets greedy-loop,speculative-prompt-lookup      (the default: the four below)
     ... --tiny      a tiny random model (a quick smoke run; presets still give the settings)
-    ... --profile FILE   cProfile of the GUI thread during the measured runs (pstats file)
+    ... --profile FILE   cProfile of the GUI thread's CPU time during the measured runs (pstats file)
     ... --ab /tmp/before --rounds 3 [--repeats 1]   A/B against another checkout, interleaved
     ... --checkout DIR   measure DIR's playground package (default: this script's checkout)
     ... --json FILE      the figures as JSON (what --ab reads)
@@ -125,7 +125,7 @@ def measure(args: argparse.Namespace) -> dict:
     if args.profile:
         import cProfile
 
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # the GUI thread's CPU time, not the wall's
 
     from PySide6.QtCore import qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
