@@ -16,6 +16,7 @@ one, ...): each round is this script in a fresh process measuring that checkout'
     ... --presets greedy-loop,speculative-prompt-lookup      (the default: the four below)
     ... --tiny      a tiny random model (a quick smoke run; presets still give the settings)
     ... --profile FILE   cProfile of the GUI thread's CPU time during the measured runs (pstats file)
+    ... --tabs           the default layout instead (the views tabbed: one on screen at a time)
     ... --ab /tmp/before --rounds 3 [--repeats 1]   A/B against another checkout, interleaved
     ... --checkout DIR   measure DIR's playground package (default: this script's checkout)
     ... --json FILE      the figures as JSON (what --ab reads)
@@ -71,7 +72,7 @@ def spin_until(done) -> None:
     timer.stop()
 
 
-def make_window(lm, store_dir: str):
+def make_window(lm, store_dir: str, tabs: bool = False):
     from PySide6.QtCore import QSettings
 
     from playground.ui.main_window import MainWindow
@@ -81,7 +82,8 @@ def make_window(lm, store_dir: str):
     window.resize(*SIZE)
     window.show()
     window.set_model(lm)
-    window.views_side_by_side()
+    if not tabs:
+        window.views_side_by_side()
     spin_until(lambda: True)
     return window
 
@@ -107,6 +109,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--tabs", action="store_true",
+                        help="the default layout (the views tabbed, the run's own view in front) instead of every "
+                             "view side by side")
     parser.add_argument("--checkout", default=None, help="measure this checkout's playground package")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
     parser.add_argument("--ab", default=None, metavar="OTHER", help="alternate with the checkout OTHER (A/B)")
@@ -153,7 +158,7 @@ def measure(args: argparse.Namespace) -> dict:
     load = os.getloadavg()
     rows: dict[str, list[tuple[float, float, float, int]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as store_dir:
-        window = make_window(lm, store_dir)
+        window = make_window(lm, store_dir, args.tabs)
         shown = [name for name, dock in window.docks.items() if dock.isVisible()]
         print(f"docks on screen: {len(shown)} of {len(window.docks)} ({', '.join(shown)})", flush=True)
         for n in names:  # warm-up: every strategy once, short
@@ -167,7 +172,8 @@ def measure(args: argparse.Namespace) -> dict:
         window.close()
         app.processEvents()
     end_load = os.getloadavg()
-    print(f"model {lm.name}, window {SIZE[0]}x{SIZE[1]} offscreen, every view side by side, "
+    layout = "the views tabbed (the default layout)" if args.tabs else "every view side by side"
+    print(f"model {lm.name}, window {SIZE[0]}x{SIZE[1]} offscreen, {layout}, "
           f"max {args.max_new_tokens} new tokens, median of {args.repeats}")
     print(f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"at end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}")
@@ -196,6 +202,8 @@ def alternate(args: argparse.Namespace) -> None:
     passed = ["--presets", args.presets, "--repeats", str(args.repeats), "--max-new-tokens", str(args.max_new_tokens)]
     if args.tiny:
         passed.append("--tiny")
+    if args.tabs:
+        passed.append("--tabs")
     results: dict[str, list[dict]] = {label: [] for label in checkouts}
     with tempfile.TemporaryDirectory() as out:
         for i in range(args.rounds):

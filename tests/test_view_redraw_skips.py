@@ -84,3 +84,61 @@ def test_set_ticks_and_set_title_skip_only_what_is_shown_already(qtbot):
     assert not item.titleLabel.isVisible()
     set_title(item, "Step 2", size="10pt")  # shown again, though its text is the one it had
     assert item.titleLabel.isVisible()
+
+
+def test_a_view_off_screen_draws_when_shown_and_at_the_end(qtbot, tiny_lm, tmp_path):
+    """The default layout tabs the views: those behind the front one fold the streamed batches in without drawing
+    them; one brought to the front is drawn at once, up to date, and every view is drawn when the run ends."""
+    from playground.state import Run
+    from playground.ui.views.base import FoldView
+
+    settings = RunSettings.from_flat(prompt="one two three", chat=False, strategy="sample", temperature=1.5, seed=5,
+                                     max_new_tokens=12, lens=True)
+    w = open_window(qtbot, tmp_path, tiny_lm, settings)
+    try:
+        w.generate()
+        qtbot.waitUntil(lambda: not w.busy, timeout=WAIT_MS)
+        events = list(w.session.selected.events)
+        # The same run again, streamed into the views batch by batch, as the window's job would.
+        live = Run(index=1, settings=w.session.selected.settings)
+        live.apply(events[0])
+        views = w.run_views
+        views.show(live)  # the layers view in front (the run records the lens)
+        w.docks["tokens"].raise_()  # the tokens in front: the layers (a fold view) behind it
+        hidden = [n for n in views.shown if views.off_screen(n) and isinstance(views.views[n], FoldView)]
+        front = [n for n in views.shown if not views.off_screen(n)]
+        assert hidden and front, (views.shown, hidden, front)
+        flushes: dict[str, int] = {n: 0 for n in views.shown}
+        for name in views.shown:
+            view = views.views[name]
+            original = view.flush
+            view.flush = lambda _o=original, _n=name: (flushes.__setitem__(_n, flushes[_n] + 1), _o())[1]
+        body, last = events[1:-1], events[-1]
+        half = len(body) // 2
+        for i in range(0, half, 3):
+            batch = body[i:min(i + 3, half)]
+            for event in batch:
+                live.apply(event)
+            views.apply(live, batch)
+        assert all(flushes[n] == 0 for n in hidden) and all(flushes[n] > 0 for n in front)
+        target = views.views[hidden[0]]
+        assert any(fold.dirty for fold in target._folds())  # folded in, not drawn
+
+        w.docks[hidden[0]].raise_()  # to the front: drawn now, with everything it folded in
+        assert flushes[hidden[0]] == 1 and not views.off_screen(hidden[0])
+        qtbot.waitUntil(lambda: not any(fold.dirty for fold in target._folds()), timeout=5000)
+
+        rest = [*body[half:], last]
+        for i in range(0, len(rest), 3):
+            batch = rest[i:i + 3]
+            for event in batch:
+                live.apply(event)
+            views.apply(live, batch)
+        assert live.finished is not None
+        for name in views.shown:  # the end: every view drawn, off screen or not
+            view = views.views[name]
+            if isinstance(view, FoldView):
+                assert not any(fold.dirty for fold in view._folds()), name
+        assert not views.stale
+    finally:
+        let_go(w)
