@@ -3,15 +3,10 @@
 Every view that applies to the run shows it, the others say in their dock why they are empty; a view whose events
 first come mid-run is shown then. A view that raises must not take the window with it: it is set aside until the
 next run is shown, its dock says what failed, and everything else goes on.
-
-While a run streams, a view that is off screen in a window that is on it (its dock tabbed behind another, or
-closed) folds every batch in but does not draw it: it is drawn, up to date, as soon as it is shown, and every view is
-drawn when the run ends. (A window that is not shown draws every view, as an export or a test reads them.)
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import traceback
 from collections.abc import Mapping
@@ -31,20 +26,13 @@ class RunViews:
     def __init__(self, views: Mapping[str, View], docks: Mapping[str, ViewDock], status: QStatusBar) -> None:
         self.views, self.docks, self.status = views, docks, status
         self.shown: set[str] = set()  # names of the views that show the selected run
-        self.stale: set[str] = set()  # shown views whose latest batches are folded in but not drawn (off screen)
         self.failures: dict[tuple[str, str], int] = {}  # (view, method) -> times it raised (logged once)
         self.kinds_seen = 0  # step event kinds the selected run had when its views were chosen
-        # Whether each view's dock is on screen, as the dock says (a dock tabbed behind another is moved out of the
-        # window, not hidden: only its visibilityChanged tells).
-        self.on_screen: dict[str, bool] = {name: True for name in views}
-        for name, dock in docks.items():
-            dock.visibilityChanged.connect(functools.partial(self._dock_visible, name))
 
     def show(self, run: Run) -> None:
         """Every view that applies to ``run`` shows it; the others say why they are empty; the one that tells most
         comes to the front."""
         self.shown = set()
-        self.stale = set()
         self.kinds_seen = len(run.step_kinds)
         for name, view in self.views.items():
             shown = view.applies_to(run)
@@ -61,13 +49,7 @@ class RunViews:
     def apply(self, run: Run, batch: list[Any]) -> None:
         """``batch``, just folded into the selected ``run``, in the views that show it (ended too, if the run did)."""
         for name in list(self.shown):
-            if not self.call(name, "apply", run, batch):
-                continue
-            if run.finished is None and self.off_screen(name):
-                self.stale.add(name)  # drawn when it is shown, or when the run ends
-                continue
-            self.stale.discard(name)
-            if self.call(name, "flush") and run.finished is not None:
+            if self.call(name, "apply", run, batch) and self.call(name, "flush") and run.finished is not None:
                 self.call(name, "end", run)
         if any(isinstance(event, (RunStarted, RunFinished)) for event in batch):
             # The empty views' texts can say more now (a server's run: why they are empty; at its end, its figures).
@@ -85,21 +67,7 @@ class RunViews:
     def end(self, run: Run) -> None:
         """The selected ``run``'s job has ended: the views that show it draw its end."""
         for name in list(self.shown):
-            if name in self.stale and not self.call(name, "flush"):
-                continue
             self.call(name, "end", run)
-        self.stale.clear()
-
-    def off_screen(self, name: str) -> bool:
-        """Whether view ``name`` cannot be seen while its window can (its dock tabbed behind another, or closed)."""
-        return not self.on_screen[name] and self.views[name].window().isVisible()
-
-    def _dock_visible(self, name: str, visible: bool) -> None:
-        """View ``name``'s dock came on screen or left it: what the view folded in while off screen is drawn now."""
-        self.on_screen[name] = visible
-        if visible and name in self.stale and name in self.shown:
-            self.stale.discard(name)
-            self.call(name, "flush")
 
     def shown_views(self) -> list[View]:
         return [self.views[name] for name in self.shown]
