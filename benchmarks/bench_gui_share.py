@@ -160,7 +160,10 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as store_dir:
         window = make_window(lm, store_dir, args.tabs)
         shown = [name for name, dock in window.docks.items() if dock.isVisible()]
-        print(f"docks on screen: {len(shown)} of {len(window.docks)} ({', '.join(shown)})", flush=True)
+        if args.tabs:  # a dock tabbed behind another is moved out of the window, not hidden: isVisible stays True
+            print(f"docks: {len(window.docks)}, tabbed (the run's own view in front)", flush=True)
+        else:
+            print(f"docks on screen: {len(shown)} of {len(window.docks)} ({', '.join(shown)})", flush=True)
         for n in names:  # warm-up: every strategy once, short
             streamed(window, settings[n].replace(max_new_tokens=8))
         for i in range(args.repeats):
