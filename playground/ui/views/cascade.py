@@ -33,7 +33,7 @@ from playground.ui.marked_text import MarkedTextEdit
 from playground.ui.style import format_percent, mono_font, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import fill_with_scroll, static_plot
+from playground.ui.views.drawing import fill_with_scroll, set_ticks, set_title, static_plot
 from playground.ui.views.texts import short_label, status_html
 
 TICK_CHARS = 8  # a token's label under its step
@@ -208,7 +208,7 @@ class CascadeView(FoldView):
         for graphic in (*self.bars.values(), self.threshold_line, self.mean_line, self.escalation_marks):
             item.addItem(graphic)
         item.setYRange(0, 1.12, padding=0)
-        item.getAxis("left").setTicks([[(v, f"{v:g}") for v in (0, 0.25, 0.5, 0.75, 1.0)]])
+        set_ticks(item.getAxis("left"), [[(v, f"{v:g}") for v in (0, 0.25, 0.5, 0.75, 1.0)]])
         item.getViewBox().sigXRangeChanged.connect(self._label_tokens)
         item.getViewBox().sigResized.connect(self._label_tokens)
 
@@ -309,7 +309,7 @@ class CascadeView(FoldView):
         else:
             title = (f"The cheap model's p per token: under the dashed threshold the full model decides "
                      f"({ESCALATION_MARK}: it takes over)")
-        item.setTitle(title, size="10pt")
+        set_title(item, title, size="10pt")
         item.setXRange(-0.6, max(len(steps), 10) - 0.4, padding=0)
         self._label_tokens()
 
@@ -322,7 +322,7 @@ class CascadeView(FoldView):
         stride = max(1, math.ceil(58 / max(per_token, 1e-6)))
         ticks = [(float(s.step), short_label(visible_token_text(s.text), TICK_CHARS))
                  for s in steps if s.step % stride == 0]
-        self.strip.getPlotItem().getAxis("bottom").setTicks([ticks])
+        set_ticks(self.strip.getPlotItem().getAxis("bottom"), [ticks])
 
     def _draw_texts(self) -> None:
         state, started = self.state, self.state.started

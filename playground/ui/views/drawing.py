@@ -26,6 +26,25 @@ def static_plot(parent: QWidget | None, title: str, bottom: str, left: str, min_
     return plot
 
 
+def set_ticks(axis: pg.AxisItem, ticks: list | None) -> None:
+    """``axis.setTicks(ticks)`` unless the axis holds these ticks already: every ``setTicks`` throws the axis's
+    picture away, and a streaming draw that sets the same ticks again (the same layers, the same labels) would have
+    the axis measure and lay out every label again at its next paint."""
+    if ticks is not None and axis._tickLevels == ticks:  # pyqtgraph keeps what setTicks was given there
+        return
+    axis.setTicks(ticks)
+
+
+def set_title(item: pg.PlotItem, title: str | None, **args) -> None:
+    """``item.setTitle(title, **args)`` unless it shows that title already: a new title is new HTML for its label
+    and a new layout of the plot."""
+    label = item.titleLabel
+    if (title is not None and label.isVisible() and label.text == title
+            and all(label.opts.get(key) == value for key, value in args.items())):
+        return
+    item.setTitle(title, **args)
+
+
 # BarGraphItem options that hold one value per bar (or one for all, as a scalar).
 _PER_BAR = ("x", "x0", "x1", "y", "y0", "y1", "width", "height", "brushes", "pens")
 

@@ -44,7 +44,7 @@ from playground.state.layers import ENTROPY, MAX_PROB, METRICS, LayerState, Laye
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
-from playground.ui.views.drawing import fill_with_scroll, static_plot
+from playground.ui.views.drawing import fill_with_scroll, set_ticks, set_title, static_plot
 from playground.ui.views.texts import short_label, status_html
 
 LIVE_DRAW_MS = 200  # while streaming, the plots redraw at most this often
@@ -412,7 +412,7 @@ class LayersView(FoldView):
         item.setXRange(-0.5, max(n, 1) - 0.5, padding=0)
         item.setYRange(0.5, layers + 0.5, padding=0)
         step = 1 if layers <= 16 else 5
-        item.getAxis("left").setTicks([[(float(v), str(v)) for v in range(1, layers + 1)
+        set_ticks(item.getAxis("left"), [[(float(v), str(v)) for v in range(1, layers + 1)
                                         if v == 1 or v % step == 0 or v == layers]])
         self._fit_to_cells()
 
@@ -432,7 +432,7 @@ class LayersView(FoldView):
         stride = max(1, math.ceil(62 / max(per_token, 1e-6)))  # a shortened label is ~60 px wide
         ticks = [(float(j), short_label(visible_token_text(t.text if t.text is not None else "…"), TICK_CHARS))
                  for j, t in enumerate(tokens) if j % stride == 0]
-        self.heatmap.getPlotItem().getAxis("bottom").setTicks([ticks])
+        set_ticks(self.heatmap.getPlotItem().getAxis("bottom"), [ticks])
 
     def _draw_replay(self) -> None:
         self.threshold_label.setText(self._threshold_text())
@@ -493,7 +493,7 @@ class LayersView(FoldView):
         plot.setYRange(0, max(float(finite.max()) if finite.size else 1.0, 1.0) * 1.1, padding=0)
         # The token's text is in the panel above: a title with it (up to 14 characters) made the plot wider than
         # its column in a small window.
-        plot.setTitle(f"Token {token} across layers", size="10pt")
+        set_title(plot, f"Token {token} across layers", size="10pt")
         self._align_prob_box()
         self.cell_panel.setText(self._cell_html(record, token, layer))
 

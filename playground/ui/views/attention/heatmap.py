@@ -10,7 +10,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, set_title, static_plot
 
 EVICTED_BRUSH = (150, 150, 150, 90)
 
@@ -50,7 +50,7 @@ class HeatmapPanel(QWidget):
         item.setXRange(-0.5, positions - 0.5, padding=0)
         item.setYRange(0.0, layers + 0.5, padding=0)
         step = 1 if layers <= 12 else 5
-        item.getAxis("left").setTicks([[(float(v), str(v)) for v in range(1, layers + 1)
+        set_ticks(item.getAxis("left"), [[(float(v), str(v)) for v in range(1, layers + 1)
                                         if v == 1 or v % step == 0 or v == layers]])
         self.evicted.setOpts(x=evicted, height=[0.5] * len(evicted), y0=0.0)
         self.marker.setVisible(selected is not None)
@@ -81,14 +81,14 @@ class LayerProfilePanel(QWidget):
         item = self.plot.getPlotItem()
         if position is None or weights.size == 0:
             self.bars.setOpts(x=[], height=[])
-            item.setTitle("Click a position on the map: its weight in every layer", size="10pt")
+            set_title(item, "Click a position on the map: its weight in every layer", size="10pt")
             return
         layers = np.arange(1, weights.size + 1)
         self.bars.setOpts(x=layers, height=weights)
         item.setXRange(0.4, weights.size + 0.6, padding=0)
         every = 1 if weights.size <= 12 else 5
-        item.getAxis("bottom").setTicks([[(float(v), str(v)) for v in range(1, weights.size + 1)
+        set_ticks(item.getAxis("bottom"), [[(float(v), str(v)) for v in range(1, weights.size + 1)
                                           if v == 1 or v % every == 0 or v == weights.size]])
         item.setYRange(0.0, max(float(weights.max()), 1e-3) * 1.1, padding=0)
         # The title is rich text: a special token's text ("<|im_start|>") would be read as a tag and vanish.
-        item.setTitle(f"Position {position} ({html.escape(repr(text))}): its weight in every layer", size="10pt")
+        set_title(item, f"Position {position} ({html.escape(repr(text))}): its weight in every layer", size="10pt")

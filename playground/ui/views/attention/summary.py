@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from playground.state.attention import DISTANCE_EDGES, SINK_POSITIONS, AttentionState
 from playground.ui.style import rich_label
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, static_plot
 
 
 def _bucket_label(low: int, high: int) -> str:
@@ -37,7 +37,7 @@ class SummaryPanel(QWidget):
         x = np.arange(used)
         self.bars.setOpts(x=x, height=100 * profile[:used])
         axis = self.plot.getPlotItem().getAxis("bottom")
-        axis.setTicks([[(float(i), _bucket_label(DISTANCE_EDGES[i], DISTANCE_EDGES[i + 1])) for i in range(used)]])
+        set_ticks(axis, [[(float(i), _bucket_label(DISTANCE_EDGES[i], DISTANCE_EDGES[i + 1])) for i in range(used)]])
         if used:
             self.plot.getPlotItem().setXRange(-0.6, used - 0.4, padding=0)
         heavy = ", ".join(f"{p} {html.escape(repr(s.texts[p]) if p < len(s.texts) else '')} ({w:.2f})"

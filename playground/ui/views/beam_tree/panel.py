@@ -45,6 +45,7 @@ from playground.ui.views.beam_tree.items import (
     StepChunk,
     TokenLabels,
 )
+from playground.ui.views.drawing import set_ticks
 from playground.ui.views.texts import short_middle
 
 STEP_PX = 92  # the view shows as many steps as fit at this width (room for a label of ~10 characters)
@@ -103,7 +104,7 @@ class BeamTreePanel(QWidget):
         item.showGrid(x=True, y=False, alpha=0.15)
         item.setLabel("bottom", "step (n-th generated token; the prompt is at −1)")
         item.setLabel("left", "candidates, by parent beam")
-        item.getAxis("left").setTicks([[]])
+        set_ticks(item.getAxis("left"), [[]])
         item.getAxis("left").setStyle(showValues=False)
         self.view = item.getViewBox()
         self.view.sigRangeChangedManually.connect(self._stop_following)

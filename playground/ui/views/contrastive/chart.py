@@ -37,7 +37,7 @@ from playground.ui.views.contrastive.style import (
     padded,
     percent,
 )
-from playground.ui.views.drawing import TextsInside, clear_bars
+from playground.ui.views.drawing import TextsInside, clear_bars, set_ticks, set_title
 from playground.ui.views.texts import short_label
 
 PANEL_LABELS = ("expert log p", "amateur log p", "score")
@@ -133,8 +133,8 @@ class StepChart(Panel):
             for item in (self.expert_bars, self.amateur_bars, self.contrast_bars, *self.shades, *self.bands):
                 clear_bars(item)
             self.cut_line.setVisible(False)
-            bottom_panel.getAxis("bottom").setTicks([[]])
-            top_panel.setTitle("Selected step (none yet)", size="10pt")
+            set_ticks(bottom_panel.getAxis("bottom"), [[]])
+            set_title(top_panel, "Selected step (none yet)", size="10pt")
             self.shown = []
             self.step_panel.setText("<b>Selected step</b><br><i>Steps appear as the run goes.</i>")
             return
@@ -183,11 +183,11 @@ class StepChart(Panel):
                 mark.setText(" ".join(marks))
                 mark.setVisible(True)
                 self._mark_texts.place(mark, x, mark_y)
-        bottom_panel.getAxis("bottom").setTicks([[(float(x), short_label(visible_token_text(c.text), TICK_CHARS))
+        set_ticks(bottom_panel.getAxis("bottom"), [[(float(x), short_label(visible_token_text(c.text), TICK_CHARS))
                                                   for x, c in zip(xs, shown, strict=True)]])
         top_panel.setXRange(-0.6, max(n, 4) - 0.4, padding=0)
         verdict = "changed" if s.changed else "kept"  # short: a narrow chart is at least as wide as its title
-        top_panel.setTitle(f"Step {index}: {verdict} the choice · {s.plausible_count} plausible at "
+        set_title(top_panel, f"Step {index}: {verdict} the choice · {s.plausible_count} plausible at "
                            f"α = {record.alpha:g}", size="10pt")
         self.step_panel.setText(self._step_html(record, index, alpha, inside))
 

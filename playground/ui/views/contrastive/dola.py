@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QWidget
 from playground.state.contrastive import STEPS, ContrastiveState
 from playground.ui.views.columns import Panel
 from playground.ui.views.contrastive.style import SHORT_STRIP_HEIGHT, ContrastiveOwner
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, set_title, static_plot
 
 
 def dola_rows(state: ContrastiveState) -> tuple[tuple[int, ...], np.ndarray, list[int]]:
@@ -60,10 +60,10 @@ class DolaPlot(Panel):
             self.image.clear()
         self.dots.setData(x=np.arange(n, dtype=float), y=np.array(rows, dtype=float))
         every = max(1, math.ceil(len(layers) / 4))  # a short plot has room for about four labels
-        item.getAxis("left").setTicks([[(i, str(layer)) for i, layer in enumerate(layers) if i % every == 0]])
+        set_ticks(item.getAxis("left"), [[(i, str(layer)) for i, layer in enumerate(layers) if i % every == 0]])
         item.setYRange(-0.5, len(layers) - 0.5, padding=0)
         chosen = [layers[r] for r in rows]
         common = max(set(chosen), key=chosen.count) if chosen else None
         top = f" · colour: JSD, 0 to {image.max():.2g} nats" if n else ""
         most = f" (layer {common}: {chosen.count(common)} of {n})" if common is not None else ""
-        item.setTitle(f"DoLa: ● premature layer{most}{top}", size="10pt")
+        set_title(item, f"DoLa: ● premature layer{most}{top}", size="10pt")

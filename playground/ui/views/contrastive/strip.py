@@ -23,7 +23,7 @@ from playground.ui.views.contrastive.style import (
     UNKNOWN_COLOR,
     ContrastiveOwner,
 )
-from playground.ui.views.drawing import clear_bars, static_plot
+from playground.ui.views.drawing import clear_bars, set_ticks, set_title, static_plot
 from playground.ui.views.texts import short_label
 
 _BRUSHES: dict[tuple[bool, bool] | None, QBrush] = {}  # made once, shared by every step's bar
@@ -58,7 +58,7 @@ class StepsStrip(Panel):
         self.what_if_row = pg.BarGraphItem(x=[], height=[], width=0.86, brushes=[], pen=pg.mkPen(None))
         for graphic in (self.band, self.run_row, self.what_if_row):
             item.addItem(graphic)
-        item.getAxis("left").setTicks([[(1.0, "this run"), (0.0, "what-if")]])
+        set_ticks(item.getAxis("left"), [[(1.0, "this run"), (0.0, "what-if")]])
         item.getAxis("left").setWidth(64)
         self._ticks: list[tuple[float, str]] | None = None  # the labels last set (set again only when they change)
         item.getViewBox().sigResized.connect(self.draw_ticks)
@@ -83,7 +83,7 @@ class StepsStrip(Panel):
         item.setYRange(-0.55, 1.55, padding=0)
         chosen = n - state.forced
         share = f" ({format_percent(state.changed / chosen)})" if chosen else ""
-        item.setTitle(f"Steps: the contrast changed the expert's choice at {state.changed} of {chosen}{share}" if n
+        set_title(item, f"Steps: the contrast changed the expert's choice at {state.changed} of {chosen}{share}" if n
                       else "Steps", size="10pt")
         self.draw_ticks()
         self.draw_band()
@@ -100,7 +100,7 @@ class StepsStrip(Panel):
                  for j, r in enumerate(steps) if j % stride == 0]
         if ticks != self._ticks:  # a new range re-labels the axis once (the range's signal and the draw both ask)
             self._ticks = ticks
-            item.getAxis("bottom").setTicks([ticks])
+            set_ticks(item.getAxis("bottom"), [ticks])
 
     def draw_band(self) -> None:
         shown = self.view.shown_step

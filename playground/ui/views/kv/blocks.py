@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QWidget
 
 from playground.state.kv import EVICTED, QUANTIZED, KVState
 from playground.ui.style import format_percent
-from playground.ui.views.drawing import clear_bars, static_plot
+from playground.ui.views.drawing import clear_bars, set_ticks, set_title, static_plot
 from playground.ui.views.kv.panel import (
     EVICTED_COLOR,
     FREE_COLOR,
@@ -87,9 +87,9 @@ class BlockPanel(Panel):
         item = self.plot.getPlotItem()
         item.setXRange(-0.05, max(columns, 1) + 0.05, padding=0)
         item.setYRange(-0.05, max(len(blocks.tables), 3) + 0.05, padding=0)  # one sequence: a row, not slabs
-        item.getAxis("left").setTicks([[(row + 0.5, str(row)) for row in range(len(blocks.tables))]])
+        set_ticks(item.getAxis("left"), [[(row + 0.5, str(row)) for row in range(len(blocks.tables))]])
         stride = max(1, math.ceil(columns / 16))
-        item.getAxis("bottom").setTicks([[(c + 0.5, str(c)) for c in range(0, columns, stride)]])
+        set_ticks(item.getAxis("bottom"), [[(c + 0.5, str(c)) for c in range(0, columns, stride)]])
         free = blocks.slots_allocated - blocks.slots_used
         caption = ("Positions map to fixed-size blocks of a shared pool: a sequence wastes at most its last "
                    "block's free slots.<br>"
@@ -107,7 +107,7 @@ class BlockPanel(Panel):
 
     def _title(self, title: str, bottom: str, left: str) -> None:
         item = self.plot.getPlotItem()
-        item.setTitle(title, size="10pt")
+        set_title(item, title, size="10pt")
         item.setLabel("bottom", bottom)
         item.setLabel("left", left)
 
@@ -131,8 +131,8 @@ class BlockPanel(Panel):
         item = self.plot.getPlotItem()
         item.setXRange(0, max(fed, 1), padding=0.01)
         item.setYRange(-0.05, max(len(rows), 3) + 0.05, padding=0)
-        item.getAxis("left").setTicks([[(row + 0.5, name) for row, (name, _kinds) in enumerate(rows)]])
-        item.getAxis("bottom").setTicks(None)
+        set_ticks(item.getAxis("left"), [[(row + 0.5, name) for row, (name, _kinds) in enumerate(rows)]])
+        set_ticks(item.getAxis("bottom"), None)
         if kivi:
             keys, values = (int((kinds == QUANTIZED).sum()) for _name, kinds in rows)
             caption = (f"KIVI {started.kv_dtype}: keys quantized per channel {started.kivi_residual} at a time "

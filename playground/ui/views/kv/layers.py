@@ -7,7 +7,7 @@ from PySide6.QtCore import QRectF
 from PySide6.QtWidgets import QWidget
 
 from playground.state.kv import KVState
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, static_plot
 from playground.ui.views.kv.panel import MB, Panel, format_mb
 
 
@@ -45,7 +45,7 @@ class LayerPanel(Panel):
             item.setXRange(first - 0.5, first + n - 0.5, padding=0)
             item.setYRange(0.5, layers + 0.5, padding=0)
             step = 1 if layers <= 12 else 5
-            item.getAxis("left").setTicks([[(float(v), str(v)) for v in range(1, layers + 1)
+            set_ticks(item.getAxis("left"), [[(float(v), str(v)) for v in range(1, layers + 1)
                                             if v == 1 or v % step == 0 or v == layers]])
         last = s.last
         if last is not None and layers:

@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QStackedWidget, QVBoxLayout, QWidget
 
 from playground.ui.style import rich_label
+from playground.ui.views.drawing import set_ticks
 
 MB = 1e6  # axes and figures in decimal megabytes (538 MB of fp32 weights for SmolLM2's 134.5 M parameters)
 GIGA = 1e9
@@ -99,7 +100,7 @@ def set_log_range(item: pg.PlotItem, axis: str, low: float, high: float) -> None
         item.setYRange(a, b, padding=0)
     else:
         item.setXRange(a, b, padding=0)
-    item.getAxis(axis).setTicks(log_ticks(a, b))
+    set_ticks(item.getAxis(axis), log_ticks(a, b))
 
 
 class Panel(QWidget):

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
 from playground.state.kv import KVState
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, static_plot
 from playground.ui.views.kv.panel import STEP_MS_COLOR, THROUGHPUT_COLOR, Panel, format_mb, line
 
 
@@ -63,7 +63,7 @@ class SweepPanel(Panel):
         self.throughput_curve.setData(sizes, np.asarray(sweep.tokens_per_s, dtype=float))
         self.step_ms_curve.setData(sizes, np.asarray(sweep.ms_per_step, dtype=float))
         item = self.plot.getPlotItem()
-        item.getAxis("bottom").setTicks([[(math.log10(n), str(n)) for n in sweep.batch_sizes if n > 0]])
+        set_ticks(item.getAxis("bottom"), [[(math.log10(n), str(n)) for n in sweep.batch_sizes if n > 0]])
         positive = sizes[sizes > 0]
         if positive.size:
             item.setXRange(math.log10(positive.min()), math.log10(positive.max()), padding=0.08)

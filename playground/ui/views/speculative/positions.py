@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QWidget
 
 from playground.state.speculative import ROUNDS
 from playground.ui.views.columns import Panel
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, set_title, static_plot
 from playground.ui.views.speculative.plots import INSIDE_LEFT, LABEL_FILL, PLOT_HEIGHT, SpeculativeOwner, bars, dashed
 from playground.ui.views.speculative.text import ACCEPTED_COLOR
 
@@ -41,12 +41,12 @@ class PositionsPlot(Panel):
         judged = [*state.reached_at, *[0] * (width - len(state.reached_at))]
         item = self.plot.getPlotItem()
         if state.is_tree:
-            item.setTitle("Acceptance by depth in the tree", size="10pt")
+            set_title(item, "Acceptance by depth in the tree", size="10pt")
             item.setLabel("bottom", "depth in the tree")
         else:
-            item.setTitle("Acceptance by draft position", size="10pt")
+            set_title(item, "Acceptance by draft position", size="10pt")
             item.setLabel("bottom", "draft position in the round")
         item.setXRange(0.4, width + 0.6, padding=0)
         roomy = width <= 6 and self.plot.width() / width >= 90  # px a tick's "(n judged)" needs
-        item.getAxis("bottom").setTicks(
+        set_ticks(item.getAxis("bottom"),
             [[(i, f"{i} ({judged[i - 1]} judged)" if roomy else str(i)) for i in range(1, width + 1)]])

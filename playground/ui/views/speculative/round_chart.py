@@ -15,7 +15,7 @@ from playground.state import visible_token_text
 from playground.state.speculative import REJECTED, ROUNDS
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views.columns import Panel
-from playground.ui.views.drawing import TextsInside, static_plot
+from playground.ui.views.drawing import TextsInside, set_ticks, set_title, static_plot
 from playground.ui.views.speculative.plots import PLOT_HEIGHT, TICK_CHARS, SpeculativeOwner
 from playground.ui.views.speculative.text import ACCEPTED_COLOR, DRAFT_Q_COLOR, REJECTED_COLOR, TARGET_COLOR
 from playground.ui.views.speculative.tree import RoundTree
@@ -104,8 +104,8 @@ class RoundChart(Panel):
             self.q_bars.setOpts(x=[], height=[])
             self.p_bars.setOpts(x=[], height=[])
             self.draws.setData(x=[], y=[])
-            item.setTitle("Selected round: draft q next to target p (none yet)", size="10pt")
-            item.getAxis("bottom").setTicks([[]])
+            set_title(item, "Selected round: draft q next to target p (none yet)", size="10pt")
+            set_ticks(item.getAxis("bottom"), [[]])
             self.note.setText("")
             return
         r = state.rounds[index]
@@ -136,14 +136,14 @@ class RoundChart(Panel):
             word = "correction" if r.target_kind == "correction" else "bonus" if n else "target's own"
             self._show_verdict(n, n, r.target_prob, "★" if compact else f"★ {word}", TARGET_COLOR)
             ticks.append((float(n), short_label(visible_token_text(r.target_text), TICK_CHARS)))
-        item.getAxis("bottom").setTicks([ticks])
+        set_ticks(item.getAxis("bottom"), [ticks])
         slots = n + (r.target_kind != "none")
         item.setXRange(-0.6, max(slots, 3) - 0.4, padding=0)
         item.setYRange(0, 1.2, padding=0)
         if n:  # short: the note under the plot says how the drafts were judged
-            item.setTitle(f"Round {index}: {r.accepted} of {n} drafts accepted", size="10pt")
+            set_title(item, f"Round {index}: {r.accepted} of {n} drafts accepted", size="10pt")
         else:
-            item.setTitle(f"Round {index}: nothing drafted, the target's own token", size="10pt")
+            set_title(item, f"Round {index}: nothing drafted, the target's own token", size="10pt")
         parts = round_note(self.view, r)
         short = self.view.short
         self.note.setText(parts[0] if short else "<br>".join(parts))
@@ -179,14 +179,14 @@ class RoundChart(Panel):
         # A short dock: the axis's title goes (the tree needs the height), its first tick says what it counts.
         item.setLabel("bottom", "" if short else "depth in the tree (0: right after the context)")
         ticks = [(float(d), "depth 0" if d == 0 and short and last < 8 else str(d)) for d in range(last + 1)]
-        item.getAxis("bottom").setTicks([[(-1.0, "ctx"), *ticks]])
+        set_ticks(item.getAxis("bottom"), [[(-1.0, "ctx"), *ticks]])
         n = len(r.drafted)
         rejected = sum(kind == REJECTED for kind in self.tree.kinds)
         if n:
-            item.setTitle(f"Round {index}: {r.accepted} of {n} nodes accepted, {rejected} turned down at the stop",
+            set_title(item, f"Round {index}: {r.accepted} of {n} nodes accepted, {rejected} turned down at the stop",
                           size="10pt")
         else:
-            item.setTitle(f"Round {index}: nothing drafted, the target's own token", size="10pt")
+            set_title(item, f"Round {index}: nothing drafted, the target's own token", size="10pt")
         parts = round_note(self.view, r)  # one line: the tree takes the height (how it was judged: the tooltip)
         self.note.setText(parts[0].replace("output steps", "steps").replace(" (one target pass)", ""))
         self.note.setToolTip("<br>".join(parts[1:]))

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QWidget
 from playground.state.speculative import ACCEPTED, REJECTED, ROUNDS, TARGET
 from playground.ui.style import MARK_BAND_COLOR
 from playground.ui.views.columns import Panel
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_title, static_plot
 from playground.ui.views.speculative.plots import PLOT_HEIGHT, SpeculativeOwner, bars, dashed
 from playground.ui.views.speculative.text import ACCEPTED_COLOR, REJECTED_COLOR, TARGET_COLOR
 
@@ -67,7 +67,7 @@ class RoundsTimeline(Panel):
             title = f"Rounds: tokens, stacked (dashed: k = {drafts} drafted)"
         else:
             title = "Rounds: tokens, stacked"
-        self.plot.getPlotItem().setTitle(title, size="10pt")
+        set_title(self.plot.getPlotItem(), title, size="10pt")
         selected = self.view.selected_round
         if selected is None:
             self.band.setOpts(x=[], height=[])

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QWidget
 from playground.state.speculative import ROUNDS
 from playground.ui.style import MARK_COLOR, rich_label
 from playground.ui.views.columns import Panel
-from playground.ui.views.drawing import static_plot
+from playground.ui.views.drawing import set_ticks, set_title, static_plot
 from playground.ui.views.speculative.plots import INSIDE_LEFT, LABEL_FILL, PLOT_HEIGHT, SpeculativeOwner, dashed
 from playground.ui.views.speculative.text import TARGET_COLOR
 from playground.ui.views.speculative.tree import TreeGrid
@@ -90,16 +90,16 @@ class WhatIfPlot(Panel):
         self.measured.setVisible(not grid)
         if grid:
             self.run_k_line.setVisible(False)
-            item.setTitle("What-if (estimate): tree depth × width", size="10pt")
+            set_title(item, "What-if (estimate): tree depth × width", size="10pt")
             item.setLabel("bottom", "depth kept (levels)")
             item.setLabel("left", "width")
         else:
             self.grid.hide()
-            item.setTitle("What-if (estimate): speed-up against k", size="10pt")
+            set_title(item, "What-if (estimate): speed-up against k", size="10pt")
             item.setLabel("bottom", "k (tokens drafted per round)")
             item.setLabel("left", "speed-up ×")
-            item.getAxis("bottom").setTicks(None)
-            item.getAxis("left").setTicks(None)
+            set_ticks(item.getAxis("bottom"), None)
+            set_ticks(item.getAxis("left"), None)
 
     def _draw_tree(self) -> None:
         state = self.view.state
@@ -114,8 +114,8 @@ class WhatIfPlot(Panel):
         item.setXRange(0.5, depths + 0.5, padding=0)
         item.setYRange(0.5, widths + 0.5, padding=0)
         self.grid.show(what_if)
-        item.getAxis("bottom").setTicks([[(float(d), str(d)) for d in what_if.depths]])
-        item.getAxis("left").setTicks([[(float(w), str(w)) for w in what_if.widths]])
+        set_ticks(item.getAxis("bottom"), [[(float(d), str(d)) for d in what_if.depths]])
+        set_ticks(item.getAxis("left"), [[(float(w), str(w)) for w in what_if.widths]])
         here_tokens, here_speedup = what_if.tokens[-1][-1], what_if.speedups[-1][-1]
         plain = (f"the measured plain decoding, {what_if.plain_ms:.1f} ms per token" if what_if.plain_measured else
                  f"c<sub>verify</sub>(0) = {what_if.plain_ms:.1f} ms as one plain step (an estimate until the "

@@ -29,6 +29,7 @@ from playground.ui.style import (
     format_percent,
     rich_label,
 )
+from playground.ui.views.drawing import set_ticks
 from playground.ui.views.tokens.tooltip import rank_text
 
 WHAT_IF_BAR_COLOR = "#009988"  # views/tokens/what_if.py's WHAT_IF_COLOR: the what-if's processed bars
@@ -304,7 +305,7 @@ class CandidatesPanel(QWidget):
             bar.setOpts(x0=[], y=[], width=[], height=[])
         for label in self._labels:
             label.visible = False
-        self.plot.getPlotItem().getAxis("left").setTicks([[]])
+        set_ticks(self.plot.getPlotItem().getAxis("left"), [[]])
         self.plot.getPlotItem().setXRange(0, 100, padding=0)  # an empty chart still reads in percent
         self._apply_range()
 
@@ -362,7 +363,7 @@ class CandidatesPanel(QWidget):
             label.visible = False
 
         item = self.plot.getPlotItem()
-        item.getAxis("left").setTicks([[(i, _axis_label(r, character)) for i, r in enumerate(rows)]])
+        set_ticks(item.getAxis("left"), [[(i, _axis_label(r, character)) for i, r in enumerate(rows)]])
         item.setXRange(0, x_max, padding=0)
         item.setYRange(-0.6, n - 0.4, padding=0)
         self._apply_range()
@@ -381,7 +382,7 @@ class CandidatesPanel(QWidget):
         for label in self._labels:
             label.visible = False
         item = self.plot.getPlotItem()
-        item.getAxis("left").setTicks([[]])
+        set_ticks(item.getAxis("left"), [[]])
         item.setXRange(0, 100, padding=0)
         self._apply_range()
         of = f" · token {step.step + 1} of {self.total_steps}" if self.total_steps else ""

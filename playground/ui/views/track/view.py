@@ -52,6 +52,7 @@ class TrackView(View):
         self.tokenizer: Any = None
         self.token_id: int | None = None
         self.points: list[TrackedPoint] = []
+        self._drawn: tuple[tuple[TrackedPoint, ...], str] | None = None  # (points, note) last drawn
         self.entry = QLineEdit()
         self.entry.setPlaceholderText("a word, a token or a token id (spaces count: ' Paris' ≠ 'Paris')")
         self.entry.setToolTip("The token to follow through the run; Enter to track it")
@@ -155,8 +156,28 @@ class TrackView(View):
         self.points = track_token(steps, self.token_id) if self.token_id is not None and steps else []
         self._draw()
 
-    def _draw(self) -> None:
+    def _note_text(self) -> str:
         pts = self.points
+        if self.token_id is None or not pts:
+            return getattr(self, "_why", "") or ("Type a token to follow its probability and rank at every step of "
+                                                 "the shown run.")
+        exact = sum(p.exact for p in pts)
+        ns = sorted({p.below_rank for p in pts if not p.exact})
+        below_text = (f"; ▼ at {len(pts) - exact} steps: below rank {', '.join(map(str, ns))} (not recorded: at most "
+                      "that candidate's probability)" if ns else "")
+        return (f"Tracking {self._why}: exact at {exact} of {len(pts)} steps (among the recorded "
+                f"candidates){below_text}.")
+
+    def _draw(self) -> None:
+        """The plots and the note, where they changed: a batch that moves no tracked point (no token tracked, or
+        steps that do not hold it) draws nothing, as every ``setData`` repaints both plots, their log axes and the
+        legend."""
+        pts = self.points
+        note = self._note_text()
+        drawn = (tuple(pts), note)
+        if drawn == self._drawn:
+            return
+        self._drawn = drawn
         exact = [p for p in pts if p.exact]
         _line(self.raw_curve, [p.step for p in exact], [p.raw_prob or 0.0 for p in exact])
         kept = [p for p in exact if p.processed_prob]
@@ -167,12 +188,4 @@ class TrackView(View):
         self.raw_bound.setData([p.step for p in below], [max(p.raw_bound, PROB_FLOOR) for p in below])
         _line(self.rank_curve, [p.step for p in exact], [float(p.rank or 1) for p in exact])
         self.rank_bound.setData([p.step for p in below], [float(max(p.below_rank, 1) + 1) for p in below])
-        if self.token_id is None or not pts:
-            self.note.setText(getattr(self, "_why", "") or "Type a token to follow its probability and rank at "
-                              "every step of the shown run.")
-            return
-        ns = sorted({p.below_rank for p in below})
-        below_text = (f"; ▼ at {len(below)} steps: below rank {', '.join(map(str, ns))} (not recorded: at most that "
-                      "candidate's probability)" if below else "")
-        self.note.setText(f"Tracking {self._why}: exact at {len(exact)} of {len(pts)} steps (among the recorded "
-                          f"candidates){below_text}.")
+        self.note.setText(note)
