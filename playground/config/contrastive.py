@@ -13,6 +13,7 @@ from playground.events import TokenStep
 from playground.events.contrastive import ContrastStep
 
 AMATEURS = ("layer", "dola", "quantized", "model")
+DOLA_VARIANTS = ("reference", "formula")
 
 
 @register_group
@@ -26,8 +27,8 @@ class ContrastiveSettings(SettingsGroup):
         "layer", "amateur", "whose mistakes are subtracted: layer = an early layer of the expert itself (its output "
         "through the final norm and LM head, from the same forward pass, as DoLa contrasts layers); quantized = the "
         "expert's quantized copy; model = a separate smaller model with the same tokenizer; dola = DoLa (Chuang et al. "
-        "2023): per token, the layer of --dola-layers whose lens differs most from the final layer (Jensen-Shannon "
-        "divergence)", choices=AMATEURS)
+        "2023): per token, the layer of --dola-layers whose next-token distribution differs most from the final "
+        "layer's (how: --dola-variant)", choices=AMATEURS)
     alpha: float = setting(0.1, "plausibility α", "only tokens with p_expert ≥ α × the expert's top probability "
                            "may be chosen (the plausibility cut); 0 = every token the expert allows, 1 = only "
                            "the expert's top token (plain greedy)", minimum=0.0, maximum=1.0, step=0.01,
@@ -43,6 +44,12 @@ class ContrastiveSettings(SettingsGroup):
                                "output_hidden_states (0 = the embeddings, j = layer j's output): low = the even "
                                "layers of the lower half, high = the even layers of the upper half (the paper's "
                                "buckets; a model with tied embeddings starts at 2), or a list such as 2,6,10")
+    dola_variant: str = setting("reference", "DoLa variant", "dola amateur: reference = the authors' code as "
+                                "transformers 4.46 ran it (the LM head on the premature layer's un-normalised "
+                                "output, no final norm, no soft-capping; its divergence ½[KL(M‖P) + KL(M‖Q)]; the "
+                                "relative-top filter); formula = the paper's text (the logit lens: final norm + LM "
+                                "head; the true Jensen-Shannon divergence ½[KL(P‖M) + KL(Q‖M)])",
+                                choices=DOLA_VARIANTS)
     dola_repetition_penalty: float = setting(1.2, "DoLa repetition penalty", "dola amateur: the contrast scores of "
                                              "tokens already in the text are divided by this (multiplied when "
                                              "negative), as the paper recommends (1.2); 1 = off",
@@ -65,7 +72,7 @@ class ContrastiveSettings(SettingsGroup):
 
     def summary(self) -> str:
         amateur = {"layer": f"layer {self.amateur_layer or '½ up'}", "quantized": self.amateur_quant,
-                   "dola": f"DoLa {self.dola_layers} θ={self.dola_repetition_penalty:g}",
+                   "dola": f"DoLa {self.dola_layers} {self.dola_variant} θ={self.dola_repetition_penalty:g}",
                    "model": self.amateur_model or "?"}[self.amateur]
         temperature = f" T={self.amateur_temperature:g}" if self.amateur_temperature != 1.0 else ""
         mode = " · sampled" if self.contrast_sample else ""

@@ -29,6 +29,10 @@ class ContrastiveStarted:
     expert_top: int  # each step records the expert's top ``expert_top`` tokens (and the contrast's best)
     dola_layers: tuple[int, ...] = ()  # DoLa: the candidate premature layers (0 = embeddings, j = layer j's output)
     dola_penalty: float = 1.0  # DoLa: the repetition penalty on the contrast scores (1 = none)
+    # DoLa: "reference" (the authors' code as transformers 4.46 ran it: the LM head on the premature layer's
+    # un-normalised state, ½[KL(M‖P) + KL(M‖Q)], the relative-top filter) or "formula" (the paper's text: the
+    # logit lens, the true JSD); "" for the other amateurs and for runs saved before the variants (formula).
+    dola_variant: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,4 +73,6 @@ class ContrastStep:
     amateur_ms: float  # time of the amateur's part of the step (its forward pass or LM-head product)
     contrast_ms: float  # time of the contrast maths (cut, scores, choice)
     premature_layer: int = -1  # DoLa: the layer contrasted with at this step (the largest JSD); -1 otherwise
-    layer_jsd: tuple[float, ...] = ()  # DoLa: JSD(final || layer) in nats of each of ``dola_layers``, in order
+    # DoLa: each of ``dola_layers``' divergence from the final layer in nats, in order (the variant's: the formula's
+    # JSD, the reference's ½[KL(M‖P) + KL(M‖Q)])
+    layer_jsd: tuple[float, ...] = ()

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 from transformers import DynamicCache
 
+from playground.engine.contrastive.scores import Contrast, contrast
 from playground.engine.forward import keep_last_logits, prefill_in_chunks
 from playground.engine.layers.lens import LayerStack
 from playground.engine.run_context import RunContext
@@ -45,6 +46,12 @@ class Amateur:
     def expert_pass(self) -> AbstractContextManager:
         """Wraps the expert's forward pass of a step (the layer amateur listens to it)."""
         return nullcontext()
+
+    def contrast(self, expert_logits: torch.Tensor, amateur_logits: torch.Tensor, alpha: float,
+                 amateur_temperature: float) -> Contrast:
+        """One position's contrast of the expert's logits [vocab] (after the penalties) with this amateur's raw
+        logits [vocab_a]: the α plausibility cut and log p_expert − log p_amateur (``scores.contrast``)."""
+        return contrast(expert_logits, amateur_logits, alpha, amateur_temperature)
 
     def next_logits(self, ids: torch.Tensor, expert_logits: torch.Tensor | None = None) -> torch.Tensor:
         """The amateur's raw logits [vocab] for the token after ``ids`` [1, n] (the expert has just read them and

@@ -70,7 +70,7 @@ def make_amateur(lm: LoadedModel, settings: ContrastiveSettings, positions: int,
     if settings.amateur == "dola":
         stack = LayerStack.of(lm.model)
         tied = bool(getattr(lm.model.config.get_text_config(), "tie_word_embeddings", False))
-        return DolaAmateur(stack, candidate_layers(settings.dola_layers, stack.count, tied))
+        return DolaAmateur(stack, candidate_layers(settings.dola_layers, stack.count, tied), settings.dola_variant)
     if settings.amateur == "quantized":
         made = variant(lm, QuantizedCopy.quick(settings.amateur_quant), context)
         return ModelAmateur("quantized", made.model, detail(made, "the expert"))
@@ -113,7 +113,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
             logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[0, -1].float()
         amateur_logits = amateur.next_logits(ids, logits)
         start = time.perf_counter()
-        choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator, penalty)
+        choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator, penalty,
+                        amateur.contrast)
         contrast_ms = (time.perf_counter() - start) * 1000
         token_id = forced_id if forced_id is not None else choice.token_id
         contrast_event, analysis = step_events(choice, token_id, index, forced_id is not None,
@@ -136,7 +137,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
                              amateur_temperature=contrastive.amateur_temperature,
                              do_sample=contrastive.contrast_sample, expert_top=settings.num_candidates,
                              dola_layers=amateur.candidates if isinstance(amateur, DolaAmateur) else (),
-                             dola_penalty=penalty)
+                             dola_penalty=penalty,
+                             dola_variant=amateur.variant if isinstance(amateur, DolaAmateur) else "")
     with torch.inference_mode():
         # Every step reads its newest token itself (the first step the prompt's last), so each step costs one pass.
         if (yield from loop.prefill(defer=1)):

@@ -31,15 +31,17 @@ class Choice:
 
 def choose(logits: torch.Tensor, amateur_logits: torch.Tensor, ids: torch.Tensor,
            penalties: tuple[NamedTransform, ...], sampler: tuple[NamedTransform, ...],
-           settings: ContrastiveSettings, generator: torch.Generator, score_penalty: float = 1.0) -> Choice:
+           settings: ContrastiveSettings, generator: torch.Generator, score_penalty: float = 1.0,
+           rule: Callable[[torch.Tensor, torch.Tensor, float, float], Contrast] = contrast) -> Choice:
     """``logits`` [vocab] the expert's raw logits, ``amateur_logits`` [vocab_a], ``ids`` [1, n] the text so far;
-    ``score_penalty``: DoLa's repetition penalty on the contrast scores (1 = none)."""
+    ``score_penalty``: DoLa's repetition penalty on the contrast scores (1 = none); ``rule``: the amateur's contrast
+    (the cut and the scores; DoLa's reference variant has its own)."""
     stages = []
     expert = logits[None]  # [1, vocab]
     for transform in penalties:
         expert = transform.apply(ids, expert)
         stages.append((transform.name, expert))
-    result = contrast(expert[0], amateur_logits, settings.alpha, settings.amateur_temperature)
+    result = rule(expert[0], amateur_logits, settings.alpha, settings.amateur_temperature)
     result.scores = penalise_repeats(result.scores, ids, score_penalty)
     processed = result.scores[None]
     stages.append((PLAUSIBILITY, processed))

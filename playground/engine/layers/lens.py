@@ -75,6 +75,12 @@ class LayerStack:
         return self.transform(self.lm_head(normed).float())
 
 
+    def bare_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] → [n, vocab] float32: the LM head alone on the rows, no final norm and no logit transform
+        (DoLa's premature logits as its authors' code computes them: ``lm_head(hidden_states[j])``)."""
+        return self.lm_head(hidden).float()
+
+
 _BF16_COPIES: dict[int, tuple[int, torch.Tensor]] = {}  # id(weight) -> (its version, the copy): one per LM head
 
 
