@@ -1,5 +1,6 @@
-"""DoLa (``--amateur dola``) against the paper's formula written out here from ``output_hidden_states``, cache-free,
-on tiny random models of two families (Llama: untied head; GPT-2: tied head, LayerNorm, learned positions):
+"""DoLa's formula variant (``--amateur dola --dola-variant formula``) against the paper's formula written out here
+from ``output_hidden_states``, cache-free, on tiny random models of two families (Llama: untied head; GPT-2: tied
+head, LayerNorm, learned positions):
 
     q_j = softmax(lm_head(final_norm(h_j)))   (q_N: the model's own logits)
     M = argmax_j JSD(q_N || q_j),   JSD = ½ KL(q_N || m) + ½ KL(q_j || m),   m = ½ (q_N + q_j)
@@ -67,7 +68,8 @@ def family_lm(request):
 
 def test_dola_steps_equal_the_papers_formula(family_lm):
     layers, alpha, theta = (0, 1, 2, 3), 0.1, 1.2
-    events = dola_run(family_lm, dola_layers="0,1,2,3", alpha=alpha, dola_repetition_penalty=theta)
+    events = dola_run(family_lm, dola_layers="0,1,2,3", alpha=alpha, dola_repetition_penalty=theta,
+                      dola_variant="formula")  # the paper's formula (the default is the authors' code)
     started = next(e for e in events if isinstance(e, ContrastiveStarted))
     assert started.dola_layers == layers and started.dola_penalty == theta
     steps = [e for e in events if isinstance(e, ContrastStep)]

@@ -75,10 +75,8 @@ def written_out(model, ids: list[int], variant: str):
         divergence.append(0.5 * (kl(m, p) + kl(m, q)) if variant == "reference" else 0.5 * (kl(p, m) + kl(q, m)))
     row = max(range(len(LAYERS)), key=lambda i: divergence[i])
     premature = rows[row]
-    if variant == "reference":
-        keep = final >= final.max() + math.log(ALPHA)
-    else:
-        keep = p >= ALPHA * p.max()
+    # the reference's relative-top filter on log-probabilities, the formula's cut on probabilities
+    keep = final >= final.max() + math.log(ALPHA) if variant == "reference" else p >= ALPHA * p.max()
     scores = torch.where(keep, final - premature, torch.tensor(-math.inf, dtype=torch.float64))
     for t in set(ids):
         s = scores[t]

@@ -34,7 +34,8 @@ def view(qtbot) -> ContrastiveView:
 def test_the_dola_plot_draws_the_formulas_layers_and_divergences(view, tmp_path):
     lm = build_tiny_lm(seed=3, layers=4)
     events = list(run_strategy(lm, RunSettings.from_flat(strategy="contrastive", prompt=PROMPT, amateur="dola",
-                                                         dola_layers="0,1,2,3", max_new_tokens=8)))
+                                                         dola_layers="0,1,2,3", max_new_tokens=8,
+                                                         dola_variant="formula")))
     done = events[-1]
     assert isinstance(done, RunFinished)
     prompt = list(events[0].prompt_token_ids)

@@ -34,6 +34,17 @@ def raw_score(candidate: ContrastCandidate) -> float:
     return candidate.score if math.isfinite(candidate.score) else candidate.expert_logprob - candidate.amateur_logprob
 
 
+DOLA_DIVERGENCE = {"reference": "½[KL(M‖P) + KL(M‖Q)]", "formula": "JSD ½[KL(P‖M) + KL(Q‖M)]"}
+
+
+def dola_variant(started: ContrastiveStarted | None) -> str:
+    """The DoLa variant that ran ("reference" or "formula"; a DoLa run saved before the variants existed ran the
+    formula), or "" when the run is not DoLa."""
+    if started is None or started.amateur != "dola":
+        return ""
+    return started.dola_variant or "formula"
+
+
 @dataclass
 class StepRecord:
     """One step (its ``text`` comes with the token event that follows)."""

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QWidget
 
 from playground.events.contrastive import ContrastCandidate
 from playground.state import visible_token_text
-from playground.state.contrastive import STEPS, TEXTS, StepRecord, raw_score
+from playground.state.contrastive import DOLA_DIVERGENCE, STEPS, TEXTS, StepRecord, dola_variant, raw_score
 from playground.ui.style import MARK_BAND_COLOR, rich_label
 from playground.ui.views.columns import Panel
 from playground.ui.views.contrastive.style import (
@@ -206,8 +206,9 @@ class StepChart(Panel):
         if s.layer_jsd and started is not None:
             pairs = zip(started.dola_layers, s.layer_jsd, strict=False)
             jsd = ", ".join(f"<b>{j}</b>: {d:.3g}" if j == s.premature_layer else f"{j}: {d:.3g}" for j, d in pairs)
-            head += (f"<br>DoLa: amateur = layer <b>{s.premature_layer}</b>, the largest JSD from the last layer "
-                     f"(nats, by layer: {jsd})")
+            variant = dola_variant(started)
+            head += (f"<br>DoLa ({variant} variant): amateur = layer <b>{s.premature_layer}</b>, the largest "
+                     f"{DOLA_DIVERGENCE[variant]} from the last layer (nats, by layer: {jsd})")
         cut_p = math.exp(record.expert_max) * alpha
         what = "" if abs(alpha - record.alpha) < 1e-12 else " (what-if)"
         cut = (f"Cut at α = {alpha:g}{what}: p<sub>expert</sub> ≥ {alpha:g} × "

@@ -9,7 +9,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
-from playground.state.contrastive import STEPS, ContrastiveState
+from playground.state.contrastive import STEPS, ContrastiveState, dola_variant
 from playground.ui.views.columns import Panel
 from playground.ui.views.contrastive.style import SHORT_STRIP_HEIGHT, ContrastiveOwner
 from playground.ui.views.drawing import set_ticks, set_title, static_plot
@@ -64,6 +64,8 @@ class DolaPlot(Panel):
         item.setYRange(-0.5, len(layers) - 0.5, padding=0)
         chosen = [layers[r] for r in rows]
         common = max(set(chosen), key=chosen.count) if chosen else None
-        top = f" · colour: JSD, 0 to {image.max():.2g} nats" if n else ""
+        variant = dola_variant(self.view.state.started)
+        measure = "JSD" if variant == "formula" else "divergence"
+        top = f" · colour: {measure}, 0 to {image.max():.2g} nats" if n else ""
         most = f" (layer {common}: {chosen.count(common)} of {n})" if common is not None else ""
-        set_title(item, f"DoLa: ● premature layer{most}{top}", size="10pt")
+        set_title(item, f"DoLa, {variant} variant: ● premature layer{most}{top}", size="10pt")

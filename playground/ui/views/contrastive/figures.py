@@ -7,7 +7,7 @@ import html
 
 from PySide6.QtWidgets import QWidget
 
-from playground.state.contrastive import STEPS, ContrastiveState
+from playground.state.contrastive import STEPS, ContrastiveState, dola_variant
 from playground.state.fold import STATUS
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views.columns import Panel
@@ -54,7 +54,10 @@ class HeaderAndFigures(Panel):
         if started is not None:
             temperature = f" at T = {started.amateur_temperature:g}" if started.amateur_temperature != 1 else ""
             mode = "sampled from the normalised scores" if started.do_sample else "greedy on the scores"
-            what = (f" · amateur <b>{html.escape(started.amateur)}</b>: {html.escape(started.detail)}{temperature} · "
+            variant = dola_variant(started)
+            which = f" · variant <b>{variant}</b>" if variant else ""
+            what = (f" · amateur <b>{html.escape(started.amateur)}</b>{which}: {html.escape(started.detail)}"
+                    f"{temperature} · "
                     f"α = {started.alpha:g} · {mode}")
         else:
             what = ""
