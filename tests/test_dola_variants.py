@@ -28,7 +28,7 @@ from support.tiny_models import build_tiny_lm
 
 from playground.cli import build_parser, settings_from_args
 from playground.config import ContrastiveSettings, RunSettings
-from playground.engine.contrastive.dola import relative_top_filter
+from playground.engine.contrastive.dola import candidate_layers, relative_top_filter
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, dumps_event, event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
@@ -170,3 +170,25 @@ def test_the_variant_reaches_settings_cli_summary_and_saved_runs(tiny_lm, tmp_pa
     contrast = next(e for e in events if isinstance(e, ContrastiveStarted))
     back = event_from_dict(json.loads(dumps_event(contrast)))
     assert back.dola_variant == "formula" and "formula variant" in back.detail
+
+
+def transformers_4_46_candidates(spec: str, count: int, tied: bool) -> list[int]:
+    """``_dola_decoding``'s candidate premature layers, as transformers 4.46 writes them."""
+    start = 0 if not tied else 2 if count > 2 else 1 if count == 2 else 0
+    if spec == "low":
+        if start == count // 2:
+            return [start]
+        return list(range(start, count // 2, 2)) if count <= 40 else list(range(start, 20, 2))
+    return list(range(count // 2, count, 2)) if count <= 40 else list(range(count - 20, count, 2))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("spec", ["low", "high"])
+def test_candidate_layers_are_transformers_4_46s(spec, tied):
+    """Every depth from 1 to 96 layers, tied or not; where 4.46 finds no candidate (a tied 3-layer model's low
+    bucket: it would then fail on an empty stack) ours takes the start layer."""
+    for count in range(1, 97):
+        theirs = transformers_4_46_candidates(spec, count, tied)
+        assert list(candidate_layers(spec, count, tied)) == (theirs or [2]), (count, tied, spec)
+        if not theirs:
+            assert (spec, count, tied) == ("low", 3, True)

@@ -4,6 +4,8 @@ chosen layer's row, the axis names the layers; a run from a saved trace draws th
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from support.tiny_models import build_tiny_lm
@@ -12,7 +14,7 @@ from test_dola import PROMPT, reference_step
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished
-from playground.events.contrastive import ContrastStep
+from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.state import Run
 from playground.traces import read_trace, write_trace
 from playground.ui.style import configure_pyqtgraph
@@ -67,3 +69,25 @@ def test_other_amateurs_draw_no_dola_plot(view, tiny_lm):
     assert all(e.premature_layer == -1 for e in events if isinstance(e, ContrastStep))
     view.show_run(Run.from_events(events))
     assert not view.dola_plot.isVisible()
+
+
+@pytest.mark.parametrize("variant", ["reference", "formula", None])
+def test_the_view_says_which_variant_ran(view, variant):
+    """The header, the DoLa plot's title and the step panel name the variant; a run saved before the variants
+    existed (no ``dola_variant`` in its start event) ran the formula and says so."""
+    lm = build_tiny_lm(seed=3, layers=4)
+    settings = RunSettings.from_flat(strategy="contrastive", prompt=PROMPT, amateur="dola", dola_layers="0,1,2,3",
+                                     max_new_tokens=3, dola_variant=variant or "formula")
+    events = list(run_strategy(lm, settings))
+    if variant is None:  # as an older trace reads back
+        events = [dataclasses.replace(e, dola_variant="") if isinstance(e, ContrastiveStarted) else e
+                  for e in events]
+    shown = variant or "formula"
+    view.show_run(Run.from_events(events))
+    view.select_step(1)
+    assert f"variant <b>{shown}</b>" in view.header.text()
+    assert f"DoLa ({shown} variant)" in view.step_panel.text()
+    divergence = "½[KL(M‖P) + KL(M‖Q)]" if shown == "reference" else "JSD ½[KL(P‖M) + KL(Q‖M)]"
+    assert divergence in view.step_panel.text()
+    title = view.dola_plot.getPlotItem().titleLabel.text
+    assert f"DoLa, {shown} variant" in title or f"DoLa {shown}:" in title

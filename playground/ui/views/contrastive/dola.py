@@ -68,4 +68,7 @@ class DolaPlot(Panel):
         measure = "JSD" if variant == "formula" else "divergence"
         top = f" · colour: {measure}, 0 to {image.max():.2g} nats" if n else ""
         most = f" (layer {common}: {chosen.count(common)} of {n})" if common is not None else ""
-        set_title(item, f"DoLa, {variant} variant: ● premature layer{most}{top}", size="10pt")
+        full = f"DoLa, {variant} variant: ● premature layer{most}{top}"
+        # a short dock's plot is ~300 px wide: the variant and the mark stay in the title, the figures on hover
+        set_title(item, f"DoLa {variant}: ● premature layer" if self.view.short else full, size="10pt")
+        self.plot.setToolTip(full if self.view.short else "")
