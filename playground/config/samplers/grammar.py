@@ -1,0 +1,166 @@
+"""A constraint on what the model may say: a JSON schema, a regular expression, a grammar (Lark, or GBNF as
+llama.cpp writes it) or a choice among strings, as one sampler of the chain that masks every token the constraint
+forbids (llguidance's ``LLMatcher``, the library llama.cpp and vLLM use; ``playground.engine.samplers.grammar``).
+
+The settings hold the constraint's text itself: a value that names a file (``--json-schema schema.json``,
+``--grammar list.gbnf``) is read when the settings are made, so a saved run keeps the constraint, not a path.
+``constraint_grammar`` turns the settings into llguidance's grammar; ``check_constraint`` refuses a bad one with
+the library's own message (where it is) before a run starts. No torch here; llguidance is imported when a
+constraint is on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from playground.config.errors import ConfigError
+from playground.config.groups import SettingsGroup, register_group
+from playground.config.samplers.base import SamplerSpec, ServerWords, register_sampler
+from playground.config.table import setting
+
+GRAMMAR_SUFFIXES = (".lark", ".gbnf", ".ebnf", ".bnf", ".cfg", ".grammar")
+SCHEMA_SUFFIXES = (".json",)
+
+
+def _read_if_file(value: str, suffixes: tuple[str, ...], what: str) -> str:
+    """The text of the file ``value`` names, or ``value`` itself when it is the constraint's text: a file is one
+    line that names an existing file, or ends with one of ``suffixes`` (then a missing file is refused)."""
+    if not value or "\n" in value or len(value) > 4096:
+        return value
+    stripped = value.strip()
+    path = Path(stripped).expanduser()
+    try:
+        exists = path.is_file()
+    except OSError:  # a name too long for the system, ...
+        exists = False
+    if exists:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{what}: cannot read {stripped}: {error}") from None
+    if stripped.lower().endswith(suffixes):
+        raise ConfigError(f"{what}: no file {stripped}")
+    return value
+
+
+def split_choices(entries: tuple[str, ...]) -> tuple[str, ...]:
+    """``--choices yes,no --choices maybe`` -> ("yes", "no", "maybe"): each entry a comma list (``\\,`` for a
+    comma inside a choice); blanks dropped, spaces inside a choice kept."""
+    out: list[str] = []
+    for entry in entries:
+        for part in entry.replace("\\,", "\0").split(","):
+            choice = part.replace("\0", ",")
+            if choice.strip():
+                out.append(choice)
+    return tuple(out)
+
+
+@register_group
+@dataclass(frozen=True)
+class GrammarSettings(SettingsGroup):
+    name = "grammar"
+    title = "Constraint (grammar)"
+
+    json_schema: str = setting("", "JSON schema", "constrain the output to JSON that validates against this schema: "
+                               "a file or the schema's text", flag="--json-schema")
+    regex: str = setting("", "regular expression", "constrain the whole output to match this regular expression "
+                         "(Rust regex syntax, as llguidance reads it)")
+    grammar: str = setting("", "grammar", "constrain the output to this grammar: a file or its text, in Lark "
+                           "(llguidance's syntax: 'start: ...') or GBNF as llama.cpp writes it ('root ::= ...')")
+    choices: tuple[str, ...] = setting((), "choices", "the output must be exactly one of these strings (a comma "
+                                       "list; \\, for a comma in one)")
+
+    def __post_init__(self) -> None:
+        # A file is read at once: the settings (and a saved run) hold the constraint itself.
+        object.__setattr__(self, "json_schema", _read_if_file(self.json_schema, SCHEMA_SUFFIXES, "--json-schema"))
+        object.__setattr__(self, "grammar", _read_if_file(self.grammar, GRAMMAR_SUFFIXES, "--grammar"))
+
+    def given(self) -> list[str]:
+        """The kinds of constraint these settings set."""
+        return [kind for kind, on in (("json_schema", self.json_schema.strip()), ("regex", self.regex),
+                                      ("grammar", self.grammar.strip()), ("choices", split_choices(self.choices)))
+                if on]
+
+    def active(self) -> bool:
+        return bool(self.given())
+
+    def cross_checks(self) -> list[tuple[bool, str]]:
+        given = self.given()
+        return [(len(given) <= 1, f"give one constraint, not {len(given)} ("
+                 f"{', '.join('--' + k.replace('_', '-') for k in given)}): combine them in one grammar instead")]
+
+    def validate(self) -> None:
+        super().validate()
+        if self.active():
+            check_constraint(self)
+
+    def summary(self) -> str:
+        given = self.given()
+        return f"{given[0]} constraint" if given else "no constraint"
+
+
+def grammar_format(text: str) -> str:
+    """"lark" or "gbnf": llguidance's own test (a ``start:`` rule or ``%llguidance`` is Lark; GBNF has ``root ::=``)."""
+    from llguidance.gbnf_to_lark import is_lark_syntax
+
+    return "lark" if is_lark_syntax(text) else "gbnf"
+
+
+def constraint_grammar(settings: GrammarSettings) -> tuple[str, str]:
+    """(kind, llguidance's grammar) for the one constraint the settings set; ``ConfigError`` for text that cannot
+    even be read as its kind (JSON that does not parse, GBNF that cannot be converted)."""
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    kind = settings.given()[0]
+    if kind == "json_schema":
+        try:
+            schema = json.loads(settings.json_schema)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"--json-schema: not JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+                              ) from None
+        if not isinstance(schema, (dict, bool)):
+            raise ConfigError(f"--json-schema: a schema is a JSON object (got {type(schema).__name__})")
+        return kind, LLMatcher.grammar_from_json_schema(json.dumps(schema))
+    if kind == "regex":
+        return kind, LLMatcher.grammar_from_regex(settings.regex)
+    if kind == "choices":
+        choices = split_choices(settings.choices)
+        return kind, LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices))
+    text = settings.grammar
+    if grammar_format(text) == "gbnf":
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as error:  # the converter raises plain Exceptions for an unknown rule
+            raise ConfigError(f"--grammar (GBNF): {error}") from None
+    return kind, LLMatcher.grammar_from_lark(text)
+
+
+def check_constraint(settings: GrammarSettings, tokenizer: Any = None) -> str:
+    """The constraint's llguidance grammar, or ``ConfigError`` with the library's message (it says where:
+    line and column, with a caret); ``tokenizer`` (an ``LLTokenizer``) checks it against a vocabulary too."""
+    from llguidance import LLMatcher
+
+    kind, grammar = constraint_grammar(settings)
+    message = LLMatcher.validate_grammar(grammar, tokenizer)
+    if message:
+        flag = "--" + kind.replace("_", "-")
+        raise ConfigError(f"{flag}: {message.rstrip()}")
+    return grammar
+
+
+register_sampler(SamplerSpec(
+    name="grammar", position=0, aliases=("constraint",), group=GrammarSettings,
+    reads=("json_schema", "regex", "grammar", "choices"), sampling_only=False, value_only=False, truncating=True,
+    # First, as llama.cpp's grammar sampler and vLLM's bitmask: every later sampler sees only the tokens the
+    # constraint allows (a penalty or a cut can never pick a forbidden one), and the chain goes compact after it.
+    help="constrain the output to a JSON schema, a regular expression, a grammar or a list of choices (--json-schema, "
+         "--regex, --grammar, --choices)",
+    is_on=lambda s: s.group(GrammarSettings).active(),
+    needs_run="its matcher follows the chosen tokens",
+    server=ServerWords(nowhere="constraints are not sent to a server yet; run it on a local model"),
+    what_if="estimate: the what-if does not re-run the grammar (the run records how many tokens it allowed, not "
+            "which)"))
