@@ -49,8 +49,9 @@ def ll_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: tuple[int, ...]) -> A
             return hit[1]
         try:
             made = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_ids) or None)
-        except ValueError as error:  # "Only fast tokenizers are supported"
-            raise ConfigError(f"a constraint needs the model's fast (Rust) tokenizer: {error}") from None
+        except Exception as error:  # "Only fast tokenizers are supported", "vocab size too small; 64 vs 320"
+            raise ConfigError(f"a constraint needs the model's fast (Rust) tokenizer, as wide as its vocabulary: "
+                              f"{error}") from None
         _TOKENIZERS[key] = (tokenizer, made)
         return made
 
