@@ -153,10 +153,13 @@ def check_constraint(settings: GrammarSettings, tokenizer: Any = None) -> str:
 
 
 register_sampler(SamplerSpec(
-    name="grammar", position=0, aliases=("constraint",), group=GrammarSettings,
+    name="grammar", position=65, aliases=("constraint",), group=GrammarSettings,
     reads=("json_schema", "regex", "grammar", "choices"), sampling_only=False, value_only=False, truncating=True,
-    # First, as llama.cpp's grammar sampler and vLLM's bitmask: every later sampler sees only the tokens the
-    # constraint allows (a penalty or a cut can never pick a forbidden one), and the chain goes compact after it.
+    # After the penalties, DRY, logit bias and guidance, before every sampler that shapes the distribution: those see
+    # only the tokens the constraint allows, as llama.cpp's grammar (applied first when its pick is refused) and
+    # vLLM's bitmask (before its sampler). The earlier stages change single tokens' logits (guidance: all of them by
+    # one shift besides), so the mask gives the same distribution before or after them; there it leaves
+    # transformers' order of its processors as it is. The chain goes compact after it (few tokens allowed).
     help="constrain the output to a JSON schema, a regular expression, a grammar or a list of choices (--json-schema, "
          "--regex, --grammar, --choices)",
     is_on=lambda s: s.group(GrammarSettings).active(),
