@@ -25,25 +25,27 @@ GRAMMAR_SUFFIXES = (".lark", ".gbnf", ".ebnf", ".bnf", ".cfg", ".grammar")
 SCHEMA_SUFFIXES = (".json",)
 
 
-def _read_if_file(value: str, suffixes: tuple[str, ...], what: str) -> str:
-    """The text of the file ``value`` names, or ``value`` itself when it is the constraint's text: a file is one
-    line that names an existing file, or ends with one of ``suffixes`` (then a missing file is refused)."""
+def _as_path(value: str) -> Path | None:
+    """The file ``value`` may name: one line, not too long (else it is the constraint's text)."""
     if not value or "\n" in value or len(value) > 4096:
-        return value
-    stripped = value.strip()
-    path = Path(stripped).expanduser()
+        return None
+    return Path(value.strip()).expanduser()
+
+
+def _read_if_file(value: str) -> str:
+    """The text of the file ``value`` names, or ``value`` itself (the constraint's text, or a file that is not
+    there: ``missing_file`` says so when the settings are checked, so the form can hold a path being typed)."""
+    path = _as_path(value)
     try:
-        exists = path.is_file()
-    except OSError:  # a name too long for the system, ...
-        exists = False
-    if exists:
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ConfigError(f"{what}: cannot read {stripped}: {error}") from None
-    if stripped.lower().endswith(suffixes):
-        raise ConfigError(f"{what}: no file {stripped}")
-    return value
+        return path.read_text(encoding="utf-8") if path is not None and path.is_file() else value
+    except (OSError, UnicodeDecodeError):
+        return value
+
+
+def missing_file(value: str, suffixes: tuple[str, ...]) -> str:
+    """The path ``value`` names when it looks like a file (it ends with one of ``suffixes``) that is not there."""
+    path = _as_path(value)
+    return value.strip() if path is not None and value.strip().lower().endswith(suffixes) else ""
 
 
 def split_choices(entries: tuple[str, ...]) -> tuple[str, ...]:
@@ -75,8 +77,8 @@ class GrammarSettings(SettingsGroup):
 
     def __post_init__(self) -> None:
         # A file is read at once: the settings (and a saved run) hold the constraint itself.
-        object.__setattr__(self, "json_schema", _read_if_file(self.json_schema, SCHEMA_SUFFIXES, "--json-schema"))
-        object.__setattr__(self, "grammar", _read_if_file(self.grammar, GRAMMAR_SUFFIXES, "--grammar"))
+        object.__setattr__(self, "json_schema", _read_if_file(self.json_schema))
+        object.__setattr__(self, "grammar", _read_if_file(self.grammar))
 
     def given(self) -> list[str]:
         """The kinds of constraint these settings set."""
@@ -89,7 +91,11 @@ class GrammarSettings(SettingsGroup):
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         given = self.given()
-        return [(len(given) <= 1, f"give one constraint, not {len(given)} ("
+        schema_file, grammar_file = missing_file(self.json_schema, SCHEMA_SUFFIXES), missing_file(
+            self.grammar, GRAMMAR_SUFFIXES)
+        return [(not schema_file, f"--json-schema: no file {schema_file}"),
+                (not grammar_file, f"--grammar: no file {grammar_file}"),
+                (len(given) <= 1, f"give one constraint, not {len(given)} ("
                  f"{', '.join('--' + k.replace('_', '-') for k in given)}): combine them in one grammar instead")]
 
     def validate(self) -> None:
