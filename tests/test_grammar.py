@@ -351,15 +351,14 @@ def test_the_steps_record_and_the_note_survive_a_saved_run(smol_lm):
 
 @pytest.mark.slow
 def test_the_default_model_writes_valid_json_and_matching_text_under_its_constraints(default_lm):
-    """Constrained greedy and sampling on the real model: the schema's JSON validates, the regex full-matches, and
-    the schema overrides the model at a few steps at most (it knows JSON)."""
+    """Constrained greedy and sampling on the real model: the schema's JSON validates, the regex full-matches."""
     prompts = ("Give me a person as JSON.", "Describe your favourite pet in JSON.")
     for prompt in prompts:
         for strategy, seed in (("greedy", 0), ("sample", 1)):
             settings = RunSettings.from_flat(prompt=prompt, strategy=strategy, seed=seed, max_new_tokens=80,
                                              temperature=0.8).with_group(
                 GrammarSettings(json_schema=json.dumps(PERSON))).validate()
-            steps, done = _run(default_lm, settings)
+            _, done = _run(default_lm, settings)
             assert done.stop_reason == "grammar", (prompt, strategy, done.text)
             _check_person(json.loads(done.text))
     date = r"20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
