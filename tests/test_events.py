@@ -230,16 +230,17 @@ START_KEYS = {"type", "strategy", "prompt_text", "prompt_token_ids", "forced_tok
               "device", "dtype", "settings", "base_model",
               "remote"}  # a server's run (saved runs from before it: read from "device")
 PREFILL_KEYS = {"type", "prompt_tokens", "prefill_ms", "kv_cache_bytes", "forward_passes", "deferred_tokens"}
+# mirostat's state (None without it), the raw candidates the what-if reads, a constraint's mask (None without one)
 TOKEN_KEYS = {"type", "step", "token_id", "text", "prob", "raw_prob", "logprob", "raw_rank", "entropy",
               "processed_entropy", "candidates", "shown_raw_mass", "effects", "forced", "step_ms", "kv_cache_bytes",
-              "mirostat_mu", "raw_top"}  # mirostat's state (None without it), the raw candidates the what-if reads
+              "mirostat_mu", "raw_top", "grammar"}
 CANDIDATE_KEYS = {"token_id", "text", "raw_prob", "processed_prob", "raw_rank", "cut_by"}
 EFFECT_KEYS = {"name", "removed", "reweighted"}
 BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates", "step_ms", "kv_cache_bytes"}
 BEAM_CANDIDATE_KEYS = {"beam", "token_id", "text", "token_logprob", "score", "survived", "finished",
                        "finished_score"}
 DONE_KEYS = {"type", "token_ids", "text", "stop_reason", "tokens_per_s", "prefill_ms", "decode_ms", "prompt_tokens",
-             "model_name", "model_path", "device", "dtype", "sequences", "figures", "cut_short"}
+             "model_name", "model_path", "device", "dtype", "sequences", "figures", "cut_short", "stop_note"}
 SEQUENCE_KEYS = {"token_ids", "text", "score", "sum_logprobs"}
 SETTINGS_KEYS = {"prompt", "chat", "system", "strategy", "max_new_tokens", "num_candidates", "stop_strings",
                  "temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "no_repeat_ngram_size",

@@ -14,18 +14,22 @@ from playground.engine.samplers import ENGINE_SAMPLERS
 EVERY = dict(guidance_scale=1.5, logit_bias=("3=+2",), repetition_penalty=1.2, no_repeat_ngram_size=2,
              presence_penalty=0.3, dry_multiplier=0.8, dry_sequence_breakers=(), temperature=0.9, top_k=20, top_p=0.95,
              min_p=0.01, typical_p=0.95, epsilon_cutoff=0.001, eta_cutoff=0.001, top_n_sigma=3.0, xtc_probability=0.5,
-             mirostat=2, top_a=0.01, tfs=0.99, adaptive_target=0.3)
+             mirostat=2, top_a=0.01, tfs=0.99, adaptive_target=0.3, choices=("ab", "cd"))
 
 
 def test_every_declared_sampler_has_an_engine_object_and_applies_purely():
     assert set(ENGINE_SAMPLERS) == set(SPECS)
+    from support.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()  # the constraint's matcher needs a real tokenizer, as wide as the logits
+    vocab = len(tokenizer)
     settings = RunSettings.from_flat(strategy="sample", **EVERY).validate()
     run = SamplerRun.of(settings, torch.Generator().manual_seed(0), sampling=True)
-    run.negative_logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(1))
-    pipeline = build_pipeline(settings, sampling=True, vocab_size=64, run=run)
+    run.negative_logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(1))
+    pipeline = build_pipeline(settings, sampling=True, vocab_size=vocab, tokenizer=tokenizer, run=run)
     assert [s.declares for s in pipeline] == [n for n in SPECS if n != "adaptive_p"] + ["adaptive_p"]
     ids = torch.tensor([[1, 2, 3, 1, 2]])
-    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(2))
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(2))
     for sampler in pipeline:
         before = logits.clone()
         out = sampler.apply(ids, logits)

@@ -50,6 +50,9 @@ class Picked:
     rows: bool = False
     ended: bool = False
     first: int = 0  # the step number of its first token (set by the loop)
+    # The run ends after this step's tokens, with this reason and note (a constraint that is complete, or that no
+    # token can follow), unless an end token, a stop string or the budget ended it first.
+    ends: tuple[StopReason, str] | None = None
 
 
 @dataclass
@@ -97,6 +100,7 @@ class DecodeLoop:
     generated: list[int] = field(default_factory=list)
     stop_reason: StopReason = "max_new_tokens"
     cut_short: tuple[str, ...] = ()
+    stop_note: str = ""  # why it ended, in words, where the reason needs them (``RunFinished.stop_note``)
 
     def __post_init__(self) -> None:
         self.context = self.record.context
@@ -201,6 +205,8 @@ class DecodeLoop:
                 ended = end_reason(token, text, self.eos_ids, self.stop_watch)
                 if ended is not None:
                     break
+            if ended is None and picked.ends is not None and len(texts) == len(picked.tokens):
+                ended, self.stop_note = picked.ends
             events = picked.events(texts, step_ms)
             if step_events:
                 events = self._with_observed(events, picked, 1 if picked.rows else len(texts))
@@ -232,7 +238,7 @@ class DecodeLoop:
             observer.finished(self)  # e.g. the history: the suffix drafter learns from earlier runs
         done = self.record.finished(self.generated, text, self.stop_reason,
                                     steps=len(self.generated) if steps is None else steps, **extra)
-        changes: dict[str, Any] = {"cut_short": self.cut_short}
+        changes: dict[str, Any] = {"cut_short": self.cut_short, "stop_note": self.stop_note}
         if figures is not None:
             changes["figures"] = figures
         return dataclasses.replace(done, **changes)

@@ -17,6 +17,7 @@ from playground.config import RunSettings
 from playground.config.errors import ConfigError
 from playground.config.samplers import SPECS, active_samplers
 from playground.engine.samplers import ENGINE_SAMPLERS, BuildContext, MirostatState, Sampler
+from playground.engine.samplers.grammar import Grammar
 from playground.engine.samplers.min_p import keep_min_p
 from playground.engine.samplers.mirostat import Mirostat
 from playground.engine.samplers.no_repeat_ngram import ban_repeated_ngrams
@@ -50,6 +51,11 @@ class SamplerRun:
         """Mirostat's state when the chain has it (its mu is recorded with each step)."""
         return next((s.state for s in self.samplers if isinstance(s, Mirostat)), None)
 
+    @property
+    def grammar(self) -> Grammar | None:
+        """The constraint when the chain has one (its mask is recorded with each step; it may end the run)."""
+        return next((s for s in self.samplers if isinstance(s, Grammar)), None)
+
     def accept(self, token_id: int, prob: float) -> None:
         """The run took ``token_id`` (probability ``prob`` under the processed distribution): each sampler's state
         follows it."""
@@ -69,15 +75,17 @@ def _build(name: str, s: RunSettings, context: BuildContext) -> Sampler:
 
 
 def build_pipeline(settings: RunSettings, *, sampling: bool, tokenizer: object = None, vocab_size: int | None = None,
-                   run: SamplerRun | None = None, part: str = "all") -> tuple[Sampler, ...]:
+                   run: SamplerRun | None = None, part: str = "all", eos_ids: tuple[int, ...] = ()
+                   ) -> tuple[Sampler, ...]:
     """The samplers a run applies, in the settings' order (``samplers``; transformers' order by default).
 
     The penalties, DRY, logit bias and guidance apply to every strategy; the samplers that shape the distribution a
     token is drawn from (the declarations' ``sampling_only``: temperature, top-k/p, min-p, ...) only when
     ``sampling`` (as in ``generate``, where greedy and beam search ignore them); a selecting sampler (Adaptive-P)
     goes last. ``tokenizer``: to read words (logit bias, DRY's breakers); ``run``: the state the stateful samplers
-    need (strategies without one are refused them). ``part``: "penalties" or "sampler" for a strategy that
-    applies the two apart (contrastive search), which refuses an order that mixes them.
+    need (strategies without one are refused them); ``eos_ids``: the model's end tokens (a constraint's). ``part``:
+    "penalties" or "sampler" for a strategy that applies the two apart (contrastive search), which refuses an order
+    that mixes them.
     """
     s = settings
     active = active_samplers(s, sampling)
@@ -88,7 +96,8 @@ def build_pipeline(settings: RunSettings, *, sampling: bool, tokenizer: object =
             raise ConfigError(f"the {s.strategy} strategy applies the penalties before its sampler; the order puts "
                               f"{', '.join(late)} after {active[first_sampler]}")
         active = [name for name in active if SPECS[name].sampling_only == (part == "sampler")]
-    context = BuildContext(tokenizer=tokenizer, vocab_size=vocab_size, run=run, strategy=s.strategy)
+    context = BuildContext(tokenizer=tokenizer, vocab_size=vocab_size, run=run, strategy=s.strategy,
+                           eos_ids=tuple(eos_ids))
     pipeline = tuple(_build(name, s, context) for name in active)
     if run is not None:
         run.samplers.extend(pipeline)

@@ -51,7 +51,7 @@ def run_sampling(lm: LoadedModel, settings: RunSettings, context: RunContext | S
     run = SamplerRun.of(settings, context.generator(lm.device, settings.seed), sampling=sampling)
     # Built here, so a setting the vocabulary refuses (a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=sampling, tokenizer=lm.tokenizer,
-                              vocab_size=lm.model.config.vocab_size, run=run)
+                              vocab_size=lm.model.config.vocab_size, run=run, eos_ids=lm.eos_token_ids)
     negative = _negative_context(lm, settings, prompt_ids) if any(t.name == "guidance" for t in pipeline) else None
     # The loop (and its observers: the lens refuses a tuned kind never trained) is made before the first event.
     loop = DecodeLoop(lm, settings, RunRecorder(lm, settings, context), prompt_ids, prompt_text)
@@ -108,18 +108,23 @@ def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: 
         analysis = _choose(pipeline, loop.ids.view, logits, settings, sampling, run, forced, ask)
         if analysis is None:  # the user ended the run instead of choosing
             return Picked([], lambda texts, ms: [], stopped=True)
+        if "blocked" in analysis.extra:  # the constraint left no token to take: the run ends here, with why
+            return Picked([], lambda texts, ms: [], ends=("grammar_blocked", analysis.extra["blocked"]))
         chose_other = analysis.extra.get("chosen_by_user", False)
 
         def events(texts: list[str], step_ms: float) -> list[Event]:
             return [analysis.to_event(step=index, text=texts[0], forced=forced is not None or chose_other,
                                       step_ms=step_ms, kv_bytes=kv_cache_bytes(loop.cache), token_text=token_text)]
 
-        return Picked([analysis.token_id], events, logits=logits)
+        ends = run.grammar.finished() if run.grammar is not None else None
+        return Picked([analysis.token_id], events, logits=logits, ends=ends)
 
     yield loop.started()
     with torch.inference_mode():
         if (yield from loop.prefill()):
             yield from loop.steps(step)
+    if run.grammar is not None and loop.stop_reason == loop.budget_reason and run.grammar.incomplete():
+        loop.stop_reason, loop.stop_note = "grammar_incomplete", run.grammar.incomplete()
     yield loop.finished()
 
 
@@ -132,6 +137,15 @@ def _choose(
     (step mode) is shown the strategy's pick and returns the token taken, or None to stop (then None)."""
     mu = run.mirostat.mu if run.mirostat is not None else None  # the cut this step's mirostat applies
     analysis = analyse_step(pipeline, ids, logits, settings.num_candidates, record=settings.record_candidates)
+    grammar = run.grammar
+    if grammar is not None:
+        top = analysis.top_ids[0] if analysis.top_ids else int(logits.argmax(dim=-1).item())
+        analysis.grammar = grammar.step_record(analysis.raw_probs(), top)
+        if forced_id is None and not bool(torch.isfinite(analysis.processed_logits).any()):
+            analysis.extra["blocked"] = (
+                f"no token is left: the constraint allows {analysis.grammar.allowed} here and the other samplers "
+                "removed them all" if analysis.grammar.allowed else "the constraint allows no token here")
+            return analysis
     if forced_id is not None:
         token_id = forced_id
     elif sampling:

@@ -15,6 +15,7 @@ import torch
 from playground.engine.processors import NamedTransform
 from playground.engine.samplers.chain import CompactLogits, Kept, Stage, run_chain, values_at
 from playground.events import Candidate, ProcessorEffect, TokenStep
+from playground.events.grammar import GrammarStep
 from playground.events.run import TAIL_POWERS, RawCandidates
 
 LN2 = math.log(2)
@@ -37,6 +38,7 @@ class StepAnalysis:
     kept_probs: torch.Tensor | None = None
     raw_top: RawCandidates | None = None  # the likeliest raw tokens, packed for the what-if (``record`` > 0)
     known_raw_probs: torch.Tensor | None = None  # [1, vocab] exp(raw_logprobs), when the recording already took it
+    grammar: GrammarStep | None = None  # what a constraint's mask did (set by a run with one)
 
     def raw_probs(self) -> torch.Tensor:
         return self.known_raw_probs if self.known_raw_probs is not None else self.raw_logprobs.exp()
@@ -81,6 +83,7 @@ class StepAnalysis:
             shown_raw_mass=sum(math.exp(lp) for lp in logprob_values[: len(self.top_ids)]),
             effects=effects, forced=forced, step_ms=step_ms, kv_cache_bytes=kv_bytes, mirostat_mu=self.mirostat_mu,
             raw_top=self.raw_top,
+            grammar=self.grammar,
         )
 
 

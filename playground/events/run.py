@@ -14,12 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
+from playground.events.grammar import GrammarStep
+
 # Why a run ended. The engine's strategies: "eos" (the model's end token), "stop_string" (the text reached a stop
 # string), "max_new_tokens" (the budget), "context_full" (the model's context), "stopped" (the user's Stop). A server
 # adds the OpenAI API's other finish reasons: "content_filter", "tool_calls", "function_call". "unknown": a reason
 # this version does not know (a server's own finish reason, or a saved run from a newer version: read as "unknown").
+# A constraint (``--json-schema``, ...) adds "grammar" (it is complete: nothing more can follow), "grammar_incomplete"
+# (the budget ended before it was) and "grammar_blocked" (no token could follow it: ``RunFinished.stop_note`` says why).
 StopReason = Literal["eos", "stop_string", "max_new_tokens", "context_full", "stopped", "content_filter",
-                     "tool_calls", "function_call", "unknown"]
+                     "tool_calls", "function_call", "grammar", "grammar_incomplete", "grammar_blocked", "unknown"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 
 
@@ -157,6 +161,8 @@ class TokenStep:
     # The likeliest raw tokens of this step (``--record-candidates``), for the what-if; None when not recorded (and in
     # older saved runs).
     raw_top: RawCandidates | None = None
+    # What a constraint's mask did at this step; None without one (and in older saved runs).
+    grammar: GrammarStep | None = None
 
     # What the numbers are, for views that must not guess from the event's class (a server's steps override
     # these as fields): whether the step has probabilities at all, and whether ``prob`` is a second distribution
@@ -209,3 +215,5 @@ class RunFinished:
     # prompt read).
     # Empty when nothing was cut.
     cut_short: tuple[str, ...] = ()
+    # Why the run ended, in words, where the reason needs them (a constraint's: what it could not do); "" otherwise.
+    stop_note: str = ""

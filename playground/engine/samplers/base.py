@@ -26,6 +26,7 @@ class BuildContext:
     vocab_size: int | None = None
     run: Any = None  # the run's ``SamplerRun`` (its generator, the strategy's inputs); None: the strategy has none
     strategy: str = ""
+    eos_ids: tuple[int, ...] = ()  # the model's end tokens (a constraint allows them where it accepts)
 
 
 class Sampler:

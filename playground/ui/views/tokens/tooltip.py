@@ -8,6 +8,7 @@ import html
 from playground.events import TokenStep
 from playground.state import chart_rows, chosen_text, visible_token_text
 from playground.ui.style import format_percent
+from playground.ui.views.tokens.grammar_line import grammar_line
 
 # A token the server sent without probabilities (llama-server's accepted draft tokens): neutral grey, apart from the
 # probability ramp, so it reads neither as certain (pale) nor as unlikely (dark).
@@ -55,7 +56,7 @@ def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] 
             f"{' <i>(forced by branching)</i>' if step.forced else ''}<br>{part}"
             f"log-prob (raw model, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
             f"raw rank {step.raw_rank} · "
-            f"raw entropy {step.entropy:.2f} bits")
+            f"raw entropy {step.entropy:.2f} bits{grammar_line(getattr(step, 'grammar', None))}")
     processed_title = "after processors"
     if what_if is not None:
         head += f"<br>{what_if}"

@@ -1,0 +1,23 @@
+"""What a constraint (``--json-schema``, ``--regex``, ``--grammar``, ``--choices``) did at one step: a value carried
+by the step's event (``TokenStep.grammar``), not an event of its own. Saved runs from before it read None."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GrammarStep:
+    """The constraint's mask at one step, against the raw distribution (softmax of the model's logits)."""
+
+    allowed: int  # tokens the grammar allows at this step
+    removed_mass: float  # raw probability of the tokens it forbids (0: the model kept to the grammar by itself)
+    top_forbidden: bool  # the raw top token is forbidden: the grammar overrode the model's first choice
+    # Tokens the grammar fixes from here without a choice (llguidance's fast-forward tokens, from this step's
+    # state); empty when there is a choice. Recorded only: each is still decoded as a step of its own.
+    ff_tokens: tuple[int, ...] = ()
+
+    @property
+    def forced(self) -> bool:
+        """Only one token was allowed."""
+        return self.allowed == 1
