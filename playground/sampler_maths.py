@@ -50,25 +50,138 @@ def dry_penalty(length: int, multiplier: float, base: float, allowed_length: int
     return multiplier * base ** (length - allowed_length)
 
 
-class NgramIndex:
-    """The no-repeat n-gram ban over a growing text: every n-gram window whose first n-1 tokens equal the text's
-    last n-1 bans its last token (transformers' ``NoRepeatNGramLogitsProcessor``)."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token lists (slice comparisons: C speed)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class NgramBan:
+    """transformers' ``no_repeat_ngram_size`` (``NoRepeatNGramLogitsProcessor``) over one text that grows and
+    shrinks at its end: every n-gram window of the text (prompt included) whose first n-1 tokens are the text's
+    last n-1 bans its last token. The windows are indexed as the text grows (``extend``, one window per token) and
+    dropped as it shrinks (``truncate``, latest first), so a decode step costs one window, not a rescan.
+    ``fork`` copies it cheaply (the index's lists are shared until one side changes them)."""
+
+    def __init__(self, n: int, tokens: Sequence[int] = ()) -> None:
+        if n < 1:
+            raise ValueError(f"an n-gram ban needs n >= 1 (got {n})")
+        self.n = n
+        self.tokens: list[int] = []
+        self.following: dict[tuple[int, ...], list[int]] = {}  # (n-1)-gram -> the tokens after it, in text order
+        self._owned: set[tuple[int, ...]] = set()  # keys whose lists this ban may change (the others are shared)
+        self.extend(tokens)
+
+    def _own(self, key: tuple[int, ...]) -> list[int]:
+        if key not in self._owned:
+            self.following[key] = list(self.following.get(key, ()))
+            self._owned.add(key)
+        return self.following[key]
+
+    def _key(self, start: int) -> tuple[int, ...]:
+        return tuple(self.tokens[start:start + self.n - 1])
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The text continues with ``tokens``."""
+        text, n = self.tokens, self.n
+        for token in tokens:
+            text.append(token)
+            if len(text) >= n:
+                self._own(self._key(len(text) - n)).append(token)
+
+    def truncate(self, length: int) -> None:
+        """The text is cut back to its first ``length`` tokens."""
+        text, n = self.tokens, self.n
+        while len(text) > max(length, 0):
+            if len(text) >= n:
+                key = self._key(len(text) - n)
+                after = self._own(key)
+                after.pop()  # the latest window of this key is the text's last
+                if not after:
+                    del self.following[key]
+                    self._owned.discard(key)
+            text.pop()
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """Make the text ``tokens``: cut back to the common prefix, then extend."""
+        keep = common_prefix(self.tokens, tokens)
+        self.truncate(keep)
+        self.extend(tokens[keep:])
+
+    def follow_from(self, start: int, tail: Sequence[int]) -> None:
+        """Make the text its first ``start`` tokens (known to be right) followed by ``tail``."""
+        keep = start + common_prefix(self.tokens[start:], tail)
+        self.truncate(keep)
+        self.extend(tail[keep - start:])
+
+    def banned(self) -> set[int]:
+        """The tokens banned after the whole text."""
+        if len(self.tokens) < self.n - 1:
+            return set()
+        return set(self.following.get(self._key(len(self.tokens) - self.n + 1), ()))
+
+    def fork(self) -> NgramBan:
+        twin = NgramBan.__new__(NgramBan)
+        twin.n, twin.tokens, twin.following, twin._owned = self.n, list(self.tokens), dict(self.following), set()
+        self._owned = set()  # the lists are shared now: either side copies one before changing it
+        return twin
+
+
+class NgramBans:
+    """The n-gram bans of a batch of texts from call to call (the engine's sampler): each text continues the ban
+    of a text it extends from the last call (a decode step's one more token, a beam's parent, a speculative
+    context's shorter prefix), forked where two texts continue the same one; a text that extends none follows the
+    closest (cut back to the common prefix). The result is always the ban of each text as given."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.following: dict[tuple[int, ...], set[int]] = {}
-        self.indexed = 0  # windows tokens[i:i + n] with i < indexed are in ``following``
+        self.held: list[NgramBan] = []
 
-    def banned(self, tokens: Sequence[int], length: int) -> set[int]:
-        """The tokens banned after ``tokens[:length]`` (call with growing lengths of the same text)."""
-        n = self.n
-        while self.indexed <= length - n:
-            i = self.indexed
-            self.following.setdefault(tuple(tokens[i:i + n - 1]), set()).add(tokens[i + n - 1])
-            self.indexed += 1
-        if length < n:
-            return set()
-        return set(self.following.get(tuple(tokens[length - n + 1:length]), ()))
+    def banned(self, rows: Sequence[Sequence[int]]) -> list[set[int]]:
+        """Each text's banned tokens (``rows``: the texts, prompt included)."""
+        held, claimed = self.held, [False] * len(self.held)
+        chosen: list[NgramBan | None] = [None] * len(rows)
+        for r, row in enumerate(rows):  # first the texts that extend a held one (the usual case)
+            for k, ban in enumerate(held):
+                m = len(ban.tokens)
+                if m <= len(row) and row[:m] == ban.tokens:
+                    chosen[r] = ban.fork() if claimed[k] else ban
+                    claimed[k] = True
+                    break
+        out = []
+        for r, row in enumerate(rows):
+            ban = chosen[r]
+            if ban is not None:
+                ban.extend(row[len(ban.tokens):])
+            else:  # extends none: from the held text sharing the longest prefix, cut back to it
+                best = max(range(len(held)), key=lambda k: common_prefix(held[k].tokens, row), default=None)
+                if best is None:
+                    ban = NgramBan(self.n)
+                else:
+                    ban = held[best].fork() if claimed[best] else held[best]
+                    claimed[best] = True
+                ban.follow(row)
+                chosen[r] = ban
+            out.append(ban.banned())
+        self.held = [ban for ban in chosen if ban is not None]
+        return out
+
+    def accept(self, token: int) -> None:
+        """A single text took ``token``: extend it now (the next call then finds it already indexed)."""
+        if len(self.held) == 1:
+            self.held[0].extend((token,))
+
+    def reset(self) -> None:
+        self.held = []
 
 
 def mirostat_next_mu(mu: float, prob: float, tau: float, eta: float) -> float:
