@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+# An n-gram ban's own changes are merged into a new shared index past this many keys (a fork copies at most these).
+NGRAM_DELTA = 32
+
 # A DRY match longer than this is counted as this long (text-generation-webui's cap; it also bounds base**length).
 DRY_MAX_MATCH = 50
 
@@ -70,22 +73,34 @@ class NgramBan:
     shrinks at its end: every n-gram window of the text (prompt included) whose first n-1 tokens are the text's
     last n-1 bans its last token. The windows are indexed as the text grows (``extend``, one window per token) and
     dropped as it shrinks (``truncate``, latest first), so a decode step costs one window, not a rescan.
-    ``fork`` copies it cheaply (the index's lists are shared until one side changes them)."""
+
+    The index: a ``base`` that is never changed once made (forks share it) and this ban's own recent changes
+    (``delta``, at most ``NGRAM_DELTA`` keys, then merged into a new base): ``fork`` copies only the changes."""
 
     def __init__(self, n: int, tokens: Sequence[int] = ()) -> None:
         if n < 1:
             raise ValueError(f"an n-gram ban needs n >= 1 (got {n})")
         self.n = n
         self.tokens: list[int] = []
-        self.following: dict[tuple[int, ...], list[int]] = {}  # (n-1)-gram -> the tokens after it, in text order
-        self._owned: set[tuple[int, ...]] = set()  # keys whose lists this ban may change (the others are shared)
+        # (n-1)-gram -> the tokens that followed it, in text order (an empty list in delta: none any more)
+        self.base: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.delta: dict[tuple[int, ...], list[int]] = {}
         self.extend(tokens)
 
     def _own(self, key: tuple[int, ...]) -> list[int]:
-        if key not in self._owned:
-            self.following[key] = list(self.following.get(key, ()))
-            self._owned.add(key)
-        return self.following[key]
+        after = self.delta.get(key)
+        if after is None:
+            after = self.delta[key] = list(self.base.get(key, ()))
+        return after
+
+    def _merge(self) -> None:
+        base = dict(self.base)  # a new one: the old may be shared with forks
+        for key, after in self.delta.items():
+            if after:
+                base[key] = tuple(after)
+            else:
+                base.pop(key, None)
+        self.base, self.delta = base, {}
 
     def _key(self, start: int) -> tuple[int, ...]:
         return tuple(self.tokens[start:start + self.n - 1])
@@ -97,18 +112,15 @@ class NgramBan:
             text.append(token)
             if len(text) >= n:
                 self._own(self._key(len(text) - n)).append(token)
+                if len(self.delta) > NGRAM_DELTA:
+                    self._merge()
 
     def truncate(self, length: int) -> None:
         """The text is cut back to its first ``length`` tokens."""
         text, n = self.tokens, self.n
         while len(text) > max(length, 0):
             if len(text) >= n:
-                key = self._key(len(text) - n)
-                after = self._own(key)
-                after.pop()  # the latest window of this key is the text's last
-                if not after:
-                    del self.following[key]
-                    self._owned.discard(key)
+                self._own(self._key(len(text) - n)).pop()  # the latest window of this key is the text's last
             text.pop()
 
     def follow(self, tokens: Sequence[int]) -> None:
@@ -127,12 +139,15 @@ class NgramBan:
         """The tokens banned after the whole text."""
         if len(self.tokens) < self.n - 1:
             return set()
-        return set(self.following.get(self._key(len(self.tokens) - self.n + 1), ()))
+        key = self._key(len(self.tokens) - self.n + 1)
+        after = self.delta.get(key)
+        return set(after if after is not None else self.base.get(key, ()))
 
     def fork(self) -> NgramBan:
+        """An independent copy: the base shared, the recent changes copied."""
         twin = NgramBan.__new__(NgramBan)
-        twin.n, twin.tokens, twin.following, twin._owned = self.n, list(self.tokens), dict(self.following), set()
-        self._owned = set()  # the lists are shared now: either side copies one before changing it
+        twin.n, twin.tokens, twin.base = self.n, list(self.tokens), self.base
+        twin.delta = {key: list(after) for key, after in self.delta.items()}
         return twin
 
 
@@ -148,6 +163,7 @@ class NgramBans:
 
     def banned(self, rows: Sequence[Sequence[int]]) -> list[set[int]]:
         """Each text's banned tokens (``rows``: the texts, prompt included)."""
+        rows = [row if isinstance(row, list) else list(row) for row in rows]  # (a tuple never equals a list)
         held, claimed = self.held, [False] * len(self.held)
         chosen: list[NgramBan | None] = [None] * len(rows)
         for r, row in enumerate(rows):  # first the texts that extend a held one (the usual case)
@@ -157,23 +173,40 @@ class NgramBans:
                     chosen[r] = ban.fork() if claimed[k] else ban
                     claimed[k] = True
                     break
-        out = []
+        out, made = [], []
         for r, row in enumerate(rows):
-            ban = chosen[r]
-            if ban is not None:
-                ban.extend(row[len(ban.tokens):])
-            else:  # extends none: from the held text sharing the longest prefix, cut back to it
-                best = max(range(len(held)), key=lambda k: common_prefix(held[k].tokens, row), default=None)
-                if best is None:
-                    ban = NgramBan(self.n)
+            found = chosen[r]
+            if found is not None:
+                found.extend(row[len(found.tokens):])
+            else:  # extends none: from the text sharing the longest prefix (held, or made for an earlier row)
+                options = [(common_prefix(ban.tokens, row), k) for k, ban in enumerate(held)]
+                options += [(common_prefix(ban.tokens, row), -1 - k) for k, ban in enumerate(made)]
+                shared, k = max(options, default=(0, 0))
+                if shared == 0:
+                    found = NgramBan(self.n)
+                elif k < 0:
+                    found = made[-1 - k].fork()
                 else:
-                    ban = held[best].fork() if claimed[best] else held[best]
-                    claimed[best] = True
-                ban.follow(row)
-                chosen[r] = ban
-            out.append(ban.banned())
+                    found = held[k].fork() if claimed[k] else held[k]
+                    claimed[k] = True
+                found.follow(row)
+                made.append(found)
+                chosen[r] = found
+            out.append(found.banned())
         self.held = [ban for ban in chosen if ban is not None]
         return out
+
+    def continued(self, parents: Sequence[int], start: int, tails: Sequence[Sequence[int]]) -> list[set[int]]:
+        """Each text's banned tokens, text ``r`` being the first ``start`` tokens of ``held[parents[r]]`` (the
+        caller has checked them) followed by ``tails[r]``: a step of beams, each continuing one of the last."""
+        held, claimed, chosen = self.held, [False] * len(self.held), []
+        for parent, tail in zip(parents, tails, strict=True):
+            ban = held[parent].fork() if claimed[parent] else held[parent]
+            claimed[parent] = True
+            ban.follow_from(start, tail)
+            chosen.append(ban)
+        self.held = chosen
+        return [ban.banned() for ban in chosen]
 
     def accept(self, token: int) -> None:
         """A single text took ``token``: extend it now (the next call then finds it already indexed)."""

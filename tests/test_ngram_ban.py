@@ -96,10 +96,29 @@ def test_beams_that_reorder_and_share_parents_equal_transformers(n):
         assert banned_of(sampler.apply(ids, torch.zeros(len(beams), VOCAB))) == transformers_bans(ids, n)
         width = rng.randrange(1, 6)  # the beam count changes too (the first step has one row)
         beams = [beams[rng.randrange(len(beams))] + [rng.randrange(4)] for _ in range(width)]
+    # Rows that extend none of the last call's but share prefixes among themselves (each made from another).
+    base = [rng.randrange(4) for _ in range(20)]
+    ids = torch.tensor([[*base, 1, 2], [*base, 1, 3], [*base, 2, 2], [*base, 1, 2]])
+    assert banned_of(sampler.apply(ids, torch.zeros(4, VOCAB))) == transformers_bans(ids, n)
+    ids = torch.cat([ids, torch.tensor([[1], [2], [3], [0]])], dim=1)  # then each of those continues
+    assert banned_of(sampler.apply(ids, torch.zeros(4, VOCAB))) == transformers_bans(ids, n)
+    ids = torch.tensor([[*base, 1, 2, 0], [*base, 2, 2, 1], base[:10] + [3] * 13])
+    assert banned_of(sampler.apply(ids, torch.zeros(3, VOCAB))) == transformers_bans(ids, n)
     # A batch unrelated to what the sampler saw, and the pure function on it.
     ids = torch.randint(0, 4, (3, 25), generator=torch.Generator().manual_seed(n))
     assert banned_of(sampler.apply(ids, torch.zeros(3, VOCAB))) == transformers_bans(ids, n)
     assert banned_of(ban_repeated_ngrams(ids, torch.zeros(3, VOCAB), n)) == transformers_bans(ids, n)
+
+
+def test_a_fingerprint_collision_falls_back_to_reading_the_rows():
+    """Rows are matched to the last call's by a weighted sum, then checked whole: with weights that make two
+    different texts collide, the check catches it."""
+    sampler = NoRepeatNgram(2)
+    first = torch.tensor([[1, 2, 3, 1], [2, 1, 1, 3]])  # the same sum (7): equal fingerprints under unit weights
+    sampler.apply(first, torch.zeros(2, VOCAB))
+    sampler._fingerprint = torch.ones(64, dtype=torch.long)
+    ids = torch.tensor([[2, 1, 1, 3, 2], [2, 1, 1, 3, 1]])  # both extend the second row, named as the first
+    assert banned_of(sampler.apply(ids, torch.zeros(2, VOCAB))) == transformers_bans(ids, 2) == [{1}, {1, 3}]
 
 
 def test_a_clone_and_a_reset_start_their_own_index():
@@ -114,23 +133,30 @@ def test_a_clone_and_a_reset_start_their_own_index():
     assert banned_of(sampler.apply(ids, torch.zeros(1, VOCAB))) == [{2}]
 
 
-def test_the_index_grows_shrinks_and_forks_as_its_text():
+@pytest.mark.parametrize("alphabet", [3, 40])  # 40: more keys than a ban keeps apart, so its changes are merged
+def test_the_index_grows_shrinks_and_forks_as_its_text(alphabet):
     rng = random.Random(7)
     for n in (1, 2, 3, 4):
-        ban, text = NgramBan(n), []
-        for _ in range(300):
+        ban, text, twins = NgramBan(n), [], []
+        for _ in range(600):
             if text and rng.random() < 0.3:
                 text = text[: rng.randrange(len(text) + 1)]
                 ban.truncate(len(text))
             elif rng.random() < 0.1:
                 twin = ban.fork()
-                twin.extend([rng.randrange(3)])  # a fork's changes never reach the original
+                twin.extend([rng.randrange(alphabet)])  # a fork's changes never reach the original
                 assert twin.banned() == reference_bans(twin.tokens, n)
+                twins.append((twin, list(twin.tokens)))
             else:
-                token = rng.randrange(3)
+                token = rng.randrange(alphabet)
                 text.append(token)
                 ban.extend([token])
             assert ban.tokens == text and ban.banned() == reference_bans(text, n)
+        for twin, tokens in twins:  # nor the original's (merged or not) the forks'
+            assert twin.tokens == tokens and twin.banned() == reference_bans(tokens, n)
+            for cut in range(len(tokens), max(len(tokens) - 2 * n, 0), -1):
+                twin.truncate(cut)
+                assert twin.banned() == reference_bans(tokens[:cut], n)
     assert common_prefix([1, 2, 3, 4], [1, 2, 5]) == 2 and common_prefix([1, 2], [1, 2, 3]) == 2
     assert NgramBans(2).banned([[5, 5]]) == [{5}]
 
