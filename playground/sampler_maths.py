@@ -173,7 +173,8 @@ class NgramBans:
                     chosen[r] = ban.fork() if claimed[k] else ban
                     claimed[k] = True
                     break
-        out, made = [], []
+        out: list[set[int]] = []
+        made: list[NgramBan] = []
         for r, row in enumerate(rows):
             found = chosen[r]
             if found is not None:
