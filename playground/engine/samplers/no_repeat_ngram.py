@@ -22,7 +22,10 @@ def mask_banned(logits: torch.Tensor, banned: list[set[int]]) -> torch.Tensor:
     if not flat:
         return logits
     out = logits.clone(memory_format=torch.contiguous_format)
-    out.view(-1)[torch.tensor(flat, device=logits.device)] = float("-inf")
+    if len(flat) == 1:
+        out.view(-1)[flat[0]] = float("-inf")  # the common case: one op, no index tensor
+    else:
+        out.view(-1)[torch.tensor(flat, device=logits.device)] = float("-inf")
     return out
 
 
