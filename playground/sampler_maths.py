@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+# An n-gram ban's own changes are merged into a new shared index past this many keys (a fork copies at most these).
+NGRAM_DELTA = 32
+
 # A DRY match longer than this is counted as this long (text-generation-webui's cap; it also bounds base**length).
 DRY_MAX_MATCH = 50
 
@@ -50,25 +53,169 @@ def dry_penalty(length: int, multiplier: float, base: float, allowed_length: int
     return multiplier * base ** (length - allowed_length)
 
 
-class NgramIndex:
-    """The no-repeat n-gram ban over a growing text: every n-gram window whose first n-1 tokens equal the text's
-    last n-1 bans its last token (transformers' ``NoRepeatNGramLogitsProcessor``)."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token lists (slice comparisons: C speed)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class NgramBan:
+    """transformers' ``no_repeat_ngram_size`` (``NoRepeatNGramLogitsProcessor``) over one text that grows and
+    shrinks at its end: every n-gram window of the text (prompt included) whose first n-1 tokens are the text's
+    last n-1 bans its last token. The windows are indexed as the text grows (``extend``, one window per token) and
+    dropped as it shrinks (``truncate``, latest first), so a decode step costs one window, not a rescan.
+
+    The index: a ``base`` that is never changed once made (forks share it) and this ban's own recent changes
+    (``delta``, at most ``NGRAM_DELTA`` keys, then merged into a new base): ``fork`` copies only the changes."""
+
+    def __init__(self, n: int, tokens: Sequence[int] = ()) -> None:
+        if n < 1:
+            raise ValueError(f"an n-gram ban needs n >= 1 (got {n})")
+        self.n = n
+        self.tokens: list[int] = []
+        # (n-1)-gram -> the tokens that followed it, in text order (an empty list in delta: none any more)
+        self.base: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.delta: dict[tuple[int, ...], list[int]] = {}
+        self.extend(tokens)
+
+    def _own(self, key: tuple[int, ...]) -> list[int]:
+        after = self.delta.get(key)
+        if after is None:
+            after = self.delta[key] = list(self.base.get(key, ()))
+        return after
+
+    def _merge(self) -> None:
+        base = dict(self.base)  # a new one: the old may be shared with forks
+        for key, after in self.delta.items():
+            if after:
+                base[key] = tuple(after)
+            else:
+                base.pop(key, None)
+        self.base, self.delta = base, {}
+
+    def _key(self, start: int) -> tuple[int, ...]:
+        return tuple(self.tokens[start:start + self.n - 1])
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The text continues with ``tokens``."""
+        text, n = self.tokens, self.n
+        for token in tokens:
+            text.append(token)
+            if len(text) >= n:
+                self._own(self._key(len(text) - n)).append(token)
+                if len(self.delta) > NGRAM_DELTA:
+                    self._merge()
+
+    def truncate(self, length: int) -> None:
+        """The text is cut back to its first ``length`` tokens."""
+        text, n = self.tokens, self.n
+        while len(text) > max(length, 0):
+            if len(text) >= n:
+                self._own(self._key(len(text) - n)).pop()  # the latest window of this key is the text's last
+            text.pop()
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """Make the text ``tokens``: cut back to the common prefix, then extend."""
+        keep = common_prefix(self.tokens, tokens)
+        self.truncate(keep)
+        self.extend(tokens[keep:])
+
+    def follow_from(self, start: int, tail: Sequence[int]) -> None:
+        """Make the text its first ``start`` tokens (known to be right) followed by ``tail``."""
+        keep = start + common_prefix(self.tokens[start:], tail)
+        self.truncate(keep)
+        self.extend(tail[keep - start:])
+
+    def banned(self) -> set[int]:
+        """The tokens banned after the whole text."""
+        if len(self.tokens) < self.n - 1:
+            return set()
+        key = self._key(len(self.tokens) - self.n + 1)
+        after = self.delta.get(key)
+        return set(after if after is not None else self.base.get(key, ()))
+
+    def fork(self) -> NgramBan:
+        """An independent copy: the base shared, the recent changes copied."""
+        twin = NgramBan.__new__(NgramBan)
+        twin.n, twin.tokens, twin.base = self.n, list(self.tokens), self.base
+        twin.delta = {key: list(after) for key, after in self.delta.items()}
+        return twin
+
+
+class NgramBans:
+    """The n-gram bans of a batch of texts from call to call (the engine's sampler): each text continues the ban
+    of a text it extends from the last call (a decode step's one more token, a beam's parent, a speculative
+    context's shorter prefix), forked where two texts continue the same one; a text that extends none follows the
+    closest (cut back to the common prefix). The result is always the ban of each text as given."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.following: dict[tuple[int, ...], set[int]] = {}
-        self.indexed = 0  # windows tokens[i:i + n] with i < indexed are in ``following``
+        self.held: list[NgramBan] = []
 
-    def banned(self, tokens: Sequence[int], length: int) -> set[int]:
-        """The tokens banned after ``tokens[:length]`` (call with growing lengths of the same text)."""
-        n = self.n
-        while self.indexed <= length - n:
-            i = self.indexed
-            self.following.setdefault(tuple(tokens[i:i + n - 1]), set()).add(tokens[i + n - 1])
-            self.indexed += 1
-        if length < n:
-            return set()
-        return set(self.following.get(tuple(tokens[length - n + 1:length]), ()))
+    def banned(self, rows: Sequence[Sequence[int]]) -> list[set[int]]:
+        """Each text's banned tokens (``rows``: the texts, prompt included)."""
+        rows = [row if isinstance(row, list) else list(row) for row in rows]  # (a tuple never equals a list)
+        held, claimed = self.held, [False] * len(self.held)
+        chosen: list[NgramBan | None] = [None] * len(rows)
+        for r, row in enumerate(rows):  # first the texts that extend a held one (the usual case)
+            for k, ban in enumerate(held):
+                m = len(ban.tokens)
+                if m <= len(row) and row[:m] == ban.tokens:
+                    chosen[r] = ban.fork() if claimed[k] else ban
+                    claimed[k] = True
+                    break
+        out: list[set[int]] = []
+        made: list[NgramBan] = []
+        for r, row in enumerate(rows):
+            found = chosen[r]
+            if found is not None:
+                found.extend(row[len(found.tokens):])
+            else:  # extends none: from the text sharing the longest prefix (held, or made for an earlier row)
+                options = [(common_prefix(ban.tokens, row), k) for k, ban in enumerate(held)]
+                options += [(common_prefix(ban.tokens, row), -1 - k) for k, ban in enumerate(made)]
+                shared, k = max(options, default=(0, 0))
+                if shared == 0:
+                    found = NgramBan(self.n)
+                elif k < 0:
+                    found = made[-1 - k].fork()
+                else:
+                    found = held[k].fork() if claimed[k] else held[k]
+                    claimed[k] = True
+                found.follow(row)
+                made.append(found)
+                chosen[r] = found
+            out.append(found.banned())
+        self.held = [ban for ban in chosen if ban is not None]
+        return out
+
+    def continued(self, parents: Sequence[int], start: int, tails: Sequence[Sequence[int]]) -> list[set[int]]:
+        """Each text's banned tokens, text ``r`` being the first ``start`` tokens of ``held[parents[r]]`` (the
+        caller has checked them) followed by ``tails[r]``: a step of beams, each continuing one of the last."""
+        held, claimed, chosen = self.held, [False] * len(self.held), []
+        for parent, tail in zip(parents, tails, strict=True):
+            ban = held[parent].fork() if claimed[parent] else held[parent]
+            claimed[parent] = True
+            ban.follow_from(start, tail)
+            chosen.append(ban)
+        self.held = chosen
+        return [ban.banned() for ban in chosen]
+
+    def accept(self, token: int) -> None:
+        """A single text took ``token``: extend it now (the next call then finds it already indexed)."""
+        if len(self.held) == 1:
+            self.held[0].extend((token,))
+
+    def reset(self) -> None:
+        self.held = []
 
 
 def mirostat_next_mu(mu: float, prob: float, tau: float, eta: float) -> float:

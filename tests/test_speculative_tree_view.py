@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+import torch
 from PySide6.QtCore import QPointF, QSize, Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QApplication, QScrollArea
@@ -427,3 +428,34 @@ def test_a_tree_run_fits_the_window_whole(qtbot, tmp_path, tree_lm, size, sample
     scrolled = [area.verticalScrollBar().maximum() for area in view.findChildren(QScrollArea)
                 if area.isVisibleTo(view) and area.verticalScrollBar().maximum() > 0]
     assert not scrolled
+
+
+def test_the_tree_figures_line_shows_counts_made_here_from_the_target_greedy_output(tree_lm, greedy_tree, view):
+    """Each round's verdict redone here: walk its tree from the context, at each depth taking the child whose token
+    is generate()'s greedy output there; the figures line must show those counts (accepted and off the path
+    unequal, so a line that swapped them fails)."""
+    prompt = list(greedy_tree[0].prompt_token_ids)
+    ids = torch.tensor([prompt])
+    output = tree_lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=30,
+                                    pad_token_id=tree_lm.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    rounds = rounds_of(greedy_tree)
+    position = drafted = accepted = judged = 0
+    for r in rounds:
+        parents, node, kept = parents_of(r), -1, 0
+        while position + kept < len(output):
+            child = next((i for i, p in enumerate(parents)
+                          if p == node and r.drafted[i].token_id == output[position + kept]), None)
+            if child is None:
+                break
+            node, kept = child, kept + 1
+        levels = max(depths_walked(r), default=-1) + 1
+        drafted += len(r.drafted)
+        accepted += kept
+        judged += min(levels, kept + 1)
+        position += kept + 1
+    assert 0 < accepted < drafted and accepted != drafted - accepted, "precondition: unequal counts"
+    view.show_run(Run.from_events(greedy_tree))
+    text = re.sub(r"</?b>", "", view.figures.text())
+    assert f"Acceptance: {format_percent(accepted / drafted)} of {drafted} drafted nodes ({accepted} accepted, " \
+           f"{drafted - accepted} off the path) · α = {accepted / judged:.2f} per depth the target reached" in text
+    assert f"Mean accepted per round: {accepted / len(rounds):.2f} drafts" in text

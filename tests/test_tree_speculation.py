@@ -386,6 +386,49 @@ def test_the_suffix_drafter_matches_the_longest_suffix_and_weights_by_match_leng
     assert drafter.propose_tree(ids, depth=2, width=1, budget=8).tokens == [6, 8]
 
 
+def suffix_scores_by_hand(corpus: list[list[int]], ids: list[int], max_pattern: int) -> dict[int, float]:
+    """Each next token's weight: over every place in ``corpus`` (earlier runs, then the text itself) where the text's
+    ending recurs with a token after it, the match's length (at most ``max_pattern`` and the text's length), for
+    the matches at least half as long as the longest."""
+    found = []
+    for sequence in corpus:
+        for end in range(1, len(sequence)):
+            n = 0
+            while n < min(max_pattern, len(ids), end) and sequence[end - 1 - n] == ids[-1 - n]:
+                n += 1
+            if n:
+                found.append((sequence[end], n))
+    floor = max(1, (max(n for _t, n in found) + 1) // 2)
+    scores: dict[int, float] = Counter()
+    for token, n in found:
+        if n >= floor:
+            scores[token] += n
+    return scores
+
+
+def test_the_suffix_drafter_weights_continuations_by_match_length_not_by_count():
+    """Two long matches (length 6, then token 10) against three short ones (length 3, then 11), all kept (3 is half
+    of 6): weighted, 10 wins 12 to 9; counted, 11 would win 3 to 2."""
+    history = RunHistory()
+    history.remember([9, 1, 2, 3, 4, 5, 6, 10, 12])
+    history.remember([8, 1, 2, 3, 4, 5, 6, 10, 13])
+    history.remember([7, 4, 5, 6, 11, 14, 0, 4, 5, 6, 11, 15, 7, 4, 5, 6, 11, 16])
+    ids = [50, 1, 2, 3, 4, 5, 6]
+    drafter = SuffixDrafter(history.earlier_runs())
+    scores = suffix_scores_by_hand([*history.earlier_runs(), ids], ids, drafter.max_pattern)
+    counts = Counter(t for run in history.earlier_runs() for i, t in enumerate(run) if i >= 3 and run[i - 3:i] ==
+                     [4, 5, 6])
+    assert counts.most_common(1)[0][0] == 11 and counts[10] < counts[11], "precondition: counting picks 11"
+    expected = max(scores, key=lambda t: scores[t])
+    assert expected == 10 and scores[10] > scores[11]
+    assert sorted(length for _s, _e, length in drafter.matches(ids)) == [3, 3, 3, 6, 6]
+    assert drafter.propose_tree(ids, depth=1, width=1, budget=1).tokens == [expected]
+    assert drafter.propose(ids, 2).tokens == [expected, 13]  # then a tie (6 each): the newest run first
+    # Both continuations in a 2-wide tree, the heavier first.
+    tree = drafter.propose_tree(ids, depth=1, width=2, budget=2)
+    assert [tree.tokens[n] for n in tree.children(-1)] == [10, 11]
+
+
 def test_a_second_suffix_run_drafts_what_the_first_one_wrote(tiny_lm):
     tiny_lm.history.forget()
     first = spec(tiny_lm, prompt="Once upon a time", max_new_tokens=20, draft="suffix", tree_width=2)

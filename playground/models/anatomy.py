@@ -207,6 +207,13 @@ class Anatomy:
             return torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    @property
+    def head_weight(self) -> torch.Tensor | None:
+        """The LM head's float weight [vocab, hidden]; None when the head holds no float ``weight`` (a quantized
+        copy's head is a ``QuantLinear``: codes and scales): apply ``lm_head`` itself then."""
+        weight = getattr(self.lm_head, "weight", None)
+        return weight if isinstance(weight, torch.Tensor) and weight.is_floating_point() else None
+
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and the logit transform on residual-stream states [..., hidden]: the model's own
         output for its last layer's state, the logit lens for any other layer's."""

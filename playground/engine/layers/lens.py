@@ -57,6 +57,25 @@ class LayerStack:
     def count(self) -> int:
         return len(self.layers)
 
+    @property
+    def head_weight(self) -> torch.Tensor | None:
+        """The LM head's float weight; None for a head that holds none (a quantized copy's ``QuantLinear``), which
+        the lens applies as a module: its own product, never a ``weight`` it does not have."""
+        if self.anatomy is not None:
+            return self.anatomy.head_weight
+        weight = getattr(self.lm_head, "weight", None)
+        return weight if isinstance(weight, torch.Tensor) and weight.is_floating_point() else None
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        """The dtype the LM head takes its input in: its weight's, else its float buffers' (a quantized head's
+        scales), else float32."""
+        weight = self.head_weight
+        if weight is not None:
+            return weight.dtype
+        floats = [t.dtype for t in (*self.lm_head.parameters(), *self.lm_head.buffers()) if t.is_floating_point()]
+        return floats[0] if floats else torch.float32
+
     def lens_logits(self, hidden: torch.Tensor, layers: Sequence[int] | None = None,
                     kind: str | None = None) -> torch.Tensor:
         """[n, hidden] layer outputs (before the final norm) → [n, vocab] float32 logits, one matrix product.
@@ -65,8 +84,8 @@ class LayerStack:
         if (kind or self.kind) == "tuned" and layers is not None and self.tuned is not None:
             hidden = self.tuned.translate(hidden, layers)
         normed = self.norm(hidden)
-        weight = cast(torch.Tensor, self.lm_head.weight)
-        if self.precision == "bfloat16" and weight.dtype == torch.float32:
+        weight = self.head_weight
+        if self.precision == "bfloat16" and weight is not None and weight.dtype == torch.float32:
             # The full-vocabulary product is the lens's whole cost: bfloat16 makes it ~5x cheaper on CPU (SmolLM2:
             # 3.5 ms instead of 18.6 for 30 layers) at ~0.01 bits of entropy.
             bias = cast("torch.Tensor | None", self.lm_head.bias)

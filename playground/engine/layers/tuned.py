@@ -15,7 +15,6 @@ import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -119,7 +118,7 @@ def lens_kl(stack, lens: TunedLens | None, hidden: torch.Tensor, final: torch.Te
                 h = hidden[layer, start : start + chunk]
                 if lens is not None:
                     h = lens.translate(h, [layer] * h.shape[0])
-                lp = stack.lens_logits(h.to(stack.lm_head.weight.dtype)).log_softmax(-1)
+                lp = stack.lens_logits(h.to(stack.head_dtype)).log_softmax(-1)
                 target = final[start : start + chunk]
                 total += float((target.exp() * (target - lp)).sum())
             means.append(total / hidden.shape[1])
@@ -201,7 +200,10 @@ def model_key(model) -> str:
     same folder name and shape do not share translators)."""
     config = model.config
     name = Path(str(getattr(config, "name_or_path", "") or config.model_type)).name
-    head = cast(torch.Tensor, anatomy_of(model).lm_head.weight)
+    anatomy = anatomy_of(model)
+    head = anatomy.head_weight  # a quantized head (no float weight): its codes
+    if head is None:
+        head = next(iter(anatomy.lm_head.buffers()))
     fingerprint = f"{float(head.detach()[:8].double().sum()):.6e}"
     return f"{name}-{hashlib.sha1(fingerprint.encode()).hexdigest()[:8]}"
 
