@@ -87,6 +87,32 @@ class _Chain:
         self.mu: np.ndarray | None = None  # mirostat's mu per step, when it is on
         self.moments = run.moments  # the tail's recorded log-moments, valid while ``pristine``
         self.pristine = np.isfinite(run.moments).all(axis=1)  # the tail's logits are still the raw ones
+        # The steps whose chain is still the raw distribution with every logit times ``scale`` (nothing cut or moved,
+        # at most a temperature) and whose whole-vocabulary numbers were recorded (``run.whole``): the samplers that
+        # read every token compute from those there (``derive`` clears a step once a stage changes it otherwise).
+        self.raw = np.isfinite(run.whole).all(axis=1)
+        self.scale = np.ones(run.x.shape[0])
+
+    def snapshot(self) -> tuple[np.ndarray, ...]:
+        return self.x.copy(), self.scale.copy(), self.alive.copy(), self.lo.copy(), self.hi.copy()
+
+    def keep_raw(self, before: tuple[np.ndarray, ...]) -> None:
+        """After a stage (``before``: ``snapshot()`` ahead of it): a step whose logits it changed other than by the
+        scaling it put in ``scale`` (a token cut or moved, the tail's weight moved) no longer sees the raw
+        distribution."""
+        x, scale, alive, lo, hi = before
+        ratio = self.scale / scale
+        with np.errstate(invalid="ignore"):
+            same = np.where(np.isfinite(x), np.isclose(self.x, x * ratio[:, None], rtol=1e-12, atol=0.0),
+                            ~np.isfinite(self.x)).all(axis=1)
+        same &= alive == self.alive
+        same &= (ratio != 1.0) | ((lo == self.lo) & (hi == self.hi))  # a scaling moves the tail's bounds with it
+        self.raw &= same
+
+    def whole(self, unscaled: bool = True) -> np.ndarray:
+        """[S] bool: the steps where a stage may read the recorded whole-vocabulary numbers (``unscaled``: only where
+        no temperature scaled the logits, for the numbers that do not scale, the entropy)."""
+        return self.raw & (self.scale == 1.0) if unscaled else self.raw.copy()
 
     def flag(self, where: np.ndarray, code: int) -> None:
         self.reason[(self.reason == 0) & where] = code
@@ -195,8 +221,10 @@ def _entropy(c: _Chain) -> np.ndarray:
         return -(p * np.where(p > 0, logp, 0.0)).sum(axis=1, keepdims=True)
 
 
-def _whole_distribution(c: _Chain) -> None:
-    c.flag(c.alive, _WHOLE)
+def _whole_distribution(c: _Chain, known: np.ndarray | None = None) -> None:
+    """Flag the steps where tokens outside the recorded candidates are in play (``known``: but not those where the
+    stage read the recorded whole-vocabulary numbers)."""
+    c.flag(c.alive if known is None else c.alive & ~known, _WHOLE)
 
 
 def _below_probability(c: _Chain, line: np.ndarray, protect_top: bool) -> None:
