@@ -192,3 +192,78 @@ def test_xtc_below_probability_one_is_an_estimate_everywhere(recorded):
     what_if = re_derive(RecordedRun.of(steps, prompt_ids), _settings(dict(xtc_probability=0.5, xtc_threshold=0.05)))
     assert not what_if.exact.any()
     assert set(what_if.reasons) == {"XTC fires at random: shown as if it fired"}
+
+
+# A whole-vocabulary sampler after a stage that changed the distribution while the unrecorded tokens are in play:
+# the recorded numbers no longer describe what it reads (the entropy does not scale with a temperature either).
+AFTER_A_CHANGE = [dict(repetition_penalty=1.5, eta_cutoff=0.02), dict(presence_penalty=0.5, typical_p=0.5),
+                  dict(temperature=0.7, eta_cutoff=0.02), dict(repetition_penalty=1.5, top_n_sigma=1.0),
+                  dict(frequency_penalty=0.5, temperature=1.2, dynatemp_range=0.6, top_k=20)]
+
+
+@pytest.mark.parametrize("values", AFTER_A_CHANGE, ids=[",".join(v) for v in AFTER_A_CHANGE])
+def test_after_a_change_the_whole_vocabulary_samplers_are_estimates(tiny_lm, recorded, logits, values):
+    prompt_ids, steps = recorded
+    settings = _settings(values)
+    what_if = re_derive(RecordedRun.of(steps, prompt_ids), settings)
+    forced, reference = _engine(tiny_lm, settings, prompt_ids, steps, logits)
+    _check(what_if, steps, forced, reference, str(values))
+    assert not what_if.exact.any(), what_if.reasons
+
+
+def _synthetic(case: int, vocab: int = 600, record: int = 40) -> torch.Tensor:
+    """Raw logits [1, vocab] of one of several shapes: peaked and random; flat recorded candidates then a cliff (the
+    rest's second differences weigh); a plateau across the recorded edge (unrecorded tokens as typical as recorded
+    ones); a heavy flat tail."""
+    generator = torch.Generator().manual_seed(case)
+    kind = case % 4
+    x = torch.randn(vocab, generator=generator) * (0.5 + (case % 6))
+    x[:6] += 4 * torch.rand(6, generator=generator)
+    order = torch.argsort(x, descending=True)
+    if kind == 1:  # nearly linear over the recorded ones, then a drop
+        x[order[:record]] = torch.linspace(2.0, 0.0, record) + 0.01 * torch.rand(record, generator=generator)
+        x[order[record:]] = -3.0 - torch.rand(vocab - record, generator=generator)
+    elif kind == 2:  # a plateau straddling the recorded edge
+        x[order[record - 15:record + 60]] = x[order[record - 15]] - 0.002 * torch.arange(75.0)
+    elif kind == 3:  # a heavy tail just under the last recorded one
+        x[order[record:]] = x[order[record - 1]] - 0.05 - 0.3 * torch.rand(vocab - record, generator=generator)
+    return x[None]
+
+
+def _step_of(logits: torch.Tensor, record: int) -> TokenStep:
+    from playground.engine.step_analysis import analyse_step
+
+    analysis = analyse_step((), torch.zeros(1, 1, dtype=torch.long), logits, 5, record=record)
+    analysis.token_id = int(logits.argmax())
+    return analysis.to_event(step=0, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=str)
+
+
+SYNTHETIC = [dict(tfs=0.3), dict(tfs=0.6), dict(tfs=0.9), dict(typical_p=0.3), dict(typical_p=0.6),
+             dict(typical_p=0.9), dict(eta_cutoff=0.01), dict(eta_cutoff=0.1), dict(top_n_sigma=0.5),
+             dict(top_n_sigma=1.5, temperature=0.7), dict(temperature=1.0, dynatemp_range=0.8, top_k=15)]
+
+
+@pytest.mark.parametrize("values", SYNTHETIC, ids=[",".join(f"{k}={v}" for k, v in c.items()) for c in SYNTHETIC])
+def test_on_shaped_tails_an_exact_claim_is_the_engines_on_the_whole_vocabulary(values):
+    """Steps whose unrecorded tokens sit where they weigh (a cliff after the recorded ones, a plateau across their
+    edge, a heavy tail): every step the what-if calls exact is the engine's chain on the whole vocabulary."""
+    settings = _settings(values)
+    exact = 0
+    for case in range(48):
+        logits = _synthetic(case)
+        step = _step_of(logits, 40)
+        what_if = re_derive(RecordedRun.of([step], [1]), settings)
+        if not what_if.exact[0]:
+            assert what_if.reasons[0]
+            continue
+        exact += 1
+        run = SamplerRun.of(settings, torch.Generator().manual_seed(0), sampling=True)
+        probs = run_pipeline(build_pipeline(settings, sampling=True, run=run), torch.zeros(1, 1, dtype=torch.long),
+                             logits).softmax(-1)[0].double()
+        recorded_ids = set(unpack_raw_candidates(step.raw_top)[0].tolist())
+        outside = sorted(set(range(logits.shape[1])) - recorded_ids)
+        assert math.isclose(what_if.tail_prob[0], float(probs[outside].sum()), rel_tol=REL, abs_tol=1e-6), case
+        for j, token in enumerate(what_if.ids[0]):
+            if token >= 0:
+                assert math.isclose(what_if.probs[0, j], float(probs[token]), rel_tol=REL, abs_tol=1e-6), (case, j)
+    assert exact >= 4, "precondition: some steps are exact"
