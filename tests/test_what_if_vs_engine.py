@@ -183,7 +183,8 @@ def test_an_old_saved_run_loads_and_the_whole_vocabulary_samplers_stay_estimates
     assert re_derive(RecordedRun.of(steps, prompt_ids), settings).exact.any()
     what_if = re_derive(RecordedRun.of(old, prompt_ids), settings)
     whole = "a sampler that reads the whole distribution (typical, eta, top-nσ, dynamic temperature) ran while " \
-            "tokens outside the recorded candidates were still in play"
+            "tokens outside the recorded candidates were still in play, after an earlier sampler changed the " \
+            "distribution (or in a run saved without the whole vocabulary's numbers)"
     assert not what_if.exact.any() and set(what_if.reasons) == {whole}
 
 

@@ -47,7 +47,8 @@ REASONS = [
     "a setting raises tokens outside the recorded candidates",
     "a word in the logit bias or DRY's breakers needs the tokenizer",
     "a sampler that reads the whole distribution (typical, eta, top-nσ, dynamic temperature) ran while tokens outside "
-    "the recorded candidates were still in play",
+    "the recorded candidates were still in play, after an earlier sampler changed the distribution (or in a run "
+    "saved without the whole vocabulary's numbers)",
     "the cut depends on how the probability outside the recorded candidates is spread",
     "the kept set reaches past the recorded candidates",
     "XTC fires at random: shown as if it fired",
