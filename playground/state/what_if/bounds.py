@@ -90,25 +90,10 @@ class _Chain:
         self.pristine = np.isfinite(run.moments).all(axis=1)  # the tail's logits are still the raw ones
         # The steps whose chain is still the raw distribution with every logit times ``scale`` (nothing cut or moved,
         # at most a temperature) and whose whole-vocabulary numbers were recorded (``run.whole``): the samplers that
-        # read every token compute from those there (``derive`` clears a step once a stage changes it otherwise).
+        # read every token compute from those there. ``derive`` clears it after every stage but those declared
+        # ``scales`` (temperature), which keep ``scale`` (and clear the steps where they do more).
         self.raw = np.isfinite(run.whole).all(axis=1)
         self.scale = np.ones(run.x.shape[0])
-
-    def snapshot(self) -> tuple[np.ndarray, ...]:
-        return self.x.copy(), self.scale.copy(), self.alive.copy(), self.lo.copy(), self.hi.copy()
-
-    def keep_raw(self, before: tuple[np.ndarray, ...]) -> None:
-        """After a stage (``before``: ``snapshot()`` ahead of it): a step whose logits it changed other than by the
-        scaling it put in ``scale`` (a token cut or moved, the tail's weight moved) no longer sees the raw
-        distribution."""
-        x, scale, alive, lo, hi = before
-        ratio = self.scale / scale
-        with np.errstate(invalid="ignore"):
-            same = np.where(np.isfinite(x), np.isclose(self.x, x * ratio[:, None], rtol=1e-12, atol=0.0),
-                            ~np.isfinite(self.x)).all(axis=1)
-        same &= alive == self.alive
-        same &= (ratio != 1.0) | ((lo == self.lo) & (hi == self.hi))  # a scaling moves the tail's bounds with it
-        self.raw &= same
 
     def whole(self, unscaled: bool = True) -> np.ndarray:
         """[S] bool: the steps where a stage may read the recorded whole-vocabulary numbers (``unscaled``: only where

@@ -110,9 +110,9 @@ def _run_stages(progress: _Progress, run: RecordedRun, settings: RunSettings, na
             raise KeyError(f"the what-if has no stage for the sampler {name!r} (playground.state.what_if.stages)")
         label = entry.label(settings)
         before = np.isfinite(chain.x)
-        snapshot = chain.snapshot()
         entry.fn(chain, settings, run.context, run.start, run.steps, encode, breaker_ids)
-        chain.keep_raw(snapshot)
+        if not entry.scales:  # it may have changed the distribution: the recorded whole-vocabulary numbers are off
+            chain.raw[:] = False
         rows, at = np.nonzero(before & ~np.isfinite(chain.x))  # a removed token never comes back
         cut_by[rows, chain.cols[rows, at]] = len(stages)
         stages.append(label)

@@ -12,7 +12,7 @@ from playground.state.what_if.recorded import NEG_INF
 from playground.state.what_if.stages import stage
 
 
-@stage("temperature", label=lambda s: "dynatemp" if s.dynatemp_range > 0 else "temperature")
+@stage("temperature", label=lambda s: "dynatemp" if s.dynatemp_range > 0 else "temperature", scales=True)
 def _temperature(c: _Chain, s: RunSettings, *_: object) -> None:
     if s.dynatemp_range > 0:
         _dynamic_temperature(c, s)
@@ -40,4 +40,6 @@ def _dynamic_temperature(c: _Chain, s: RunSettings) -> None:
     a = np.where(single[:, 0] | (temp[:, 0] <= 0), 1.0, 1.0 / np.maximum(temp[:, 0], 1e-30))
     c.scale = c.scale * a
     _scale_tail(c, a)
-    c.cut_tail((temp[:, 0] <= 0) & ~single[:, 0])
+    argmax = (temp[:, 0] <= 0) & ~single[:, 0]  # a temperature of 0 keeps the top token only: no scaling
+    c.cut_tail(argmax)
+    c.raw &= ~argmax
