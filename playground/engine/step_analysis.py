@@ -16,7 +16,7 @@ from playground.engine.processors import NamedTransform
 from playground.engine.samplers.chain import CompactLogits, Kept, Stage, run_chain, values_at
 from playground.events import Candidate, ProcessorEffect, TokenStep
 from playground.events.grammar import GrammarStep
-from playground.events.run import TAIL_POWERS, RawCandidates
+from playground.events.run import TAIL_POWERS, RawCandidates, WholeVocabulary
 
 LN2 = math.log(2)
 
@@ -62,7 +62,10 @@ class StepAnalysis:
         raw_logprobs = self.raw_logprobs[0, index]
         processed = self.processed_probs[0, index]
         raw_rank = int((self.raw_logits[0] > self.raw_logits[0, chosen]).sum().item()) + 1
-        entropy = float(torch.special.entr(self.raw_probs()).sum().item()) / LN2  # −Σ p ln p, 0 ln 0 = 0
+        whole = self.raw_top.whole if self.raw_top is not None else None
+        # −Σ p ln p, 0 ln 0 = 0 (the recording took it already when it ran)
+        nats = whole.entropy if whole is not None else float(torch.special.entr(self.raw_probs()).sum().item())
+        entropy = nats / LN2
         kept_probs = self.kept_probs if self.kept_probs is not None else self.processed_probs
         processed_entropy = float(torch.special.entr(kept_probs).sum().item()) / LN2
 
@@ -141,7 +144,21 @@ def pack_raw_candidates(top_ids: torch.Tensor, raw_logprobs: torch.Tensor, raw_l
     moments = tuple(round(v, 6) if v > -math.inf else v for v in sums.log().tolist())
     return RawCandidates(ids=base64.b64encode(ids.tobytes()).decode("ascii"),
                          logprobs=base64.b64encode(quantised.tobytes()).decode("ascii"), logsumexp=lse,
-                         tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes, tail_log_moments=moments)
+                         tail_mass=tail, vocab_size=vocab, id_bytes=id_bytes, tail_log_moments=moments,
+                         whole=whole_vocabulary(raw_logits, probs))
+
+
+def whole_vocabulary(raw_logits: torch.Tensor, raw_probs: torch.Tensor) -> WholeVocabulary:
+    """The whole raw distribution's entropy (nats) and its finite logits' mean, population standard deviation and
+    count ([vocab] each; as top-nσ and dynamic temperature compute them), in one small transfer."""
+    finite = torch.isfinite(raw_logits)
+    count = finite.sum().clamp(min=1)
+    zeroed = torch.where(finite, raw_logits, 0.0).double()
+    mean = zeroed.sum() / count
+    spread = torch.where(finite, (zeroed - mean) ** 2, 0.0).sum() / count
+    entropy = torch.special.entr(raw_probs).sum().double()
+    values = torch.stack([entropy, mean, spread.sqrt(), count.double()]).tolist()
+    return WholeVocabulary(entropy=values[0], logit_mean=values[1], logit_std=values[2], finite=int(values[3]))
 
 
 def _processor_effects(

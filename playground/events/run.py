@@ -70,7 +70,8 @@ class RawCandidates:
     ``logit = logprob + logsumexp`` (the repetition penalty reads the logits' signs); ``tail_mass``: the raw
     probability of every token not listed; ``vocab_size``: how many tokens there are in all; ``tail_log_moments``:
     ``log Σ p^a`` over the tokens not listed for ``a`` in ``TAIL_POWERS`` (what temperature makes of their share is
-    bounded by these, the log-moments being convex in ``a``; empty in older saved runs)."""
+    bounded by these, the log-moments being convex in ``a``; empty in older saved runs); ``whole``: a few numbers of
+    the whole raw distribution (None in older saved runs)."""
 
     ids: str
     logprobs: str
@@ -79,6 +80,22 @@ class RawCandidates:
     vocab_size: int
     id_bytes: int = 2
     tail_log_moments: tuple[float, ...] = ()
+    whole: WholeVocabulary | None = None
+
+
+@dataclass(frozen=True)
+class WholeVocabulary:
+    """A step's whole raw distribution in four numbers, recorded with its candidates: the samplers that read every
+    token (eta and typical-p: the entropy; top-nσ: the logits' spread; dynamic temperature: the entropy and the
+    count) are then exact in the what-if where they see the raw distribution (first in the chain).
+
+    ``entropy``: −Σ p ln p in nats; ``logit_mean`` and ``logit_std``: the mean and population standard deviation of
+    the finite raw logits; ``finite``: how many raw logits are finite."""
+
+    entropy: float
+    logit_mean: float
+    logit_std: float
+    finite: int
 
 
 TAIL_POWERS = (0.5, 1.5, 2.0)  # RawCandidates.tail_log_moments' powers

@@ -44,4 +44,5 @@ register_sampler(SamplerSpec(
     needs_run="its moving average follows the chosen tokens",
     server=ServerWords(llama_word="adaptive_p", llama=_server_words, llama_only="Adaptive-P"),
     what_if="exact once the tokens outside the recorded candidates are cut and every earlier step is; else an "
-            "estimate (it reads every token's probability, and its average the earlier choices')"))
+            "estimate (it reads every token's probability, and its average the earlier choices')",
+    what_if_examples=(dict(adaptive_target=0.3, adaptive_decay=0.6, top_k=20),)))

@@ -52,7 +52,11 @@ class SamplerSpec:
     selecting: bool = False  # draws the token itself (llama.cpp forces it last in the chain)
     stages: tuple[str, ...] = ()  # other names its engine stage goes by ("dynatemp" for temperature with a range)
     server: ServerWords = field(default_factory=ServerWords)
-    what_if: str = "exact"  # the what-if's bound: "exact", or "estimate: why"
+    what_if: str = "exact"  # the what-if's bound: "exact" (or "exact when ..."), or "estimate: why" (never exact)
+    # Settings that switch it on with a value that does something (``RunSettings.from_flat`` names; a cut may join
+    # to take out the unrecorded tokens): tests/test_what_if_vs_engine.py re-derives a run with each and holds the
+    # what-if to the engine wherever it says exact. Every sampler declares at least one.
+    what_if_examples: tuple[dict[str, Any], ...] = ()
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -60,7 +64,9 @@ class SamplerSpec:
 
 
 # The what-if bound of the samplers that read the whole distribution (typical-p, eta, top-nσ).
-WHOLE_DISTRIBUTION = ("estimate while tokens outside the recorded candidates are in play (it reads the whole "
+WHOLE_DISTRIBUTION = ("exact where it sees the raw distribution (first in the chain: each step records the whole "
+                      "vocabulary's entropy and logit spread) or once the tokens outside the recorded candidates are "
+                      "cut, when its cut is decided within the recorded ones; else an estimate (it reads the whole "
                       "distribution)")
 
 SPECS: dict[str, SamplerSpec] = {}  # by name, in the default order

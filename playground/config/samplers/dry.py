@@ -15,4 +15,5 @@ register_sampler(SamplerSpec(
     help="don't repeat yourself: penalise extending a repeated sequence (--dry-multiplier)",
     is_on=lambda s: s.dry_multiplier > 0.0,
     server=ServerWords(llama_word="dry", llama=_dry_words, llama_only="DRY"),
-    what_if="exact; breakers given as words need the tokenizer"))
+    what_if="exact; breakers given as words need the tokenizer",
+    what_if_examples=(dict(dry_multiplier=1.5, dry_allowed_length=1, dry_sequence_breakers=(), top_k=20),)))

@@ -8,4 +8,5 @@ register_sampler(SamplerSpec(
     is_on=lambda s: s.guidance_scale != 1.0,
     needs_run="it needs a second forward pass of the negative prompt",
     server=ServerWords(nowhere="classifier-free guidance needs a second prompt's logits, which no server's API takes"),
-    what_if="estimate: the negative prompt's logits are not recorded"))
+    what_if="estimate: the negative prompt's logits are not recorded",
+    what_if_examples=(dict(guidance_scale=1.5, negative_prompt="a sad story"),)))

@@ -9,4 +9,5 @@ register_sampler(SamplerSpec(
     is_on=lambda s: s.mirostat == 2, needs_run="its mu follows the chosen tokens",
     server=ServerWords(llama=lambda s, sampling: dict(mirostat=2, mirostat_tau=s.mirostat_tau,
                                                       mirostat_eta=s.mirostat_eta), llama_only="mirostat"),
-    what_if="exact when every earlier step is (mu is re-derived from the chosen tokens)"))
+    what_if="exact when every earlier step is (mu is re-derived from the chosen tokens)",
+    what_if_examples=(dict(mirostat=2, mirostat_tau=3.0, mirostat_eta=0.1),)))

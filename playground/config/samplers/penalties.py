@@ -14,4 +14,5 @@ register_sampler(SamplerSpec(
     help="presence and frequency penalties (--presence-penalty, --frequency-penalty)",
     is_on=lambda s: s.presence_penalty != 0.0 or s.frequency_penalty != 0.0,
     server=ServerWords(llama_word="penalties", openai=_openai_penalties),
-    what_if="exact while no tail token is raised"))
+    what_if="exact while no tail token is raised",
+    what_if_examples=(dict(presence_penalty=0.8, frequency_penalty=0.5, top_k=20),)))

@@ -10,4 +10,5 @@ register_sampler(SamplerSpec(
         {"repetition_penalty": s.repetition_penalty} if engine == "vllm" else
         "repetition penalty: this server (a generic OpenAI-compatible one) has no such setting; turn it off (1.0) "
         "or use a local model")),
-    what_if="exact while no tail token is raised"))
+    what_if="exact while no tail token is raised",
+    what_if_examples=(dict(repetition_penalty=1.5, top_k=20),)))

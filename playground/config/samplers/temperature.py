@@ -13,5 +13,7 @@ register_sampler(SamplerSpec(
     help="divide the logits by the temperature, or by the entropy-based dynamic one (--dynatemp-range)",
     is_on=lambda s: s.temperature != 1.0 or s.dynatemp_range > 0.0,
     server=ServerWords(llama_word="temperature", llama=_dynatemp_words),
-    what_if="exact (the tail's share bounded); dynamic temperature reads the whole distribution: an estimate "
-            "while the tail is in play"))
+    what_if="exact (the tail's share bounded); dynamic temperature reads the whole distribution: exact where it "
+            "sees the raw one (first in the chain: each step records its entropy), else an estimate while the tail "
+            "is in play",
+    what_if_examples=(dict(temperature=0.7, top_k=20), dict(temperature=1.2, dynatemp_range=0.6, top_k=20),)))

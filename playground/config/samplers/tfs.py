@@ -30,5 +30,7 @@ register_sampler(SamplerSpec(
     is_on=lambda s: s.group(TailFreeSettings).tfs < 1.0,
     server=ServerWords(nowhere="llama-server has no tail-free sampling any more (nor has any OpenAI-compatible "
                                "server)"),
-    what_if="exact once the tokens outside the recorded candidates are cut; an estimate while they are in play "
-            "(it reads the whole sorted distribution)"))
+    what_if="exact once the tokens outside the recorded candidates are cut, or while they are in play when its cut "
+            "falls within the recorded ones at both bounds of the rest's second differences (at most the last two "
+            "recorded probabilities); else an estimate (it reads the whole sorted distribution)",
+    what_if_examples=(dict(tfs=0.5),)))

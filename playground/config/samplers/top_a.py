@@ -25,4 +25,5 @@ register_sampler(SamplerSpec(
     help="drop tokens below top-a × the top probability squared (--top-a)",
     is_on=lambda s: s.group(TopASettings).top_a > 0.0,
     server=ServerWords(nowhere="llama-server has no top-a sampler (nor has any OpenAI-compatible server)"),
-    what_if="exact when the line falls above the tail's bound at both of its bounds"))
+    what_if="exact when the line falls above the tail's bound at both of its bounds",
+    what_if_examples=(dict(top_a=0.2),)))

@@ -7,4 +7,6 @@ register_sampler(SamplerSpec(
     help="keep logits within n standard deviations of the top one (--top-n-sigma)",
     is_on=lambda s: s.top_n_sigma > 0.0,
     server=ServerWords(llama_word="top_n_sigma", llama=lambda s, sampling: {"top_n_sigma": s.top_n_sigma},
-                       llama_only="top-nσ"), what_if=WHOLE_DISTRIBUTION))
+                       llama_only="top-nσ"), what_if=WHOLE_DISTRIBUTION.replace(
+        "first in the chain", "first in the chain or after a temperature only"),
+    what_if_examples=(dict(top_n_sigma=1.0), dict(top_n_sigma=1.5, temperature=0.6))))

@@ -9,4 +9,6 @@ register_sampler(SamplerSpec(
     server=ServerWords(llama_word="xtc", llama=lambda s, sampling: dict(xtc_probability=s.xtc_probability,
                                                                         xtc_threshold=s.xtc_threshold),
                        llama_only="XTC"),
-    what_if="estimate: XTC fires at random (shown as if it fired) unless its probability is 1"))
+    what_if="exact when its probability is 1 and its cut is decided at both of the tail's bounds; else an "
+            "estimate: XTC fires at random (shown as if it fired)",
+    what_if_examples=(dict(xtc_probability=1.0, xtc_threshold=0.05),)))

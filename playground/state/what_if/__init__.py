@@ -15,10 +15,16 @@ token (top-k within the recorded ones, min-p / epsilon / top-p / mirostat when t
 the rest of the chain exact, as the engine's compact chain is. A step is not exact (``exact`` False, ``reasons``
 says why) when the kept set reaches past the recorded candidates, when a cut's decision depends on how the tail's
 mass is spread, when a sampler that reads the whole distribution (typical, eta, top-nσ, dynamic temperature) runs
-while the tail is still in play, when XTC fires at random (shown as if it fired), when guidance is on (the negative
-prompt's logits are not recorded), when mirostat's mu (re-derived step by step from the chosen tokens) did not
-settle, or when the step recorded nothing. Probabilities then are estimates, with the
-tail as one lump at its upper bound.
+while the tail is still in play and the chain no longer sees the raw distribution (each step records four numbers of
+it, ``RawCandidates.whole``: the entropy, the logits' mean, spread and count; ``_Chain.raw`` says where a stage may
+read them: nothing cut or moved before it, top-nσ's spread also after a temperature; tail-free sampling needs none:
+the unrecorded tokens' second differences add up to at most the last two recorded probabilities), when XTC fires at
+random (shown as if it fired), when guidance is on (the negative prompt's logits are not recorded), when mirostat's
+mu (re-derived step by step from the chosen tokens) did not settle, or when the step recorded nothing.
+Probabilities then are estimates, with the tail as one lump at its upper bound.
+
+``tests/test_what_if_vs_engine.py`` holds every declared sampler (``SamplerSpec.what_if_examples``) to the engine
+wherever this says exact.
 
 The package: ``recorded`` reads the recorded candidates, ``bounds`` keeps the tail's bounds and the reasons,
 ``stages`` has one stage per sampler (a module per stem, as ``playground.config.samplers``; discovered),

@@ -47,7 +47,8 @@ REASONS = [
     "a setting raises tokens outside the recorded candidates",
     "a word in the logit bias or DRY's breakers needs the tokenizer",
     "a sampler that reads the whole distribution (typical, eta, top-nσ, dynamic temperature) ran while tokens outside "
-    "the recorded candidates were still in play",
+    "the recorded candidates were still in play, after an earlier sampler changed the distribution (or in a run "
+    "saved without the whole vocabulary's numbers)",
     "the cut depends on how the probability outside the recorded candidates is spread",
     "the kept set reaches past the recorded candidates",
     "XTC fires at random: shown as if it fired",
@@ -87,6 +88,17 @@ class _Chain:
         self.mu: np.ndarray | None = None  # mirostat's mu per step, when it is on
         self.moments = run.moments  # the tail's recorded log-moments, valid while ``pristine``
         self.pristine = np.isfinite(run.moments).all(axis=1)  # the tail's logits are still the raw ones
+        # The steps whose chain is still the raw distribution with every logit times ``scale`` (nothing cut or moved,
+        # at most a temperature) and whose whole-vocabulary numbers were recorded (``run.whole``): the samplers that
+        # read every token compute from those there. ``derive`` clears it after every stage but those declared
+        # ``scales`` (temperature), which keep ``scale`` (and clear the steps where they do more).
+        self.raw = np.isfinite(run.whole).all(axis=1)
+        self.scale = np.ones(run.x.shape[0])
+
+    def whole(self, unscaled: bool = True) -> np.ndarray:
+        """[S] bool: the steps where a stage may read the recorded whole-vocabulary numbers (``unscaled``: only where
+        no temperature scaled the logits, for the numbers that do not scale, the entropy)."""
+        return self.raw & (self.scale == 1.0) if unscaled else self.raw.copy()
 
     def flag(self, where: np.ndarray, code: int) -> None:
         self.reason[(self.reason == 0) & where] = code
@@ -195,8 +207,10 @@ def _entropy(c: _Chain) -> np.ndarray:
         return -(p * np.where(p > 0, logp, 0.0)).sum(axis=1, keepdims=True)
 
 
-def _whole_distribution(c: _Chain) -> None:
-    c.flag(c.alive, _WHOLE)
+def _whole_distribution(c: _Chain, known: np.ndarray | None = None) -> None:
+    """Flag the steps where tokens outside the recorded candidates are in play (``known``: but not those where the
+    stage read the recorded whole-vocabulary numbers)."""
+    c.flag(c.alive if known is None else c.alive & ~known, _WHOLE)
 
 
 def _below_probability(c: _Chain, line: np.ndarray, protect_top: bool) -> None:

@@ -111,6 +111,8 @@ def _run_stages(progress: _Progress, run: RecordedRun, settings: RunSettings, na
         label = entry.label(settings)
         before = np.isfinite(chain.x)
         entry.fn(chain, settings, run.context, run.start, run.steps, encode, breaker_ids)
+        if not entry.scales:  # it may have changed the distribution: the recorded whole-vocabulary numbers are off
+            chain.raw[:] = False
         rows, at = np.nonzero(before & ~np.isfinite(chain.x))  # a removed token never comes back
         cut_by[rows, chain.cols[rows, at]] = len(stages)
         stages.append(label)

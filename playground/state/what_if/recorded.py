@@ -36,6 +36,9 @@ class RecordedRun:
     tail_top: np.ndarray  # [S] the largest logit an unrecorded token may have (the last recorded one)
     tail_count: np.ndarray  # [S] how many tokens are unrecorded
     moments: np.ndarray  # [S, 5] log Σ exp(a·logit) over the tail at a = MOMENT_POWERS (NaN: not recorded)
+    # [S, 4] the whole raw distribution's entropy (nats), its finite logits' mean, standard deviation and count
+    # (``RawCandidates.whole``; NaN where not recorded: an older saved run)
+    whole: np.ndarray
     chosen: np.ndarray  # [S] the run's tokens
     chosen_col: np.ndarray  # [S] their columns
     recorded: np.ndarray  # [S] bool: the step has raw candidates
@@ -49,10 +52,10 @@ class RecordedRun:
 
     @classmethod
     def of(cls, steps: Sequence[TokenStep], prompt_ids: Sequence[int]) -> RecordedRun:
-        ids, x, log_tail, tail_top, tail_count, chosen, chosen_col, moments = _load(steps)
+        ids, x, log_tail, tail_top, tail_count, chosen, chosen_col, moments, whole = _load(steps)
         context = np.array([*prompt_ids, *(s.token_id for s in steps)], dtype=np.int64)
         return cls(steps=tuple(steps), ids=ids, x=x, log_tail=log_tail, tail_top=tail_top, tail_count=tail_count,
-                   moments=moments,
+                   moments=moments, whole=whole,
                    chosen=chosen, chosen_col=chosen_col,
                    recorded=np.array([s.raw_top is not None for s in steps], dtype=bool), context=context,
                    start=len(prompt_ids))
@@ -74,6 +77,7 @@ def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
     tail_count = np.zeros(len(steps))
     chosen_col = np.full(len(steps), width, dtype=np.int64)
     moments = np.full((len(steps), len(MOMENT_POWERS)), np.nan)
+    whole = np.full((len(steps), 4), np.nan)
     for row, (step, (step_ids, logits)) in enumerate(zip(steps, unpacked, strict=True)):
         n = len(step_ids)
         ids[row, :n], x[row, :n] = step_ids, logits
@@ -84,6 +88,9 @@ def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
         if raw is None:
             ids[row, width], x[row, width] = step.token_id, 0.0  # shown alone; the step is marked not recorded
             continue
+        if raw.whole is not None:
+            w = raw.whole
+            whole[row] = (w.entropy, w.logit_mean, w.logit_std, w.finite)
         tail = raw.tail_mass
         if not where.size:  # the chosen token's own raw logit is in the step: it leaves the tail
             ids[row, width], x[row, width] = step.token_id, step.logprob + raw.logsumexp
@@ -96,7 +103,7 @@ def _load(steps: Sequence[TokenStep]) -> tuple[np.ndarray, ...]:
             by_power = dict(zip(TAIL_POWERS, raw.tail_log_moments, strict=True))
             by_power |= {0.0: math.log(max(tail_count[row], 1)), 1.0: math.log(tail)}
             moments[row] = [by_power[a] + a * raw.logsumexp for a in MOMENT_POWERS]
-    return ids, x, log_tail, tail_top, tail_count, chosen, chosen_col, moments
+    return ids, x, log_tail, tail_top, tail_count, chosen, chosen_col, moments, whole
 
 
 def _context_counts(run: RecordedRun) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,9 @@ class StageEntry:
     # empty for the start, settings, steps) -> its state per step [S], which ``derive`` iterates to its fixed point
     # and hands the stage as ``chain.mu``.
     feedback: Callable[[Any, Any, int], Any] | None = None
+    # The stage only multiplies each step's logits by a factor it puts in ``chain.scale`` (temperature): the
+    # recorded whole-vocabulary numbers still describe the chain after it. Every other stage ends them.
+    scales: bool = False
 
 
 STAGES: dict[str, StageEntry] = {}
@@ -29,10 +32,10 @@ StageFn = Callable[..., None]
 
 
 def stage(name: str, label: Callable[[Any], str] | None = None,
-          feedback: Callable[[Any, Any, int], Any] | None = None) -> Callable[[StageFn], StageFn]:
+          feedback: Callable[[Any, Any, int], Any] | None = None, scales: bool = False) -> Callable[[StageFn], StageFn]:
     """Decorator: the what-if's stage for the declared sampler ``name``."""
     def register(fn: Callable[..., None]) -> Callable[..., None]:
-        STAGES[name] = StageEntry(fn, label or (lambda settings: name), feedback)
+        STAGES[name] = StageEntry(fn, label or (lambda settings: name), feedback, scales)
         return fn
     return register
 

@@ -1,4 +1,6 @@
-"""Eta sampling: its line reads the whole distribution's entropy (an estimate while the tail is in play)."""
+"""Eta sampling: its line reads the whole distribution's entropy, the recorded one where the chain still sees the
+raw distribution (then a fixed line, decided as epsilon's); on the recorded candidates once the tail is cut (exact
+too); an estimate while the tail is in play otherwise."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from playground.state.what_if.stages import stage
 
 @stage("eta_cutoff")
 def _eta(c: _Chain, s: RunSettings, *_: object) -> None:
-    _whole_distribution(c)
-    eta = np.minimum(math.sqrt(s.eta_cutoff) * np.exp(-_entropy(c)[:, 0]), s.eta_cutoff)
+    known = c.whole() & c.alive
+    _whole_distribution(c, known)
+    entropy = np.where(known, c.run.whole[:, 0], _entropy(c)[:, 0])
+    eta = np.minimum(math.sqrt(s.eta_cutoff) * np.exp(-entropy), s.eta_cutoff)
     _below_probability(c, eta, protect_top=True)
-

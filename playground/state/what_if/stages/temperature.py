@@ -1,4 +1,6 @@
-"""Temperature (the tail's weight by the power-mean inequality) and dynamic temperature."""
+"""Temperature (the tail's weight by the power-mean inequality) and dynamic temperature (its entropy and count the
+whole vocabulary's where the chain still sees the raw distribution and the step recorded them; else an estimate
+from the recorded candidates while the tail is in play)."""
 
 from __future__ import annotations
 
@@ -10,20 +12,23 @@ from playground.state.what_if.recorded import NEG_INF
 from playground.state.what_if.stages import stage
 
 
-@stage("temperature", label=lambda s: "dynatemp" if s.dynatemp_range > 0 else "temperature")
+@stage("temperature", label=lambda s: "dynatemp" if s.dynatemp_range > 0 else "temperature", scales=True)
 def _temperature(c: _Chain, s: RunSettings, *_: object) -> None:
     if s.dynatemp_range > 0:
         _dynamic_temperature(c, s)
         return
     c.x = c.x / s.temperature
+    c.scale = c.scale / s.temperature
     _scale_tail(c, np.full(c.x.shape[0], 1.0 / s.temperature))
 
 
 def _dynamic_temperature(c: _Chain, s: RunSettings) -> None:
-    _whole_distribution(c)
+    known = c.whole()
+    _whole_distribution(c, known)
     low, high = max(0.0, s.temperature - s.dynatemp_range), s.temperature + s.dynatemp_range
-    count = np.isfinite(c.x).sum(axis=1, keepdims=True)
-    normalised = _entropy(c) / np.log(np.maximum(count, 2))
+    count = np.where(known, c.run.whole[:, 3], np.isfinite(c.x).sum(axis=1))[:, None]
+    entropy = np.where(known[:, None], c.run.whole[:, :1], _entropy(c))
+    normalised = entropy / np.log(np.maximum(count, 2))
     temp = low + (high - low) * np.maximum(normalised, 0.0) ** s.dynatemp_exponent
     single = count <= 1
     top = np.argmax(c.x, axis=1)
@@ -32,5 +37,9 @@ def _dynamic_temperature(c: _Chain, s: RunSettings) -> None:
     with np.errstate(invalid="ignore", divide="ignore"):
         scaled = np.where(temp > 0, c.x / np.maximum(temp, 1e-30), argmax_only)
     c.x = np.where(single, c.x, scaled)
-    _scale_tail(c, np.where(single[:, 0] | (temp[:, 0] <= 0), 1.0, 1.0 / np.maximum(temp[:, 0], 1e-30)))
-    c.cut_tail((temp[:, 0] <= 0) & ~single[:, 0])
+    a = np.where(single[:, 0] | (temp[:, 0] <= 0), 1.0, 1.0 / np.maximum(temp[:, 0], 1e-30))
+    c.scale = c.scale * a
+    _scale_tail(c, a)
+    argmax = (temp[:, 0] <= 0) & ~single[:, 0]  # a temperature of 0 keeps the top token only: no scaling
+    c.cut_tail(argmax)
+    c.raw &= ~argmax
