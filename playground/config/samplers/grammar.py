@@ -172,4 +172,5 @@ register_sampler(SamplerSpec(
     needs_run="its matcher follows the chosen tokens",
     server=ServerWords(nowhere="constraints are not sent to a server yet; run it on a local model"),
     what_if="estimate: the what-if does not re-run the grammar (the run records how many tokens it allowed, not "
-            "which)"))
+            "which)",
+    what_if_examples=(dict(regex="[a-z ]+"),)))
