@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, QPointF, QSize, QTimer
+from PySide6.QtCore import QObject, QPointF, QRectF, QSize, QTimer
 from PySide6.QtWidgets import QFrame, QLayout, QScrollArea, QVBoxLayout, QWidget
 
 
@@ -77,6 +77,47 @@ class KeptPicturesAxis(pg.AxisItem):
             self._kept.move_to_end(key)
             self.picture = kept
         self.picture.play(p)
+
+
+class _MeasuringPainter:
+    """Stands in for the painter while an axis lays out its labels (``generateDrawSpecs`` sets its font and
+    measures each label, nothing else): each label's measure is kept, by font and text, for the next layout."""
+
+    def __init__(self, painter, kept: dict) -> None:
+        self._painter = painter
+        self._kept = kept
+
+    def setFont(self, font) -> None:
+        self._painter.setFont(font)
+
+    def boundingRect(self, rect, flags, text):
+        key = (self._painter.font().key(), rect.getRect(), int(flags), text)
+        measured = self._kept.get(key)
+        if measured is None:
+            if len(self._kept) > 4096:
+                self._kept.clear()
+            measured = self._kept[key] = self._painter.boundingRect(rect, flags, text)
+        return QRectF(measured)  # the caller shrinks it
+
+
+class LabelsAxis(KeptPicturesAxis):
+    """A kept-pictures axis whose labels change as it streams (the tokens chart's token labels): a label's size
+    is measured once, and the axis's bounds once per layout (pyqtgraph asks for them again for every label)."""
+
+    def __init__(self, orientation: str, **kwargs) -> None:
+        super().__init__(orientation, **kwargs)
+        self._measured: dict = {}
+        self._bounds: QRectF | None = None  # while laying out
+
+    def generateDrawSpecs(self, p):
+        self._bounds = super().boundingRect()
+        try:
+            return super().generateDrawSpecs(_MeasuringPainter(p, self._measured))
+        finally:
+            self._bounds = None
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(self._bounds) if self._bounds is not None else super().boundingRect()
 
 
 def _pen_key(pen) -> tuple:

@@ -29,7 +29,7 @@ from playground.ui.style import (
     format_percent,
     rich_label,
 )
-from playground.ui.views.drawing import KeptPicturesAxis, set_ticks
+from playground.ui.views.drawing import LabelsAxis, set_ticks
 from playground.ui.views.tokens.tooltip import rank_text
 
 WHAT_IF_BAR_COLOR = "#009988"  # views/tokens/what_if.py's WHAT_IF_COLOR: the what-if's processed bars
@@ -46,7 +46,7 @@ def _pct(prob: float) -> str:
     return html.escape(format_percent(prob))  # for rich text: "<0.01%" would open a tag
 
 
-class GridAxis(KeptPicturesAxis):
+class GridAxis(LabelsAxis):
     """An axis whose grid lines are opaque (pre-blended over the background) and drawn behind the bars.
 
     pyqtgraph draws a grid as translucent lines on top of the plot; Qt's raster engine blends those pixel by
@@ -224,7 +224,7 @@ class CandidatesPanel(QWidget):
 
         background = pg.mkColor(pg.getConfigOption("background"))
         self.plot = pg.PlotWidget(self, axisItems={"bottom": GridAxis("bottom", background),
-                                                   "left": KeptPicturesAxis("left")})
+                                                   "left": LabelsAxis("left")})
         item = self.plot.getPlotItem()
         item.setMenuEnabled(False)
         item.hideButtons()
