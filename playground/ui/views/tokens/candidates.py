@@ -238,6 +238,7 @@ class CandidatesPanel(QWidget):
         for side in ("left", "bottom"):  # no units to scale; else every range change re-sets the label's HTML
             item.getAxis(side).enableAutoSIPrefix(False)
 
+        self._chosen_pen, self._no_pen = pg.mkPen(CHOSEN_COLOR, width=2), pg.mkPen(None)  # made once, not per bar
         self._band = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
         self._raw = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=RAW_COLOR, pen=pg.mkPen(None))
         self._processed = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=PROCESSED_COLOR,
@@ -337,8 +338,7 @@ class CandidatesPanel(QWidget):
         processed = [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows]
         cut_rows = [i for i, r in enumerate(rows) if r.cut_by]
         x_max = _x_extent(max(8.0, max(raw + processed) * 1.18 + 6))  # room for the value labels
-        chosen_pen = pg.mkPen(CHOSEN_COLOR, width=2)
-        pens = [chosen_pen if r.chosen else pg.mkPen(None) for r in rows]
+        pens = [self._chosen_pen if r.chosen else self._no_pen for r in rows]
 
         chosen = [i for i, r in enumerate(rows) if r.chosen]
         self._band.setOpts(x0=[0] * len(chosen), y=chosen, width=[x_max] * len(chosen), height=[0.96] * len(chosen))
