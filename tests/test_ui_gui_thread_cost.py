@@ -84,7 +84,7 @@ def _specs(axis: pg.AxisItem) -> list:
     image = QImage(600, 500, QImage.Format.Format_ARGB32_Premultiplied)
     painter = QPainter(image)
     try:
-        axis_spec, tick_specs, text_specs = axis.generateDrawSpecs(painter)
+        _, tick_specs, text_specs = axis.generateDrawSpecs(painter)
     finally:
         painter.end()
     return [(rect.getRect(), int(flags), text) for rect, flags, text in text_specs] + [
