@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, QPointF, QRectF, QSize, QTimer
+from PySide6.QtGui import QPicture
 from PySide6.QtWidgets import QFrame, QLayout, QScrollArea, QVBoxLayout, QWidget
 
 
@@ -49,10 +50,11 @@ class KeptPicturesAxis(pg.AxisItem):
     """
 
     KEEP = 32
+    picture: QPicture | None  # pyqtgraph's: the drawing played at each paint (None: to be laid out again)
 
     def __init__(self, orientation: str, **kwargs) -> None:
         super().__init__(orientation, **kwargs)
-        self._kept: OrderedDict[tuple, object] = OrderedDict()
+        self._kept: OrderedDict[tuple, QPicture] = OrderedDict()
 
     def _picture_key(self, painter) -> tuple:
         view = self.linkedView()
