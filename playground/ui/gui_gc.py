@@ -11,6 +11,14 @@ The cure is pyqtgraph's (``pyqtgraph.util.garbage_collector``): automatic collec
 thresholds checked on a GUI timer. Unlike pyqtgraph we do it only while a job runs: between jobs the collector works
 as Python's usual one, at the moments Qt code has always seen it run (collecting widgets only from a timer, inside
 whatever the event loop is doing, broke pyqtgraph items mid-layout in our tests).
+
+While a job runs, what was alive when it started is frozen (``gc.freeze``: left out of every scan until the last job
+ends and ``gc.unfreeze`` hands it back to the oldest generation). The collector's own rule runs a full collection
+only when the oldest generation has grown by a quarter; this check cannot see that count and collects it whenever
+its threshold is crossed, so without the freeze each of those scanned every object of torch, transformers and the
+window (~30 ms of the GUI thread, several times a run, taken from the model on a 2-core CPU). Cycles among the
+frozen objects are collected after the job, as they would be by a full collection. Where something else froze
+objects already (the test suite's conftest), that is left as it is.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ class _GuiThreadCollector(QObject):
     def __init__(self) -> None:
         super().__init__()
         self.jobs = 0
+        self.froze = False  # this collector froze the objects alive at the first job's start
         self.timer = QTimer(self)
         self.timer.setInterval(CHECK_MS)
         self.timer.timeout.connect(self.check)
@@ -49,6 +58,9 @@ def job_started() -> None:
     _collector.jobs += 1
     if _collector.jobs == 1:
         gc.disable()
+        _collector.froze = gc.get_freeze_count() == 0
+        if _collector.froze:
+            gc.freeze()
         _collector.timer.start()
 
 
@@ -59,6 +71,9 @@ def job_ended() -> None:
     _collector.jobs -= 1
     if _collector.jobs == 0:
         _collector.timer.stop()
+        if _collector.froze:
+            _collector.froze = False
+            gc.unfreeze()
         gc.enable()
 
 

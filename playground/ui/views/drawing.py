@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QObject, QPointF, QSize, QTimer
+from PySide6.QtCore import QObject, QPointF, QRectF, QSize, QTimer
+from PySide6.QtGui import QPicture
 from PySide6.QtWidgets import QFrame, QLayout, QScrollArea, QVBoxLayout, QWidget
 
 
@@ -33,6 +35,95 @@ def set_ticks(axis: pg.AxisItem, ticks: list | None) -> None:
     if ticks is not None and axis._tickLevels == ticks:  # pyqtgraph keeps what setTicks was given there
         return
     axis.setTicks(ticks)
+
+
+class KeptPicturesAxis(pg.AxisItem):
+    """An axis that keeps its last few drawings by everything a drawing depends on, and plays a kept one again
+    instead of laying out its ticks and labels anew.
+
+    pyqtgraph throws an axis's drawing away on every range change (even to a range it drew a moment ago) and on
+    every ``setTicks``; laying out the labels again is most of a streaming chart's update. A chart whose range
+    moves among a few steps (the tokens chart's probability axis), or whose labels come back (the same tokens at
+    the same step of a repeating text), draws each once. What a drawing depends on is in ``_picture_key``: the
+    range, the ticks, the axis's geometry and the plot's (the grid spans it), the scale to the screen, the
+    style and the pens; anything else that drops the drawing (a new font or pen) is in the style or the pens.
+    """
+
+    KEEP = 32
+    picture: QPicture | None  # pyqtgraph's: the drawing played at each paint (None: to be laid out again)
+
+    def __init__(self, orientation: str, **kwargs) -> None:
+        super().__init__(orientation, **kwargs)
+        self._kept: OrderedDict[tuple, QPicture] = OrderedDict()
+
+    def _picture_key(self, painter) -> tuple:
+        view = self.linkedView()
+        plot = () if view is None or self.grid is False else view.mapRectToItem(self, view.boundingRect()).getRect()
+        ticks = None if self._tickLevels is None else tuple(tuple(level) for level in self._tickLevels)
+        screen = painter.worldTransform()  # its scale: how many pixels the axis is long (a move changes nothing)
+        return (tuple(self.range), ticks, self.geometry().getRect(), plot, screen.m11(), screen.m12(), screen.m21(),
+                screen.m22(), self.grid, repr(self.style), _pen_key(self.pen()), _pen_key(self.textPen()),
+                _pen_key(self.tickPen()))
+
+    def paint(self, p, opt, widget) -> None:
+        if self.picture is None:
+            key = self._picture_key(p)
+            kept = self._kept.get(key)
+            if kept is None:
+                super().paint(p, opt, widget)  # lays out and draws, sets self.picture
+                if self.picture is not None:
+                    self._kept[key] = self.picture
+                    if len(self._kept) > self.KEEP:
+                        self._kept.popitem(last=False)
+                return
+            self._kept.move_to_end(key)
+            self.picture = kept
+        self.picture.play(p)
+
+
+class _MeasuringPainter:
+    """Stands in for the painter while an axis lays out its labels (``generateDrawSpecs`` sets its font and
+    measures each label, nothing else): each label's measure is kept, by font and text, for the next layout."""
+
+    def __init__(self, painter, kept: dict) -> None:
+        self._painter = painter
+        self._kept = kept
+
+    def setFont(self, font) -> None:
+        self._painter.setFont(font)
+
+    def boundingRect(self, rect, flags, text):
+        key = (self._painter.font().key(), rect.getRect(), int(flags), text)
+        measured = self._kept.get(key)
+        if measured is None:
+            if len(self._kept) > 4096:
+                self._kept.clear()
+            measured = self._kept[key] = self._painter.boundingRect(rect, flags, text)
+        return QRectF(measured)  # the caller shrinks it
+
+
+class LabelsAxis(KeptPicturesAxis):
+    """A kept-pictures axis whose labels change as it streams (the tokens chart's token labels): a label's size
+    is measured once, and the axis's bounds once per layout (pyqtgraph asks for them again for every label)."""
+
+    def __init__(self, orientation: str, **kwargs) -> None:
+        super().__init__(orientation, **kwargs)
+        self._measured: dict = {}
+        self._bounds: QRectF | None = None  # while laying out
+
+    def generateDrawSpecs(self, p):
+        self._bounds = super().boundingRect()
+        try:
+            return super().generateDrawSpecs(_MeasuringPainter(p, self._measured))
+        finally:
+            self._bounds = None
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(self._bounds) if self._bounds is not None else super().boundingRect()
+
+
+def _pen_key(pen) -> tuple:
+    return pen.color().rgba(), pen.widthF(), pen.style(), pen.isCosmetic(), pen.brush().style()
 
 
 def set_title(item: pg.PlotItem, title: str | None, **args) -> None:

@@ -29,7 +29,7 @@ from playground.ui.style import (
     format_percent,
     rich_label,
 )
-from playground.ui.views.drawing import set_ticks
+from playground.ui.views.drawing import LabelsAxis, set_ticks
 from playground.ui.views.tokens.tooltip import rank_text
 
 WHAT_IF_BAR_COLOR = "#009988"  # views/tokens/what_if.py's WHAT_IF_COLOR: the what-if's processed bars
@@ -46,7 +46,7 @@ def _pct(prob: float) -> str:
     return html.escape(format_percent(prob))  # for rich text: "<0.01%" would open a tag
 
 
-class GridAxis(pg.AxisItem):
+class GridAxis(LabelsAxis):
     """An axis whose grid lines are opaque (pre-blended over the background) and drawn behind the bars.
 
     pyqtgraph draws a grid as translucent lines on top of the plot; Qt's raster engine blends those pixel by
@@ -223,7 +223,8 @@ class CandidatesPanel(QWidget):
         self._set_legend()
 
         background = pg.mkColor(pg.getConfigOption("background"))
-        self.plot = pg.PlotWidget(self, axisItems={"bottom": GridAxis("bottom", background)})
+        self.plot = pg.PlotWidget(self, axisItems={"bottom": GridAxis("bottom", background),
+                                                   "left": LabelsAxis("left")})
         item = self.plot.getPlotItem()
         item.setMenuEnabled(False)
         item.hideButtons()
@@ -237,6 +238,7 @@ class CandidatesPanel(QWidget):
         for side in ("left", "bottom"):  # no units to scale; else every range change re-sets the label's HTML
             item.getAxis(side).enableAutoSIPrefix(False)
 
+        self._chosen_pen, self._no_pen = pg.mkPen(CHOSEN_COLOR, width=2), pg.mkPen(None)  # made once, not per bar
         self._band = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=MARK_BAND_COLOR, pen=pg.mkPen(None))
         self._raw = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=RAW_COLOR, pen=pg.mkPen(None))
         self._processed = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=PROCESSED_COLOR,
@@ -336,8 +338,7 @@ class CandidatesPanel(QWidget):
         processed = [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows]
         cut_rows = [i for i, r in enumerate(rows) if r.cut_by]
         x_max = _x_extent(max(8.0, max(raw + processed) * 1.18 + 6))  # room for the value labels
-        chosen_pen = pg.mkPen(CHOSEN_COLOR, width=2)
-        pens = [chosen_pen if r.chosen else pg.mkPen(None) for r in rows]
+        pens = [self._chosen_pen if r.chosen else self._no_pen for r in rows]
 
         chosen = [i for i, r in enumerate(rows) if r.chosen]
         self._band.setOpts(x0=[0] * len(chosen), y=chosen, width=[x_max] * len(chosen), height=[0.96] * len(chosen))

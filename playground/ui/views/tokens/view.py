@@ -31,9 +31,12 @@ from playground.ui.views.tokens.what_if import (
     what_if_header,
 )
 
-# While a run streams, the chart redraws at most this often: its repaint costs more than a token view update,
-# and on a 2-core CPU every GUI millisecond is taken from the model's threads.
-LIVE_CHART_MS = 200
+# While a run streams, the chart follows the newest step at most this often: one update of it (bars, token labels,
+# header, repaint) costs the GUI thread ~6-10 ms here, several token-view updates' worth, and on a 2-core CPU every
+# GUI millisecond is taken from the model's threads (benchmarks/bench_window.py). At 200 ms the chart alone was
+# about half the GUI thread's work during a greedy stream; 2.5 updates a second still follow it, every token is
+# still drawn in the text as it comes, and when the run ends the chart shows the step it always showed.
+LIVE_CHART_MS = 400
 CSV_COLUMNS = ("step", "token_id", "token", "raw_prob", "processed_prob", "logprob", "raw_rank", "entropy_bits",
                "processed_entropy_bits", "forced")
 
