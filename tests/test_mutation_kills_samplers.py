@@ -242,3 +242,79 @@ def test_xtc_reset_replays_its_draws_from_the_start():
 def test_an_engine_object_names_its_class_and_stage():
     assert repr(ENGINE_SAMPLERS["xtc"](0.5, 0.1, torch.Generator())) == "Xtc('xtc')"
     assert repr(AdaptiveP(0.3, 0.5)) == "AdaptiveP('adaptive_p')"
+
+
+# ---- more boundaries, min_keep, and top-p on a large vocabulary ----------------------------------------------------
+
+def test_xtc_cuts_when_exactly_two_tokens_reach_the_threshold():
+    logits = torch.log(torch.tensor([[0.45, 0.35, 0.2]]))
+    # two tokens at least 0.3 likely: all of them but the least likely one go (llama.cpp: ``cur_p`` from the last)
+    assert torch.isfinite(exclude_top_choices(None, logits, 0.3))[0].tolist() == [False, True, True]
+    assert torch.isfinite(exclude_top_choices(None, logits, 0.4))[0].tolist() == [True, True, True]  # one: no cut
+
+
+def test_mirostat_and_min_p_keep_a_token_exactly_at_their_cutoff():
+    logits = torch.log(torch.tensor([[2.0, 1.0, 1.0]]))  # p = 1/2, 1/4, 1/4: surprises 1, 2, 2 bits (exact)
+    assert torch.isfinite(truncate_by_surprise(None, logits, 2.0)).all()  # surprise > mu removes; 2 > 2 is false
+    assert torch.isfinite(truncate_by_surprise(None, logits, 1.5))[0].tolist() == [True, False, False]
+    assert torch.isfinite(keep_min_p(None, logits, 0.5)).all()  # 1/4 == 0.5 · 1/2: kept (transformers: p < cut)
+    assert torch.isfinite(keep_min_p(None, logits, 0.6))[0].tolist() == [True, False, False]
+
+
+def test_min_keep_keeps_that_many_of_the_likeliest_tokens():
+    logits = torch.tensor([[5.0, 1.0, 0.5, 0.0, -1.0]])
+    assert torch.isfinite(keep_min_p(None, logits, 0.9, min_keep=3))[0].tolist() == [True, True, True, False, False]
+    assert torch.isfinite(keep_above_epsilon(None, logits, 0.5, min_keep=3))[0].tolist() == [True, True, True, False,
+                                                                                           False]
+
+
+def test_typical_with_all_of_the_mass_keeps_every_token():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
+    assert torch.isfinite(keep_typical(None, logits, 1.0)).all()
+
+
+def test_typical_on_a_batch_of_large_rows_cuts_each_as_alone():
+    rows = _large_rows()
+    batch = torch.tensor(np.stack([rows[1], rows[3]]))
+    got = torch.isfinite(keep_typical(None, batch, 0.5)).numpy()
+    assert np.array_equal(got[0], _typical_reference(rows[1], 0.5))
+    assert np.array_equal(got[1], _typical_reference(rows[3], 0.5))
+
+
+def _top_p_reference(row: np.ndarray, top_p: float, min_keep: int = 1) -> np.ndarray:
+    """transformers' nucleus over the whole vocabulary: sorted ascending, drop while the cumulative mass is at most
+    1 − top_p, keep the last ``min_keep``."""
+    p = np.exp(row - row.max())
+    p /= p.sum()
+    order = np.argsort(row, kind="stable")
+    cumulative = np.cumsum(p[order])
+    remove_sorted = cumulative <= 1 - top_p
+    remove_sorted[len(row) - min_keep:] = False
+    keep = np.ones(len(row), dtype=bool)
+    keep[order[remove_sorted]] = False
+    return keep
+
+
+@pytest.mark.parametrize("top_p", [0.1, 0.5, 0.9, 0.97])
+def test_top_p_on_a_large_vocabulary_equals_the_whole_vocabulary_rule(top_p):
+    # Above 1024 tokens top-p first decides among the likeliest 256 (and falls back when the nucleus may reach past).
+    rng = np.random.default_rng(5)
+    for scale in (0.3, 1.0, 3.0, 6.0):
+        row = rng.standard_normal(4096) * scale
+        got = torch.isfinite(keep_top_p(None, torch.tensor(row[None, :]), top_p))[0].numpy()
+        assert np.array_equal(got, _top_p_reference(row, top_p)), (scale, top_p)
+    rows = np.stack([rng.standard_normal(4096) * 6.0, rng.standard_normal(4096) * 0.3])
+    got = torch.isfinite(keep_top_p(None, torch.tensor(rows), 0.5)).numpy()
+    for r in range(2):
+        assert np.array_equal(got[r], _top_p_reference(rows[r], 0.5)), r
+
+
+def test_logit_bias_takes_every_id_of_the_vocabulary_and_names_the_first_outside():
+    from playground.config.errors import ConfigError
+    from playground.engine.samplers.logit_bias import resolve_logit_bias
+
+    assert resolve_logit_bias(("0=+1.5", "9=-inf"), None, 10) == (((0,), 1.5), ((9,), NEG_INF))
+    with pytest.raises(ConfigError, match=r"^logit bias 10: token 10 is outside the vocabulary \(0-9\)$"):
+        resolve_logit_bias(("10=+1",), None, 10)
+    with pytest.raises(ConfigError, match=r"this strategy cannot read words"):
+        resolve_logit_bias((" hello=+1",), None, 10)
