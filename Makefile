@@ -69,7 +69,8 @@ mutate: $(STAMP)
 # A stop's habit: mutate the modules it added or changed (the files changed since SINCE, a commit, that only_mutate
 # lists), e.g. `make mutate-changed SINCE=62d2c70 MUTATE_JOBS=1`; then kill each survivor with a test or note it as
 # equivalent (the table: notes on the issue). Stop it with Ctrl-C when its time is up: results so far are kept in
-# mutants/ and `make mutate MUTANTS=...` resumes. tests/support/mutants_since.py prints the patterns alone.
+# mutants/ (a plain `make mutate` resumes the rest; a narrowed one reruns its mutants). tests/support/mutants_since.py
+# prints the patterns alone.
 SINCE ?= main
 mutate-changed: $(STAMP)
 	@pats="$$($(PY) tests/support/mutants_since.py $(SINCE))" || exit 1; \
