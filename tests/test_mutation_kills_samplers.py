@@ -318,3 +318,49 @@ def test_logit_bias_takes_every_id_of_the_vocabulary_and_names_the_first_outside
         resolve_logit_bias(("10=+1",), None, 10)
     with pytest.raises(ConfigError, match=r"this strategy cannot read words"):
         resolve_logit_bias((" hello=+1",), None, 10)
+
+
+def test_top_p_fast_path_decides_peaked_rows_among_the_top_and_removes_at_exactly_one_minus_p():
+    from playground.engine.samplers.top_p import _top_p_among_top
+
+    rng = np.random.default_rng(8)
+    rows = np.stack([rng.standard_normal(4096) * 6.0, rng.standard_normal(4096) * 5.0])
+    for top_p in (0.3, 0.8):
+        kept = _top_p_among_top(torch.tensor(rows), top_p, 1)
+        assert kept is not None, top_p  # peaked rows: decided among the likeliest 256, no full sort
+        for r in range(2):
+            assert np.array_equal(torch.isfinite(kept[r]).numpy(), _top_p_reference(rows[r], top_p)), (r, top_p)
+    # p = 1/2, 1/4, 1/4 and top_p 0.75: the first quarter in ascending order has cumulative mass exactly 1 − top_p,
+    # which transformers removes (cumulative <= 1 − top_p)
+    kept = torch.isfinite(keep_top_p(None, torch.log(torch.tensor([[2.0, 1.0, 1.0]])), 0.75))[0]
+    assert bool(kept[0]) and int(kept.sum()) == 2
+
+
+def test_a_token_bias_and_a_word_ending_in_that_token_add_up():
+    from playground.engine.samplers.logit_bias import apply_sequence_bias
+
+    logits = torch.zeros(2, 8)
+    ids = torch.tensor([[1, 3], [1, 4]])  # the first row ends with the word's prefix (3), the second does not
+    out = apply_sequence_bias(ids, logits, (((5,), 1.0), ((3, 5), 2.0), ((6,), -1.0)))
+    assert out[0].tolist() == [0, 0, 0, 0, 0, 3.0, -1.0, 0]
+    assert out[1].tolist() == [0, 0, 0, 0, 0, 1.0, -1.0, 0]
+
+
+def test_logit_bias_checks_ids_against_the_vocabulary_it_is_given_or_the_tokenizers():
+    from playground.config import RunSettings
+    from playground.config.errors import ConfigError
+    from playground.engine.samplers import BuildContext
+
+    build = ENGINE_SAMPLERS["logit_bias"].build
+    with pytest.raises(ConfigError, match=r"token 10 is outside the vocabulary \(0-9\)"):
+        build(RunSettings(logit_bias=("10=+1",)), BuildContext(vocab_size=10))
+
+    class Tokenizer:
+        def __len__(self) -> int:
+            return 12
+
+    with pytest.raises(ConfigError, match=r"token 12 is outside the vocabulary \(0-11\)"):
+        build(RunSettings(logit_bias=("12=+1",)), BuildContext(tokenizer=Tokenizer()))
+    # neither (a remote strategy): any id a server could have is taken
+    sampler = build(RunSettings(logit_bias=("100000=+1",)), BuildContext())
+    assert sampler.name == "logit_bias"
