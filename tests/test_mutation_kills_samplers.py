@@ -364,3 +364,22 @@ def test_logit_bias_checks_ids_against_the_vocabulary_it_is_given_or_the_tokeniz
     # neither (a remote strategy): any id a server could have is taken
     sampler = build(RunSettings(logit_bias=("100000=+1",)), BuildContext())
     assert sampler.name == "logit_bias"
+
+
+def test_typical_with_all_of_the_mass_keeps_every_token_when_the_float_sum_falls_short_of_one():
+    logits = torch.randn(1, 700, generator=torch.Generator().manual_seed(2))  # its sorted float32 sum: 1 - 6e-8
+    assert torch.isfinite(keep_typical(None, logits, 1.0)).all()
+
+
+def test_typical_fast_path_on_a_batch_of_peaked_rows_cuts_each_as_alone():
+    rows = _large_rows()
+    batch = torch.tensor(np.stack([rows[3], rows[3][::-1].copy() * 0.9]))
+    for mass in (0.05, 0.2):
+        got = torch.isfinite(keep_typical(None, batch, mass)).numpy()
+        for r in range(2):
+            assert np.array_equal(got[r], _typical_reference(batch[r].numpy(), mass)), (r, mass)
+
+
+def test_xtc_counts_the_tokens_above_the_threshold_per_row():
+    logits = torch.log(torch.tensor([[0.45, 0.35, 0.2], [0.6, 0.25, 0.15]]))  # two above 0.3, then one
+    assert torch.isfinite(exclude_top_choices(None, logits, 0.3)).tolist() == [[False, True, True], [True, True, True]]
