@@ -30,3 +30,8 @@ def test_adaptive_p_state_updates_clamp_decay_and_target():
     assert adaptive_target(0.3, 0.5, 1.0) == pytest.approx(0.1)
     assert adaptive_target(1.5, 1.2, 1.0) == pytest.approx(0.8)  # the target clamped to 1 first: 2 − 1.2
     assert adaptive_target(0.9, 0.1, 1.0) == 1.0  # 1.7 clamped
+
+
+def test_dry_skips_an_occurrence_followed_by_a_breaker_and_goes_on_to_the_next():
+    # "1 9 1 2 1": the first 1 was followed by the breaker 9 (never penalised), the second by 2
+    assert dry_match_lengths([1, 9, 1, 2, 1], frozenset({9})) == {2: 1}
