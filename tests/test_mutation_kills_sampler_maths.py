@@ -35,3 +35,10 @@ def test_adaptive_p_state_updates_clamp_decay_and_target():
 def test_dry_skips_an_occurrence_followed_by_a_breaker_and_goes_on_to_the_next():
     # "1 9 1 2 1": the first 1 was followed by the breaker 9 (never penalised), the second by 2
     assert dry_match_lengths([1, 9, 1, 2, 1], frozenset({9})) == {2: 1}
+
+
+def test_dry_stops_a_match_at_the_start_of_the_text_and_at_its_cap():
+    # "1 2 1 2": the earlier "1 2" is the whole text before it: a repeat of 2, not one wrapped around the start
+    assert dry_match_lengths([1, 2, 1, 2], frozenset()) == {1: 2}
+    # a 60-token passage repeated: the repeat is counted as 50 long (text-generation-webui's cap)
+    assert dry_match_lengths(list(range(60)) * 2, frozenset()) == {0: 50}
