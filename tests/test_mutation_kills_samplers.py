@@ -383,3 +383,24 @@ def test_typical_fast_path_on_a_batch_of_peaked_rows_cuts_each_as_alone():
 def test_xtc_counts_the_tokens_above_the_threshold_per_row():
     logits = torch.log(torch.tensor([[0.45, 0.35, 0.2], [0.6, 0.25, 0.15]]))  # two above 0.3, then one
     assert torch.isfinite(exclude_top_choices(None, logits, 0.3)).tolist() == [[False, True, True], [True, True, True]]
+
+
+def test_dry_built_from_the_settings_reads_its_breakers_through_the_tokenizer():
+    from playground.config import RunSettings
+    from playground.config.errors import ConfigError
+    from playground.engine.samplers import BuildContext
+
+    class Tokenizer:  # ten tokens; 9 is a newline
+        def __len__(self) -> int:
+            return 10
+
+        def batch_decode(self, ids):
+            return ["\n" if i == 9 else chr(ord("a") + i) for (i,) in ids]
+
+    settings = RunSettings(dry_multiplier=1.0, dry_base=2.0, dry_allowed_length=1, dry_sequence_breakers=(r"\n",))
+    sampler = ENGINE_SAMPLERS["dry"].build(settings, BuildContext(tokenizer=Tokenizer()))
+    ids = torch.tensor([[9, 1, 2, 5, 9, 1, 2]])  # "… 1 2" was followed by 5; the match stops at the newline: 2 long
+    out = sampler.apply(ids, torch.zeros(1, 10))
+    assert out[0].tolist() == [0.0] * 5 + [-(1.0 * 2.0 ** (2 - 1))] + [0.0] * 4
+    with pytest.raises(ConfigError, match=r"^DRY's sequence breakers are words, which the sample strategy cannot"):
+        ENGINE_SAMPLERS["dry"].build(settings.replace(strategy="sample"), BuildContext())
