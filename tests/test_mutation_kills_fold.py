@@ -18,6 +18,11 @@ class Begun:  # a strategy's own start event (the speculative and beam runs have
     note: str
 
 
+@dataclass(frozen=True)
+class Note:  # an event of this fold's that changes its other part
+    text: str
+
+
 class TwoParts(Fold):
     parts = frozenset({"tokens", "summary"})
     start_event = Begun
@@ -29,6 +34,8 @@ class TwoParts(Fold):
         if isinstance(event, TokenStep):
             self.tokens.append(event.token_id)
             return {"tokens"}
+        if isinstance(event, Note):
+            return {"summary"}
         return None
 
 
@@ -66,6 +73,7 @@ def test_events_add_their_parts_to_dirty_until_a_view_takes_them(greedy_events):
     fold.take_dirty()
     assert fold.apply(object()) is False and fold.dirty == set()  # not one of its events: nothing changes
     assert fold.apply(steps[0]) is True and fold.dirty == {"tokens"}
+    assert fold.apply(Note("n")) is True and fold.dirty == {"tokens", "summary"}  # both, until a view takes them
     assert fold.apply(Begun("a round")) is True  # the strategy's start: kept, and everything is drawn again
     assert fold.started == Begun("a round") and fold.dirty == {"tokens", "summary", STATUS}
     fold.take_dirty()
