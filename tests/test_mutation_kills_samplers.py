@@ -344,6 +344,8 @@ def test_a_token_bias_and_a_word_ending_in_that_token_add_up():
     out = apply_sequence_bias(ids, logits, (((5,), 1.0), ((3, 5), 2.0), ((6,), -1.0)))
     assert out[0].tolist() == [0, 0, 0, 0, 0, 3.0, -1.0, 0]
     assert out[1].tolist() == [0, 0, 0, 0, 0, 1.0, -1.0, 0]
+    out = apply_sequence_bias(ids, logits, (((3, 5), 2.0), ((5,), 1.0)))  # the word first: still a sum
+    assert out[0, 5] == 3.0 and out[1, 5] == 1.0
 
 
 def test_logit_bias_checks_ids_against_the_vocabulary_it_is_given_or_the_tokenizers():
