@@ -208,18 +208,25 @@ LAUNCH_SCRIPT = textwrap.dedent("""
     def window():
         return next(w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow))
 
-    def close_when(ready):
+    def close_when(ready, missed=lambda: False):
+        # Never a hang: a moment missed (the prefill over before a poll saw it) or two minutes without it ends the
+        # process with its own code, which the test reports.
+        import os, time
+        deadline = time.monotonic() + 120
         def poll():
             if ready():
                 print("closing", flush=True)
                 window().close()
+            elif missed() or time.monotonic() > deadline:
+                print("missed", flush=True)
+                os._exit(3)
             else:
                 QTimer.singleShot(20, poll)
         QTimer.singleShot(20, poll)
 
     if mode == "load":
         model = ModelSettings(path=sys.argv[2], device="cpu")
-        close_when(lambda: window().busy and window().job_kind == "load")
+        close_when(lambda: window().busy and window().job_kind == "load", missed=lambda: window().lm is not None)
         settings = None
     else:  # a long prompt: close while the prefill is reading it
         model = ModelSettings(path=None, device="cpu")
@@ -232,7 +239,8 @@ LAUNCH_SCRIPT = textwrap.dedent("""
                 return
             w.generate()
             close_when(lambda: w.session.runs and w.session.runs[0].prefill is None and
-                       any(e.type == "prefill_progress" for e in w.session.runs[0].events))
+                       any(e.type == "prefill_progress" for e in w.session.runs[0].events),
+                       missed=lambda: bool(w.session.runs) and w.session.runs[0].prefill is not None)
         QTimer.singleShot(20, start)
     sys.exit(launch(model, settings))
 """)
@@ -256,6 +264,8 @@ def test_closing_ends_the_process_promptly(tmp_path, default_lm, mode):
             if line.startswith("closing"):
                 closed_at = time.monotonic()
                 break
+            assert not line.startswith("missed"), (f"{mode}: the window never saw the moment to close in (the "
+                                                   "prefill over first, or two minutes passed)")
         assert closed_at is not None, proc.stderr.read()[-2000:]
         code = proc.wait(timeout=30)
         took = time.monotonic() - closed_at
