@@ -157,9 +157,14 @@ def _outside(row) -> list:
 @pytest.mark.parametrize("group", list(GROUPS.values()), ids=list(GROUPS))
 def test_every_registered_group_refuses_values_outside_its_table(group):
     ruled = [r for r in rows(group) if r.spec.minimum is not None or r.spec.maximum is not None or r.spec.choices]
-    # A group with no ranged setting may only hold switches and texts (side by side: its panes and a switch).
+    # A group with no ranged setting may only hold switches and texts (side by side: its panes and a switch; a
+    # constraint: its schema, pattern or grammar, checked by their library); a text refuses what is not text.
     unranged = [r for r in rows(group) if r not in ruled]
-    assert ruled or all(r.type in (bool, tuple[str, ...]) for r in unranged), f"{group.__name__}: {unranged}"
+    assert ruled or all(r.type in (bool, str, tuple[str, ...]) for r in unranged), f"{group.__name__}: {unranged}"
+    for row in unranged:
+        if row.type is str:
+            with pytest.raises(ConfigError, match=f"^{row.name} must be "):
+                RunSettings(groups=(group(**{row.name: 12345}),)).validate()
     for row in ruled:
         for value in _outside(row):
             value = int(value) if row.type is int else value

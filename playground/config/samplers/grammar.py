@@ -26,8 +26,9 @@ SCHEMA_SUFFIXES = (".json",)
 
 
 def _as_path(value: str) -> Path | None:
-    """The file ``value`` may name: one line, not too long (else it is the constraint's text)."""
-    if not value or "\n" in value or len(value) > 4096:
+    """The file ``value`` may name: one line, not too long (else it is the constraint's text; a value that is not
+    text names none, and the settings' check says it must be text)."""
+    if not isinstance(value, str) or not value or "\n" in value or len(value) > 4096:
         return None
     return Path(value.strip()).expanduser()
 
