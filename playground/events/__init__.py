@@ -95,6 +95,7 @@ __all__ = [
     "PrefillDone",
     "PrefillProgress",
     "ProcessorEffect",
+    "Rollback",
     "RunFinished",
     "RunStarted",
     "StepEvent",
