@@ -100,10 +100,10 @@ class BanGuard:
 
     def _roll_back(self, loop: Any, match: Match, starts: list[int], forced: int
                    ) -> tuple[list[Event], tuple[StopReason, str] | None]:
-        # The token whose text holds the match's first character; tokens before it with no text of their own (the
-        # first bytes of that character) began it.
+        # The token whose text holds the match's first character; where that character is the token's first, the
+        # tokens just before it with no text of their own (the first bytes of that character) began it.
         position = next(i for i in range(len(self.texts)) if starts[i] <= match.start < starts[i + 1])
-        while position > forced and not self.texts[position - 1]:
+        while match.start == starts[position] and position > forced and not self.texts[position - 1]:
             position -= 1
         ids = list(loop.generated[position:])
         token = ids[0]

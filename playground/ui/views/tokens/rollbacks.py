@@ -41,8 +41,9 @@ def rollback_tooltip_html(rollback: Rollback, limit: int = 16) -> str:
         if i < limit)
     more = f"<br>… and {len(rollback.texts) - limit} more" if len(rollback.texts) > limit else ""
     forbidden = visible_token_text(rollback.forbidden_text)
+    matched = "" if rollback.matched == rollback.banned else f" (matched <code>{html.escape(rollback.matched)}</code>)"
     return (f"<b>Rollback {rollback.number}</b>: the output came to contain the {kind} "
-            f"<code>{html.escape(rollback.banned)}</code> (matched <code>{html.escape(rollback.matched)}</code>)<br>"
+            f"<code>{html.escape(rollback.banned)}</code>{matched}<br>"
             f"undid {len(rollback.token_ids)} token{'s' if len(rollback.token_ids) != 1 else ''} from step "
             f"{rollback.position} and forbade <code>{html.escape(forbidden)}</code> there "
             f"({rollback.forbidden_count} forbidden at that step now)"
