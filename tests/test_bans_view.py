@@ -5,7 +5,7 @@ width lay out the same text."""
 
 from __future__ import annotations
 
-from test_bans import _ascii_phrase, _events
+from test_bans import _events
 
 from playground.events import TokenStep
 from playground.events.bans import Rollback
@@ -54,9 +54,13 @@ def _check(view, events, run):
         assert cursor.charFormat().fontStrikeOut() == struck, (piece, struck)
         at += len(piece)
     # Every undone span gives its own rollback under the mouse (the innermost where one holds another).
+    spans = {id(r): (start, end) for start, end, r in edit.undone}
+    assert sorted(spans) == sorted(id(r) for r in run.rollbacks)
     for rollback in run.rollbacks:
-        start, end, _ = next(u for u in edit.undone if u[2] is rollback)
-        assert edit.undone_at(start) in run.rollbacks
+        start, end = spans[id(rollback)]
+        inner = edit.undone_at(start)
+        assert inner is not None and start <= spans[id(inner)][0] and spans[id(inner)][1] <= end
+        assert end - start == sum(len(_shown(t)) for t in rollback.texts) or rollback is not run.rollbacks[0]
     last = run.rollbacks[-1]
     start, _, _ = next(u for u in edit.undone if u[2] is last)
     assert edit.undone_at(start) is last

@@ -3,15 +3,9 @@ leading space bans the phrase mid-sentence only), ``|`` and commas kept (a patte
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
-from PySide6.QtWidgets import QPlainTextEdit
-
-from playground.config.table import Row
 from playground.ui.style import mono_font
-
-if TYPE_CHECKING:
-    from playground.ui.controls import Binding
 
 
 def ban_lines(text: str) -> tuple[str, ...]:
@@ -19,12 +13,18 @@ def ban_lines(text: str) -> tuple[str, ...]:
     return tuple(line for line in text.split("\n") if line.strip())
 
 
-def lines_binding(row: Row) -> Binding:
-    from playground.ui.controls import Binding  # (it imports this module)
+class BanLines(QPlainTextEdit):
+    """One entry a line (its ``textChanged`` is the form's change signal)."""
 
-    edit = QPlainTextEdit()
-    edit.setFont(mono_font(10))
-    edit.setPlaceholderText("one a line (spaces kept)")
-    edit.setToolTip(row.spec.help + ". One entry a line; spaces are kept.")
-    edit.setFixedHeight(52)
-    return Binding(row, edit, lambda: ban_lines(edit.toPlainText()), lambda v: edit.setPlainText("\n".join(v)))
+    def __init__(self, help_text: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFont(mono_font(10))
+        self.setPlaceholderText("one a line (spaces kept)")
+        self.setToolTip(help_text + ". One entry a line; spaces are kept.")
+        self.setFixedHeight(52)
+
+    def entries(self) -> tuple[str, ...]:
+        return ban_lines(self.toPlainText())
+
+    def set_entries(self, entries: tuple[str, ...]) -> None:
+        self.setPlainText("\n".join(entries))
