@@ -270,3 +270,46 @@ def test_a_saved_run_keeps_its_rollbacks_and_its_surviving_tokens(tiny_lm):
     assert run.rollbacks == [e for e in events if isinstance(e, Rollback)] and run.rollbacks
     assert tuple(s.token_id for s in run.steps) == events[-1].token_ids
     assert [s.step for s in run.steps] == list(range(len(run.steps)))
+
+
+def test_the_command_line_takes_repeated_bans_and_a_saved_trace_keeps_them(tmp_path, model_folder):
+    from playground.cli import build_parser, main, settings_from_args
+    from playground.config.samplers.ban import BanSettings
+    from playground.traces import read_trace
+
+    argv = ["--model", str(model_folder), "--no-chat", "--prompt", PROMPT, "--strategy", "greedy",
+            "--max-new-tokens", "16", "--ban", " the", "--ban", "a|b", "--ban-regex", r"\w\w|\d",
+            "--ban-max-rollbacks", "9"]
+    _, settings = settings_from_args(build_parser().parse_args(["trace", *argv]))
+    assert settings.group(BanSettings) == BanSettings(ban=(" the", "a|b"), ban_regex=(r"\w\w|\d",),
+                                                      ban_max_rollbacks=9)
+    assert main(["trace", *argv, "--out", str(tmp_path / "run.jsonl")]) == 0
+    saved = read_trace(tmp_path / "run.jsonl")
+    rollbacks = [e for e in saved.events if isinstance(e, Rollback)]
+    done = saved.events[-1]
+    assert rollbacks and isinstance(done, RunFinished) and done.figures["rollbacks"] == len(rollbacks)
+    assert re.search(r"\w\w|\d", done.text) is None or done.stop_reason == "ban_limit"
+    assert main(["trace", *argv[:-2], "--ban-regex", "(x", "--out", str(tmp_path / "bad.jsonl")]) == 2
+
+
+def test_a_constraint_and_bans_together_keep_both(tiny_lm):
+    """The grammar's matcher is rolled back with the tokens: every output still matches the regex, none holds the
+    ban (a matcher left where the undone tokens took it would refuse the next tokens or let a wrong text through)."""
+    pattern = r"(cat|dog)s? [0-9]{1,3}"
+    rolled = 0
+    for seed in range(16):
+        events = _events(tiny_lm, strategy="sample", seed=seed, regex=pattern, ban=("s ",), max_new_tokens=12)
+        done = events[-1]
+        rolled += len(_timeline(tiny_lm, events)[1])
+        assert done.stop_reason in ("eos", "grammar", "max_new_tokens"), (seed, done.stop_reason, done.stop_note)
+        assert re.fullmatch(pattern, done.text) and "s " not in done.text, (seed, done.text)
+    assert rolled >= 3
+
+
+def test_tokens_forced_by_hand_are_not_rolled_back(tiny_lm):
+    forced = tuple(tiny_lm.tokenizer(" the cat")["input_ids"])
+    events = _events(tiny_lm, forced_token_ids=forced, ban=("cat",), max_new_tokens=10)
+    live, rollbacks = _timeline(tiny_lm, events)
+    assert tuple(live[: len(forced)]) == forced
+    assert all(r.position >= len(forced) for r in rollbacks)
+    assert "cat" not in tiny_lm.tokenizer.decode(live[len(forced):])
