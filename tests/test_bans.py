@@ -313,3 +313,21 @@ def test_tokens_forced_by_hand_are_not_rolled_back(tiny_lm):
     assert tuple(live[: len(forced)]) == forced
     assert all(r.position >= len(forced) for r in rollbacks)
     assert "cat" not in tiny_lm.tokenizer.decode(live[len(forced):])
+
+
+def test_a_rollback_to_the_first_token_under_the_lens_reads_the_prompt_again(tiny_lm):
+    """The lens leaves the prompt's last token to the first step (``deferred``): a rollback to position 0 crops the
+    cache back to before it, and the first token's numbers are a fresh pass's again."""
+    events = _events(tiny_lm, lens=True, ban_regex=(r"[\s\S]",), ban_max_rollbacks=3, max_new_tokens=4,
+                     num_candidates=6)
+    live, rollbacks = _timeline(tiny_lm, events)
+    assert [r.position for r in rollbacks] == [0, 0, 0] and events[-1].stop_reason == "ban_limit"
+    prompt_ids = tiny_lm.tokenizer(PROMPT)["input_ids"]
+    with torch.no_grad():
+        probs = tiny_lm.model(torch.tensor([prompt_ids])).logits[0, -1].float().softmax(-1)
+    firsts = [e for e in events if isinstance(e, TokenStep) and e.step == 0]
+    assert len(firsts) == 3 and [e.token_id for e in firsts] == [r.forbidden for r in rollbacks]
+    for step in firsts:
+        for c in step.candidates:
+            assert math.isclose(c.raw_prob, float(probs[c.token_id]), rel_tol=1e-4, abs_tol=1e-6)
+    assert sorted(int(probs.argsort(descending=True)[i]) for i in range(3)) == sorted(e.token_id for e in firsts)
