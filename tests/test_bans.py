@@ -321,6 +321,7 @@ def test_a_rollback_to_the_first_token_under_the_lens_reads_the_prompt_again(tin
     events = _events(tiny_lm, lens=True, ban_regex=(r"[\s\S]",), ban_max_rollbacks=3, max_new_tokens=4,
                      num_candidates=6)
     live, rollbacks = _timeline(tiny_lm, events)
+    assert live == []  # every first token was rolled back, then the limit came
     assert [r.position for r in rollbacks] == [0, 0, 0] and events[-1].stop_reason == "ban_limit"
     prompt_ids = tiny_lm.tokenizer(PROMPT)["input_ids"]
     with torch.no_grad():
