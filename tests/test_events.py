@@ -62,6 +62,7 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
 
     runs = [
         (tiny_lm, RunSettings(strategy="greedy", max_new_tokens=4, stop_strings=("zzz",))),
+        (tiny_lm, RunSettings.from_flat(strategy="greedy", max_new_tokens=6, ban_regex=(r"\w\w",))),  # rollbacks
         (tiny_lm, RunSettings(strategy="sample", max_new_tokens=4, top_k=3, top_p=0.8, min_p=0.05, temperature=0.8,
                               repetition_penalty=1.5, no_repeat_ngram_size=2, seed=3, forced_token_ids=(60,))),
         (tiny_lm, RunSettings.from_flat(strategy="beam", max_new_tokens=4, num_beams=3, num_return_sequences=2)),

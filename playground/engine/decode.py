@@ -124,6 +124,8 @@ class DecodeLoop:
         self.cache: Any = None
         self.logits: torch.Tensor | None = None  # the prefill's last logits [1, vocab] float32, if it read any
         self.deferred = 0  # prompt tokens the prefill left to the first step
+        # Undoes tokens after a step (phrase bans: ``playground.engine.bans.BanGuard``); None: nothing is undone.
+        self.guard: Any = None
 
     @property
     def defer(self) -> int:
@@ -181,6 +183,8 @@ class DecodeLoop:
             if self.record.context.stopped():
                 self.stop_reason = "stopped"
                 return
+            if self.guard is not None:
+                self.guard.before_step(self)
             self.record.step_started()
             picked = step(index, self.forced_at(self.taken))
             picked.first = index if picked.rows else len(self.generated)
@@ -212,9 +216,28 @@ class DecodeLoop:
                 events = self._with_observed(events, picked, 1 if picked.rows else len(texts))
             yield from events
             index += 1
+            if self.guard is not None and not picked.rows and ended != "eos":
+                undone = self.guard.after_step(self, texts, events)
+                if undone is not None:  # rolled back: the next step decodes the first undone position again
+                    rolled, ended = undone[0], None
+                    yield from rolled
+                    if undone[1] is not None:
+                        ended, self.stop_note = undone[1]
+                    index = len(self.generated)
             if ended is not None:
                 self.stop_reason = ended
                 return
+
+    def rewind(self, keep: int) -> None:
+        """Forget the generated tokens from ``keep`` on (a rollback): the ids, the text, the budget, the stop-string
+        watch. The strategy's cache and samplers are the caller's to roll back."""
+        del self.generated[keep:]
+        self.ids.length = len(self.prompt_ids) + keep
+        self.taken = keep
+        self.decoder = IncrementalDecoder(self.lm.tokenizer, self.prompt_ids + self.generated)
+        self.stop_watch = StopStringWatch(self.settings.stop_strings)
+        if self.generated:
+            self.stop_watch.hit(self.lm.tokenizer.decode(self.generated, skip_special_tokens=False))
 
     def _with_observed(self, events: Sequence[Any], picked: Picked, units: int) -> list[Any]:
         """The step's events with the observers' before each of its last ``units`` (its kept tokens' own)."""

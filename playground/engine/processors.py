@@ -10,6 +10,7 @@ importable from here).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,6 +42,7 @@ class SamplerRun:
     generator: torch.Generator  # XTC's draws come from the run's own seeded generator: runs are reproducible
     negative_logits: torch.Tensor | None = None  # guidance's hook: this step's logits after the negative prompt
     samplers: list[Sampler] = field(default_factory=list)  # the chain built with this run, in order
+    ban_guard: Any = None  # phrase bans' rollbacks (``playground.engine.bans.BanGuard``), when the run has bans
 
     @classmethod
     def of(cls, settings: RunSettings, generator: torch.Generator, *, sampling: bool) -> SamplerRun:

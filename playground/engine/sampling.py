@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from playground.config import ConfigError, RunSettings
+from playground.engine.bans import BanGuard, blocked_note, check_croppable
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import prefill
 from playground.engine.kv_cache import kv_cache_bytes
@@ -20,6 +21,7 @@ from playground.engine.processors import NamedTransform, SamplerRun, build_pipel
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_context import Chooser, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
+from playground.engine.samplers.ban import Ban
 from playground.engine.step_analysis import StepAnalysis, analyse_step
 from playground.engine.token_text import TokenTextCache
 from playground.events import Event
@@ -55,6 +57,13 @@ def run_sampling(lm: LoadedModel, settings: RunSettings, context: RunContext | S
     negative = _negative_context(lm, settings, prompt_ids) if any(t.name == "guidance" for t in pipeline) else None
     # The loop (and its observers: the lens refuses a tuned kind never trained) is made before the first event.
     loop = DecodeLoop(lm, settings, RunRecorder(lm, settings, context), prompt_ids, prompt_text)
+    ban = next((s for s in run.samplers if isinstance(s, Ban)), None)
+    if ban is not None:  # phrase bans: the loop rolls the run back where a banned phrase began
+        if negative is not None:
+            raise ConfigError("phrase bans (--ban, --ban-regex) do not roll guidance's negative context back: use "
+                              "one or the other")
+        check_croppable(lm)
+        loop.guard = run.ban_guard = BanGuard(ban, run.samplers, TokenTextCache(lm.tokenizer), run.generator)
     return _decode(lm, settings, loop, pipeline, run, negative)
 
 
@@ -110,6 +119,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: 
             return Picked([], lambda texts, ms: [], stopped=True)
         if "blocked" in analysis.extra:  # the constraint left no token to take: the run ends here, with why
             return Picked([], lambda texts, ms: [], ends=("grammar_blocked", analysis.extra["blocked"]))
+        if "ban_blocked" in analysis.extra:  # the bans' rollbacks forbade every token left here
+            return Picked([], lambda texts, ms: [], ends=("ban_blocked", analysis.extra["ban_blocked"]))
         chose_other = analysis.extra.get("chosen_by_user", False)
 
         def events(texts: list[str], step_ms: float) -> list[Event]:
@@ -125,7 +136,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: 
             yield from loop.steps(step)
     if run.grammar is not None and loop.stop_reason == loop.budget_reason and run.grammar.incomplete():
         loop.stop_reason, loop.stop_note = "grammar_incomplete", run.grammar.incomplete()
-    yield loop.finished()
+    yield loop.finished(figures=loop.guard.figures() if loop.guard is not None else None)
 
 
 def _choose(
@@ -137,6 +148,11 @@ def _choose(
     (step mode) is shown the strategy's pick and returns the token taken, or None to stop (then None)."""
     mu = run.mirostat.mu if run.mirostat is not None else None  # the cut this step's mirostat applies
     analysis = analyse_step(pipeline, ids, logits, settings.num_candidates, record=settings.record_candidates)
+    guard = run.ban_guard
+    if guard is not None and forced_id is None and guard.ban.forbidden.get(guard.ban.position) and not bool(
+            torch.isfinite(analysis.processed_logits).any()):
+        analysis.extra["ban_blocked"] = blocked_note(guard.ban, guard.ban.position)
+        return analysis
     grammar = run.grammar
     if grammar is not None:
         top = analysis.top_ids[0] if analysis.top_ids else int(logits.argmax(dim=-1).item())

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any, TypeAlias, cast
 
 from playground.events.attention import AttentionRow, AttentionStarted
+from playground.events.bans import Rollback
 from playground.events.beam import BeamCandidate, BeamStep
 from playground.events.cascade import CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
@@ -67,6 +68,7 @@ Event: TypeAlias = (
     | RemoteStarted | RemoteTokenStep
     | AttentionStarted | AttentionRow
     | BeamStep
+    | Rollback
     | CascadeStarted | CascadeStep | CascadeResponse
     | ContrastiveStarted | ContrastStep
     | KVStarted | KVStep | KVPhase | KVCompare | KVSweep | KVQuality
@@ -93,6 +95,7 @@ __all__ = [
     "PrefillDone",
     "PrefillProgress",
     "ProcessorEffect",
+    "Rollback",
     "RunFinished",
     "RunStarted",
     "StepEvent",

@@ -22,8 +22,11 @@ from playground.events.grammar import GrammarStep
 # this version does not know (a server's own finish reason, or a saved run from a newer version: read as "unknown").
 # A constraint (``--json-schema``, ...) adds "grammar" (it is complete: nothing more can follow), "grammar_incomplete"
 # (the budget ended before it was) and "grammar_blocked" (no token could follow it: ``RunFinished.stop_note`` says why).
+# Phrase bans (``--ban``) add "ban_blocked" (their rollbacks forbade every token left at a step) and "ban_limit" (the
+# run reached its most rollbacks).
 StopReason = Literal["eos", "stop_string", "max_new_tokens", "context_full", "stopped", "content_filter",
-                     "tool_calls", "function_call", "grammar", "grammar_incomplete", "grammar_blocked", "unknown"]
+                     "tool_calls", "function_call", "grammar", "grammar_incomplete", "grammar_blocked",
+                     "ban_blocked", "ban_limit", "unknown"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 
 

@@ -14,6 +14,7 @@ from playground.config.catalog import STRATEGIES
 from playground.events import (
     Event,
     PrefillDone,
+    Rollback,
     RunFinished,
     RunStarted,
     StepEvent,
@@ -74,6 +75,9 @@ class Run:
     unit_steps: list[UnitStep] = field(default_factory=list)
     step_kinds: set[type] = field(default_factory=set)  # the types among step_events (which views apply)
     finished: RunFinished | None = None
+    # Phrase bans' rollbacks, in order; each took the steps from its position on out of ``steps`` (and the other
+    # step lists): those hold the tokens that survived.
+    rollbacks: list[Rollback] = field(default_factory=list)
     error: str | None = None
     source: str | None = None  # the saved trace it was opened from (None: decoded in this window)
 
@@ -95,6 +99,10 @@ class Run:
             self.prefill = event
         elif isinstance(event, RunFinished):
             self.finished = event
+        elif isinstance(event, Rollback):
+            self.rollbacks.append(event)
+            for kept in (self.steps, self.unit_steps, self.step_events):
+                _drop_from(kept, event.position)
         elif is_step_event(event):
             self.step_events.append(event)
             self.step_kinds.add(type(event))
@@ -164,6 +172,14 @@ class Run:
             return self.finished.tokens_per_s
         per_token = self.decode_ms_per_token()
         return 1000.0 / per_token if per_token else None
+
+
+def _drop_from(steps: list, position: int) -> None:
+    """Remove the step events of steps ``position`` on from the end of ``steps`` (a rollback undid them)."""
+    cut = len(steps)
+    while cut and steps[cut - 1].step >= position:
+        cut -= 1
+    del steps[cut:]
 
 
 class Session:

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from playground.config import GROUPS, Row, RunSettings, SettingsGroup, rows
 from playground.config.catalog import STRATEGIES
 from playground.config.samplers import SAMPLER_GROUPS
+from playground.ui.ban_form import BanLines
 from playground.ui.sampler_form import LogitBiasEditor, SamplerChainList
 
 STOP_SEPARATOR = "|"
@@ -82,8 +83,14 @@ def _bias_binding(row: Row) -> Binding:
     return Binding(row, editor, editor.entries, lambda v: editor.set_entries(tuple(v)))
 
 
+def _lines_binding(row: Row) -> Binding:
+    edit = BanLines(row.spec.help)
+    return Binding(row, edit, edit.entries, lambda v: edit.set_entries(tuple(v)))
+
+
 # Settings whose widget is more than a table row makes (the chain's order, entries whose spaces matter).
-CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_binding, "logit_bias": _bias_binding}
+CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_binding, "logit_bias": _bias_binding,
+                                                         "ban": _lines_binding, "ban_regex": _lines_binding}
 
 
 def _change_signal(widget: QWidget) -> Any:

@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from playground.events import TokenStep
+from playground.events import Rollback, TokenStep
 from playground.state import Run, character_piece, flowing_token_text, shade_fraction, visible_token_text
 from playground.ui.marked_text import RELAYOUT_MS, shift_ranges, split_wrapped_paragraph
 from playground.ui.style import (
@@ -46,6 +46,7 @@ from playground.ui.style import (
     shade_for_prob,
     text_color_on,
 )
+from playground.ui.views.tokens.rollbacks import RollbackMarks, rollback_summary, rollback_tooltip_html
 from playground.ui.views.tokens.tooltip import (
     NO_PROBS_BG,
     NO_PROBS_FG,
@@ -144,7 +145,7 @@ class ShadeLegend(QWidget):
         painter.end()
 
 
-class TokenTextEdit(QTextEdit):
+class TokenTextEdit(RollbackMarks, QTextEdit):
     """The document of shaded tokens; knows which step sits under any point."""
 
     step_clicked = Signal(int)
@@ -178,6 +179,7 @@ class TokenTextEdit(QTextEdit):
         self._relayout_timer.setSingleShot(True)
         self._relayout_timer.setInterval(RELAYOUT_MS)
         self._relayout_timer.timeout.connect(self._relayout)
+        self._clear_rollbacks()
 
     # --- content ---------------------------------------------------------------------------------------
     def clear_tokens(self, prompt_text: str = "") -> None:
@@ -188,6 +190,7 @@ class TokenTextEdit(QTextEdit):
         self._split_width = None
         self._marked = None
         self.cut_steps = []
+        self._clear_rollbacks()
         self._prompt_text = prompt_text
         cursor = QTextCursor(self.document())
         if prompt_text:
@@ -200,6 +203,7 @@ class TokenTextEdit(QTextEdit):
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.beginEditBlock()  # one layout for the whole batch
+        self._log_steps(steps)
         for step in steps:
             self._insert(cursor, step)
         cursor.endEditBlock()
@@ -227,9 +231,9 @@ class TokenTextEdit(QTextEdit):
         if self._split_width is None or self.document().textWidth() == self._split_width:
             return
         at_end, top = self._view_before_relayout
-        steps, marked = list(self.steps), self._marked
+        laid_out, marked = list(self.layout_log), self._marked
         self.clear_tokens(self._prompt_text)
-        self.append_steps(steps)
+        self.replay(laid_out)  # the steps, and the spans rollbacks undid
         self.mark_step(marked)
         bar = self.verticalScrollBar()
         if at_end:
@@ -355,7 +359,10 @@ class TokenTextEdit(QTextEdit):
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
         index = self.step_at(event.position().toPoint())
-        if index is None:
+        undone = self.undone_under(event.position().toPoint()) if index is None and self.undone else None
+        if undone is not None:
+            QToolTip.showText(event.globalPosition().toPoint(), rollback_tooltip_html(undone), self)
+        elif index is None:
             QToolTip.hideText()
         elif index != self._hovered or not QToolTip.isVisible():
             QToolTip.showText(event.globalPosition().toPoint(), self.tooltip_html(index), self)
@@ -417,6 +424,9 @@ class TokenView(QWidget):
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.caption = QLabel(self)
         self.caption.setWordWrap(True)
+        self.rollback_line = QLabel(self)  # the phrase bans' count (hidden without rollbacks)
+        self.rollback_line.setWordWrap(True)
+        self.rollback_line.hide()
         self.remote_note: str | None = None  # which distribution a server's numbers are (None: a local run)
         self.what_if_on = False  # the caption says what the what-if's marks mean
         self.mode_label = QLabel("Shade =", self)
@@ -427,6 +437,7 @@ class TokenView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.text, 1)
+        layout.addWidget(self.rollback_line)
         layout.addLayout(legend_row)
         layout.addWidget(self.caption)
         self._update_caption()
@@ -469,10 +480,25 @@ class TokenView(QWidget):
 
     def show_run(self, run: Run) -> None:
         self.text.clear_tokens(run.started.prompt_text if run.started else "")
-        self.text.append_steps(run.steps)
+        if run.rollbacks:  # the steps with the spans the rollbacks undid, in their order
+            self.text.replay(e for e in run.events if isinstance(e, (TokenStep, Rollback)))
+        else:
+            self.text.append_steps(run.steps)
+        self._show_rollbacks()
 
     def reset(self, prompt_text: str = "") -> None:
         self.text.clear_tokens(prompt_text)
+        self._show_rollbacks()
+
+    def undo_steps(self, rollback: Rollback) -> None:
+        """A phrase ban rolled the run back: strike the undone span through and count it."""
+        self.text.undo_steps(rollback)
+        self._show_rollbacks()
+
+    def _show_rollbacks(self) -> None:
+        line = rollback_summary(self.text.rollbacks)
+        self.rollback_line.setText(line)
+        self.rollback_line.setVisible(bool(line))
 
     def append_steps(self, steps: list[TokenStep]) -> None:
         self.text.append_steps(steps)

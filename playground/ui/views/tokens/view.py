@@ -12,7 +12,7 @@ from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QPainter, QPixmap
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
-from playground.events import Event, RunStarted, TokenNumbers, TokenStep
+from playground.events import Event, Rollback, RunStarted, TokenNumbers, TokenStep
 from playground.state import Run, character_piece, most_interesting_step
 from playground.ui.views import register_view
 from playground.ui.views.base import View
@@ -296,6 +296,9 @@ class TokensView(View):
                 self.token_view.reset(event.prompt_text)
             if isinstance(event, TokenStep):
                 self._new_steps.append(event)
+            elif isinstance(event, Rollback):  # a phrase ban undid the steps from its position on
+                self.flush()
+                self.token_view.undo_steps(event)
             elif hasattr(event, "token_numbers"):  # a start event: which distribution the numbers are
                 self._show_numbers(event.token_numbers)
 
