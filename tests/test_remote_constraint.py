@@ -77,8 +77,10 @@ def test_vllm_payloads_use_structured_outputs_never_guided(chat):
 
 
 def test_no_constraint_sends_nothing():
-    assert PLAIN_LLAMA == extra_body(RunSettings(chat=False, prompt="Answer:", num_candidates=5), LLAMA)
+    # The constraint's group there but empty: the request is the plain one.
+    assert extra_body(constrained(), LLAMA) == PLAIN_LLAMA
     assert not {"grammar", "json_schema"} & set(PLAIN_LLAMA)
+    assert "extra_body" not in build_request(constrained(), VLLM, "m", SOURCE).kwargs
     assert "extra_body" not in build_request(RunSettings(chat=False, prompt="Answer:"), VLLM, "m", SOURCE).kwargs
 
 
