@@ -54,7 +54,9 @@ def _refuse(pattern: str, what: str, at: int) -> ConfigError:
 
 @dataclass
 class _Parser:
-    pattern: str
+    pattern: str  # the part translated (the pattern less its end anchors)
+    original: str  # the pattern as given (for messages)
+    shift: int = 0  # where ``pattern`` starts in it
     at: int = 0
 
     def peek(self) -> str:
@@ -66,7 +68,7 @@ class _Parser:
         return char
 
     def refuse(self, what: str, at: int | None = None) -> ConfigError:
-        return _refuse(self.pattern, what, self.at if at is None else at)
+        return _refuse(self.original, what, (self.at if at is None else at) + self.shift)
 
     def alternation(self) -> str:
         options = [self.sequence()]
@@ -209,13 +211,13 @@ def _point(coded: str) -> int:
 
 def regex_gbnf(pattern: str) -> str:
     """The GBNF grammar of ``pattern`` as a whole-text match; ``ConfigError`` naming what is not translated."""
-    body = pattern
+    body, shift = pattern, 0
     if body.startswith("^"):
-        body = body[1:]
+        body, shift = body[1:], 1
     if body.endswith("$") and not body.endswith("\\$"):
         body = body[:-1]
-    parser = _Parser(body)
+    parser = _Parser(body, pattern, shift)
     expression = parser.alternation()
     if parser.at < len(body):
-        raise _refuse(pattern, "an unmatched ')'", parser.at)
+        raise parser.refuse("an unmatched ')'")
     return "root ::= " + expression + "\n"
