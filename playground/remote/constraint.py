@@ -12,11 +12,12 @@ that server cannot take, before any request:
   without a word (HTTP 200, an unconstrained answer).
 - Any other server: refused (no shared field for a constraint in the OpenAI API's completions).
 
-``check_reply(settings, text, complete)``: what is wrong with a constrained server's reply ("" when nothing): a
-complete reply must be the whole of the constraint (a JSON schema's: ``json.loads`` first, then llguidance's schema
-grammar; a regex's: ``re.fullmatch`` where Python reads the pattern, else llguidance's; a choice's: membership; a
-grammar's: llguidance's matcher fed the reply's bytes and accepting at the end); a reply cut short (the budget, a stop
-string, Stop) must be a prefix of one. The run says what it found (``RunFinished.stop_note``, figure
+``check_reply(settings, text, complete)``: what is wrong with a constrained server's reply ("" when nothing). A
+complete reply must be the whole of the constraint: a JSON schema's, ``json.loads`` and then JSON Schema's own rules
+(``json_check``; llguidance's schema grammar where it meets a keyword that check does not read); a regex's,
+``re.fullmatch`` where Python reads the pattern, else llguidance's; a choice's, membership; a grammar's, llguidance's
+matcher fed the reply's bytes and accepting at the end. A reply cut short (the budget, a stop string, Stop) must be a
+prefix of one (a schema's: a prefix of some JSON). The run says what it found (``RunFinished.stop_note``, figure
 ``constraint_valid``), never silently. No torch here.
 """
 
@@ -123,11 +124,8 @@ def check_reply(grammar: GrammarSettings, text: str, complete: bool) -> str:
     """What is wrong with the server's ``text`` under the constraint ("" when it conforms); ``complete``: the server
     ended the answer (else it was cut short: the text must only be a prefix of a conforming one)."""
     kind = grammar.given()[0]
-    if complete and kind == "json_schema":
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as error:
-            return f"it is not JSON ({error.msg} at character {error.pos + 1})"
+    if kind == "json_schema":
+        return _check_json(grammar, text, complete)
     if complete and kind == "choices":
         choices = split_choices(grammar.choices)
         return "" if text in choices else f"{text[:40]!r} is none of the {len(choices)} choices"
@@ -140,6 +138,28 @@ def check_reply(grammar: GrammarSettings, text: str, complete: bool) -> str:
             return "" if compiled.fullmatch(text) else "it does not match the regular expression"
     _, grammar_text = constraint_grammar(grammar)
     return matcher_verdict(grammar_text, text, complete)
+
+
+def _check_json(grammar: GrammarSettings, text: str, complete: bool) -> str:
+    """A schema's reply: JSON (``json.loads``) that validates as JSON Schema reads it (``json_check``: keys in any
+    order); a keyword that check does not read leaves it to llguidance's schema grammar (which fixes the keys'
+    order). A reply cut short is checked as a prefix of some JSON only: llguidance's schema grammar would refuse a
+    prefix whose keys come in another order than the schema's, which JSON Schema allows."""
+    from llguidance import LLMatcher
+
+    from playground.remote.json_check import Unchecked, problem
+
+    if not complete:
+        return matcher_verdict(LLMatcher.grammar_from_json_schema("{}"), text, complete=False)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        return f"it is not JSON ({error.msg} at character {error.pos + 1})"
+    try:
+        raise Unchecked("x")
+    except Unchecked:
+        _, grammar_text = constraint_grammar(grammar)
+        return matcher_verdict(grammar_text, text, complete=True)
 
 
 def reply_note(settings: RunSettings, text: str, complete: bool) -> tuple[str, float | None]:
