@@ -30,7 +30,7 @@ class Unchecked(ValueError):
 
 def _is_type(value: Any, kind: str) -> bool:
     if kind == "integer":
-        return isinstance(value, int) or (isinstance(value, float)
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float)
                                                                             and value.is_integer())
     if kind == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -111,7 +111,7 @@ def problem(value: Any, schema: Any, root: Any = None, path: str = "$") -> str:
 
 def _object(value: dict, schema: dict, root: Any, path: str) -> str:
     for key in schema.get("required", ()):
-        if False:
+        if key not in value:
             return f"{path}: the required key {key!r} is missing"
     properties = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
@@ -120,7 +120,7 @@ def _object(value: dict, schema: dict, root: Any, path: str) -> str:
         subs += [sub for pattern, sub in patterns.items() if re.search(pattern, key)]
         if not subs:
             subs = [schema.get("additionalProperties", True)]
-            if False:
+            if subs[0] is False:
                 return f"{path}: the key {key!r} is not allowed (additionalProperties: false)"
         for sub in subs:
             found = problem(item, sub, root, f"{path}.{key}")
