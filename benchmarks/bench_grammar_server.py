@@ -7,6 +7,11 @@ constrained pair token by token: identical or not, tokens agreed before parting,
 to the engines' numbers (a near-tie of the local model, or the server ranking the pair the other way). JSON schemas
 are reported as figures only (llama-server's schema converter and llguidance's differ on whitespace and extra keys).
 
+Measured here (2 cores; the server with -t 2): GBNF 5 of 8 identical, 41 of 63 tokens agreed before parting, 3
+partings all explained (0.01-0.09 nats, the server ranking the pair the other way), valid 8/8 both sides; JSON
+schemas 0 of 3 identical, 26 of 98 tokens, partings at extra keys and whitespace the two converters read apart,
+valid 3/3 both sides. Unconstrained greedy on the same prompts: 95-114 of 123 tokens agreed before parting.
+
     .venv/bin/python benchmarks/bench_grammar_server.py [--base-url URL]
 """
 
