@@ -71,9 +71,20 @@ def test_vllm_payloads_use_structured_outputs_never_guided(chat):
         (dict(grammar=LARK), {"grammar": LARK}),  # vLLM's backends read Lark too
     ]
     for constraint, words in cases:
-        request = build_request(constrained(chat, **constraint), VLLM, "m", SOURCE)
-        assert request.kwargs["extra_body"] == {"structured_outputs": words}, constraint
-        assert "guided" not in json.dumps(request.kwargs), constraint  # removed in vLLM 0.12: silently ignored
+        for info in (VLLM, EngineInfo("vllm", "", ("m",)), EngineInfo("vllm", "0.10.2+cu128", ("m",)),
+                     EngineInfo("vllm", "0.11.0rc1", ("m",))):
+            request = build_request(constrained(chat, **constraint), info, "m", SOURCE)
+            if chat and "json_schema" in constraint:  # OpenAI's own field on the chat route
+                expected = {"response_format": {"type": "json_schema",
+                                                "json_schema": {"name": "constraint", "schema": SCHEMA}}}
+            else:
+                expected = {"structured_outputs": words}
+            assert request.kwargs["extra_body"] == expected, (constraint, info.version)
+            assert "guided" not in json.dumps(request.kwargs), constraint  # removed in vLLM 0.12: silently ignored
+        if not (chat and "json_schema" in constraint):  # an old vLLM lacks structured_outputs: refused
+            for old in ("0.10.1.1", "0.10.1rc2.dev3", "0.9.2"):
+                with pytest.raises(ConfigError, match=rf"this vLLM \({old}\) predates structured_outputs"):
+                    build_request(constrained(chat, **constraint), EngineInfo("vllm", old, ("m",)), "m", SOURCE)
 
 
 def test_no_constraint_sends_nothing():
@@ -253,12 +264,13 @@ def finished(url: str, settings: RunSettings, reply: list[str]) -> RunFinished:
 def test_a_reply_that_breaks_the_constraint_says_so(fake_vllm):
     settings = constrained(chat=True, json_schema=json.dumps(SCHEMA))
     done = finished(fake_vllm, settings, ['{"name"', ': "Ann"', "}"])  # "age" missing: a server that ignored it
-    assert FakeVllm.bodies[-1]["structured_outputs"] == {"json": SCHEMA}
+    assert FakeVllm.bodies[-1]["response_format"]["json_schema"]["schema"] == SCHEMA
     assert done.stop_reason == "eos" and done.figures["constraint_valid"] == 0.0
     assert "breaks the json schema constraint" in done.stop_note and "'age' is missing" in done.stop_note
     done = finished(fake_vllm, settings, ["Sure", ", here"])
     assert "not JSON" in done.stop_note and done.figures["constraint_valid"] == 0.0
     done = finished(fake_vllm, constrained(chat=True, choices=("yes", "no")), ["ye", "s!"])
+    assert FakeVllm.bodies[-1]["structured_outputs"] == {"choice": ["yes", "no"]}
     assert "none of the 2 choices" in done.stop_note
 
 

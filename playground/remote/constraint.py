@@ -8,8 +8,9 @@ that server cannot take, before any request:
   (``playground.remote.gbnf``); a Lark grammar is refused (llama-server reads Lark only with LLGuidance built in).
   Both routes (``/v1/completions``, ``/v1/chat/completions``) read these body fields.
 - vLLM: ``structured_outputs`` with ``json``, ``regex``, ``choice`` or ``grammar`` (the grammar as written: its
-  backends read GBNF/EBNF and Lark). Never the old ``guided_*`` fields: vLLM 0.12 removed them and ignores them
-  without a word (HTTP 200, an unconstrained answer).
+  backends read GBNF/EBNF and Lark); a JSON schema on the chat route as OpenAI's ``response_format``, which every
+  vLLM reads. Never the old ``guided_*`` fields: vLLM 0.12 removed them and ignores them without a word (HTTP 200,
+  an unconstrained answer); a vLLM older than 0.10.2, which has no ``structured_outputs``, is refused.
 - Any other server: refused (no shared field for a constraint in the OpenAI API's completions).
 
 ``check_reply(settings, text, complete)``: what is wrong with a constrained server's reply ("" when nothing). A
@@ -34,6 +35,7 @@ from playground.remote.gbnf import choices_gbnf, regex_gbnf
 
 LLAMA = "llama.cpp"
 VLLM = "vllm"
+VLLM_STRUCTURED_OUTPUTS = (0, 10, 2)  # the first vLLM with structured_outputs (guided_* before; 0.12 removed those)
 
 
 def constraint_of(settings: RunSettings) -> GrammarSettings | None:
@@ -49,8 +51,22 @@ def _schema(grammar: GrammarSettings) -> Any:
         raise ConfigError(f"--json-schema: not JSON: {error.msg}") from None
 
 
-def constraint_fields(settings: RunSettings, engine: str) -> dict[str, Any]:
-    """The request body fields that send the run's constraint to ``engine``'s server ({} when none is on)."""
+def _version(text: str) -> tuple[int, ...]:
+    """"0.10.1.1" -> (0, 10, 1, 1); () when it is not a version."""
+    parts = []
+    for part in text.strip().lstrip("v").split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.end() < len(part):  # "0rc1", "2+cu128": the rest is no longer the version's numbers
+            break
+    return tuple(parts)
+
+
+def constraint_fields(settings: RunSettings, engine: str, version: str = "") -> dict[str, Any]:
+    """The request body fields that send the run's constraint to ``engine``'s server ({} when none is on);
+    ``version``: the server's, where it says (an old vLLM lacks ``structured_outputs``)."""
     grammar = constraint_of(settings)
     if grammar is None:
         return {}
@@ -68,6 +84,14 @@ def constraint_fields(settings: RunSettings, engine: str) -> dict[str, Any]:
                               "Write it in GBNF ('root ::= ...'), or use a local model or vLLM")
         return {"grammar": grammar.grammar}
     if engine == VLLM:
+        if kind == "json_schema" and settings.chat:  # OpenAI's own field: every vLLM reads it (into its json)
+            return {"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "constraint", "schema": _schema(grammar)}}}
+        if _version(version) and _version(version) < VLLM_STRUCTURED_OUTPUTS:
+            flag = "--" + kind.replace("_", "-")
+            raise ConfigError(f"{flag}: this vLLM ({version}) predates structured_outputs (vLLM 0.10.2), and its "
+                              "guided_* fields are gone from later ones, which ignore them without a word: the run "
+                              "does not send those. Upgrade the server, or use a local model")
         words = {"json_schema": "json", "regex": "regex", "choices": "choice", "grammar": "grammar"}
         value: Any = {"json_schema": lambda: _schema(grammar), "regex": lambda: grammar.regex,
                       "choices": lambda: list(split_choices(grammar.choices)),

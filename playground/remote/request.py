@@ -175,7 +175,7 @@ def build_request(settings: RunSettings, info: EngineInfo, model: str, source: R
     else:
         kwargs["temperature"] = 0.0
     extra = _sampler_extras(s, info, sampling)
-    extra.update(constraint_fields(s, info.engine))
+    extra.update(constraint_fields(s, info.engine, info.version))
     kwargs.update(_openai_penalties(s, info))
     if info.engine == "llama.cpp":
         extra["timings_per_token"] = True
