@@ -38,6 +38,7 @@ from playground.remote.client import (
     parse_metrics,
     request_headers,
 )
+from playground.remote.constraint import constraint_of, reply_note
 from playground.remote.errors import RemoteError
 from playground.remote.request import build_request, distribution_of, missing_of
 from playground.remote.source import RemoteSource
@@ -64,6 +65,10 @@ def check_remote_settings(settings: RunSettings, branch: RemoteBranch | None) ->
     if local_only:
         titles = ", ".join(g.title or g.name for g in local_only)
         raise ConfigError(f"{titles} needs a local model: a server streams only tokens and their top candidates")
+    if branch is not None and constraint_of(settings) is not None:
+        raise ConfigError("a remote branch under a constraint cannot be sent: the server would apply the constraint "
+                          "to the continuation alone, not to the parent's text before it. Branch with the constraint "
+                          "off (unconstrained), or run the constrained branch on a local model")
     if settings.forced_token_ids and branch is None:
         raise ConfigError("forced token ids cannot be sent to a server, which takes text: a remote branch passes "
                           "the parent run's steps and the picked alternative (RemoteBranch)")
@@ -280,7 +285,12 @@ def _stream(source: RemoteSource, settings: RunSettings, should_stop: StopCheck,
     figures["server_tokens"] = float(_tokens_generated(steps, usage, timings))
     if stop_reason != "stopped":  # after Stop, return at once: no more requests
         figures.update(_server_figures(http, source, info, before))
-    yield _finished(forced, steps, stop_reason, timings, info, model, source, figures, usage)
+    # A constrained reply is checked here: a server that ignored the constraint (a field it does not read) or read it
+    # otherwise is said so in the run, never taken on trust.
+    note, valid = reply_note(settings, "".join(s.text for s in [*forced, *steps]), complete=stop_reason == "eos")
+    if valid is not None:
+        figures["constraint_valid"] = valid
+    yield _finished(forced, steps, stop_reason, timings, info, model, source, figures, usage, stop_note=note)
 
 
 def _prefill(timings: dict[str, Any], started: float, arrived: float) -> PrefillDone:
@@ -368,7 +378,7 @@ def _server_figures(http: Any, source: RemoteSource, info: EngineInfo, before: d
 
 def _finished(forced: list[RemoteTokenStep], steps: list[RemoteTokenStep], stop_reason: StopReason,
               timings: dict[str, Any], info: EngineInfo, model: str, source: RemoteSource,
-              figures: dict[str, float], usage: dict[str, Any] | None = None) -> RunFinished:
+              figures: dict[str, float], usage: dict[str, Any] | None = None, stop_note: str = "") -> RunFinished:
     every = [*forced, *steps]
     decode_ms = sum(s.step_ms for s in steps)
     prompt_tokens = (usage or {}).get("prompt_tokens")
@@ -382,5 +392,5 @@ def _finished(forced: list[RemoteTokenStep], steps: list[RemoteTokenStep], stop_
         prefill_ms=float(prefill_ms) if isinstance(prefill_ms, (int, float)) else figures.get(
             "time_to_first_token_ms", 0.0),
         decode_ms=decode_ms, prompt_tokens=prompt_tokens, model_name=_short(model), model_path=source.api_url,
-        device=f"remote: {info.engine}", dtype=info.ftype, figures=figures,
+        device=f"remote: {info.engine}", dtype=info.ftype, figures=figures, stop_note=stop_note,
     )

@@ -6,7 +6,8 @@ transformers' order by default: penalties, temperature, top-k, top-p, min-p; lla
 temperature last and adds filters of its own, top-k 40 and min-p 0.05, that the run did not ask for) with every
 sampler it has: typical-p, top-nσ, XTC, DRY, dynamic temperature, mirostat v2, presence and frequency penalties,
 logit bias on token ids. Every server takes OpenAI's presence and frequency penalties and logit bias. A sampler the
-server lacks is refused by name (``RemoteError``), never silently left out.
+server lacks is refused by name (``RemoteError``), never silently left out. A constraint (``--json-schema``, ...)
+goes in each engine's own fields (``playground.remote.constraint``), or is refused by name (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from playground.config import RunSettings
 from playground.config.samplers import SPECS, parse_logit_bias, parse_sampler_order, sampler_is_on
 from playground.remote.client import EngineInfo
+from playground.remote.constraint import constraint_fields
 from playground.remote.errors import RemoteError
 from playground.remote.source import RemoteSource
 
@@ -173,6 +175,7 @@ def build_request(settings: RunSettings, info: EngineInfo, model: str, source: R
     else:
         kwargs["temperature"] = 0.0
     extra = _sampler_extras(s, info, sampling)
+    extra.update(constraint_fields(s, info.engine, info.version))
     kwargs.update(_openai_penalties(s, info))
     if info.engine == "llama.cpp":
         extra["timings_per_token"] = True

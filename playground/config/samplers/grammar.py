@@ -171,7 +171,9 @@ register_sampler(SamplerSpec(
          "--regex, --grammar, --choices)",
     is_on=lambda s: s.group(GrammarSettings).active(),
     needs_run="its matcher follows the chosen tokens",
-    server=ServerWords(nowhere="constraints are not sent to a server yet; run it on a local model"),
+    # Sent in each server's own fields, or refused by name there: playground.remote.constraint (a constraint is not
+    # a chain entry or a sampler field: llama-server takes GBNF or a schema, vLLM its structured_outputs).
+    server=ServerWords(),
     what_if="estimate: the what-if does not re-run the grammar (the run records how many tokens it allowed, not "
             "which)",
     what_if_examples=(dict(regex="[a-z ]+"),)))
