@@ -4,6 +4,7 @@ one refused with the library's message, and a constrained step's tooltip saying 
 from __future__ import annotations
 
 import pytest
+from test_grammar import smol_tokenizer  # noqa: F401  (the fixture: the default model's tokenizer)
 
 from playground.config import ConfigError, RunSettings
 from playground.config.samplers.grammar import GrammarSettings
@@ -38,3 +39,25 @@ def test_a_constrained_steps_tooltip_says_what_the_mask_did():
     from dataclasses import replace
 
     assert "constraint" not in token_tooltip_html(replace(step, grammar=None))
+
+
+def test_the_status_bar_says_why_a_constrained_run_ended(qtbot, tmp_path, smol_tokenizer):  # noqa: F811
+    """A budget that ends before the regex is complete: the window's status line gives the engine's note."""
+    from PySide6.QtCore import Qt
+    from test_grammar import _tiny_on
+    from windows import let_go, open_window
+
+    settings = RunSettings.from_flat(prompt="Answer:", chat=False, strategy="greedy", max_new_tokens=3
+                                     ).with_group(GrammarSettings(regex="[a-z]{60}")).validate()
+    w = open_window(qtbot, tmp_path, _tiny_on(smol_tokenizer), settings)
+    try:
+        w.set_run_settings(settings)
+        qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: not w.busy and w.session.runs and w.session.runs[-1].finished is not None,
+                        timeout=60_000)
+        finished = w.session.runs[-1].finished
+        assert finished.stop_reason == "grammar_incomplete" and finished.stop_note
+        message = w.status.currentMessage()
+        assert "grammar_incomplete" in message and finished.stop_note in message, message
+    finally:
+        let_go(w)

@@ -313,6 +313,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         if ended is not None and ended.finished is not None and job is not None and job.error is None:
             cut = ended.finished.cut_short
             note = f" (Stop cut short: {', '.join(c.replace('_', ' ') for c in cut)})" if cut else ""
+            if ended.finished.stop_note:  # why it ended, where the reason needs words (a constraint, a ban, a reply)
+                note += f": {ended.finished.stop_note}"
             self.status.showMessage(f"Run #{ended.index + 1} done: {ended.finished.stop_reason}, "
                                     f"{ended.count_label()}{note}", 10000)
 
