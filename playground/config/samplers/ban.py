@@ -66,10 +66,12 @@ class BanSettings(SettingsGroup):
 
 
 register_sampler(SamplerSpec(
-    name="ban", position=25, aliases=("bans", "phrase_ban"), group=BanSettings,
+    name="ban", position=62, aliases=("bans", "phrase_ban"), group=BanSettings,
     reads=("ban", "ban_regex", "ban_max_rollbacks"), sampling_only=False, value_only=False, truncating=True,
-    # Beside the logit bias (a ban forbids single tokens, as a bias of -inf): every later sampler sees the
-    # forbidden token gone, as antislop's and ik_llama.cpp's bans set its logit before the sampler chain.
+    # A ban forbids single tokens (a logit of -inf), as antislop's and ik_llama.cpp's bans set it before the
+    # sampler chain. Placed after transformers' processors and the penalties (each changes single tokens' logits
+    # and keeps -inf at -inf, so the mask gives the same distribution before or after them: transformers' order
+    # stays as it is) and before every sampler that shapes the distribution, beside the grammar's mask.
     help="ban phrases or regular expressions by backtracking: roll back to where a match began and forbid that "
          "token there (--ban, --ban-regex)",
     is_on=lambda s: s.group(BanSettings).active(),
