@@ -157,12 +157,17 @@ def _parting(lm: Any, prompt: tuple[int, ...], mine: list[TokenStep], theirs: li
     return agree, (None if len(mine) == len(theirs) else Parting(agree, math.inf, None)), gaps
 
 
-def compare(lm: Any, url: str, case: Case) -> Outcome:
-    free_local, _, prompt = _local(lm, settings_of(case, False))
+def compare(lm: Any, url: str, case: Case, unconstrained: bool = True) -> Outcome:
+    """The case on both engines; ``unconstrained``: also both engines' unconstrained greedy (for the figures)."""
     eos = lm.tokenizer.eos_token_id
-    free_server, _ = _server(url, settings_of(case, False), eos)
-    free_agree, _, _ = _parting(lm, prompt, free_local, free_server)
-    mine, mine_done, _ = _local(lm, settings_of(case, True))
+    free_local: list[TokenStep] = []
+    free_server: list[RemoteTokenStep] = []
+    free_agree = 0
+    if unconstrained:
+        free_local, _, prompt = _local(lm, settings_of(case, False))
+        free_server, _ = _server(url, settings_of(case, False), eos)
+        free_agree, _, _ = _parting(lm, prompt, free_local, free_server)
+    mine, mine_done, prompt = _local(lm, settings_of(case, True))
     theirs, their_done = _server(url, settings_of(case, True), eos)
     agree, parting, gaps = _parting(lm, prompt, mine, theirs)
     grammar = settings_of(case, True).group(GrammarSettings)
