@@ -28,11 +28,13 @@ class RunViews:
         self.shown: set[str] = set()  # names of the views that show the selected run
         self.failures: dict[tuple[str, str], int] = {}  # (view, method) -> times it raised (logged once)
         self.kinds_seen = 0  # step event kinds the selected run had when its views were chosen
+        self.failed: set[str] = set()  # views that raised on the shown run: their docks keep saying so
 
     def show(self, run: Run) -> None:
         """Every view that applies to ``run`` shows it; the others say why they are empty; the one that tells most
         comes to the front."""
         self.shown = set()
+        self.failed = set()
         self.kinds_seen = len(run.step_kinds)
         for name, view in self.views.items():
             shown = view.applies_to(run)
@@ -54,12 +56,12 @@ class RunViews:
         if any(isinstance(event, (RunStarted, RunFinished)) for event in batch):
             # The empty views' texts can say more now (a server's run: why they are empty; at its end, its figures).
             for name in self.views:
-                if name not in self.shown:
+                if name not in self.shown and name not in self.failed:
                     self.docks[name].show_view(False, run)
         if len(run.step_kinds) != self.kinds_seen:  # a kind of step came that a view not shown yet draws
             self.kinds_seen = len(run.step_kinds)
             for name, view in self.views.items():
-                if name not in self.shown and view.applies_to(run):
+                if name not in self.shown and name not in self.failed and view.applies_to(run):
                     self.shown.add(name)
                     self.docks[name].show_view(True, run)
                     self.call(name, "show_run", run)
@@ -105,6 +107,7 @@ class RunViews:
                       file=sys.stderr)
                 traceback.print_exc(file=sys.stderr)
             self.shown.discard(name)
+            self.failed.add(name)
             view = self.views[name]
             message = f"{type(error).__name__}: {error}".splitlines()[0]
             what = "clear itself" if method == "reset" else "draw this run"
