@@ -162,3 +162,31 @@ def test_a_freeze_made_by_someone_else_is_left_alone(qtbot):
     with qtbot.waitSignal(job.finished, timeout=10_000):
         job.start()
     assert gc.get_freeze_count() == frozen
+
+
+def test_while_a_job_runs_the_gil_changes_hands_in_short_turns(qtbot):
+    import sys
+
+    from playground.ui import switch_interval
+
+    before = sys.getswitchinterval()
+    assert before > switch_interval.JOB_INTERVAL_S  # Python's own 5 ms
+    release = []
+    seen = []
+
+    def body(should_stop, progress):
+        seen.append(sys.getswitchinterval())  # on the job's thread
+        while not release and not should_stop():
+            yield None
+
+    job = GeneratorJob(body)
+    job.start()
+    try:
+        assert sys.getswitchinterval() == switch_interval.JOB_INTERVAL_S
+        qtbot.waitUntil(lambda: bool(seen), timeout=10_000)
+        assert seen == [switch_interval.JOB_INTERVAL_S]
+    finally:
+        release.append(True)
+        with qtbot.waitSignal(job.finished, timeout=10_000):
+            pass
+    assert sys.getswitchinterval() == before

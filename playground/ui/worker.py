@@ -21,7 +21,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, QTimer, Signal
 
 from playground.config.catalog import Progress, StopCheck
-from playground.ui import gui_gc
+from playground.ui import gui_gc, switch_interval
 
 # A job's body: gets a stop check and a progress callback, returns an iterator of items for the GUI.
 JobBody = Callable[[StopCheck, Progress], Iterator[Any]]
@@ -175,6 +175,7 @@ class GeneratorJob(QObject):
 
     def start(self) -> None:
         gui_gc.job_started()  # while it runs, the worker must never run the collector (see gui_gc)
+        switch_interval.job_started()  # and the GIL changes hands in short turns (see switch_interval)
         self._counted = True
         self._timer.start()
         _LIVE_THREADS.add(self._thread)
@@ -232,6 +233,7 @@ class GeneratorJob(QObject):
         if self._counted:
             self._counted = False
             gui_gc.job_ended()
+            switch_interval.job_ended()
         self._timer.stop()
         self._drain()
         if self.error is not None:
