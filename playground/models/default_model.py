@@ -157,9 +157,12 @@ def _convert(gguf: Path, out: Path, progress: Progress | None) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
+    from playground.models.gguf_reads import gguf_read_once
+
+    with gguf_read_once():  # one read of the file for both
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True)
     _say(progress, "Saving the converted model…", 0.9)
     # A GGUF-loaded model refuses save_pretrained while it carries its quantization config.
     quantizer = getattr(model, "hf_quantizer", None)

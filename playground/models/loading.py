@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +20,7 @@ from playground.config.catalog import Progress
 from playground.errors import UserError
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
+from playground.models.gguf_reads import gguf_read_once
 from playground.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -120,11 +122,12 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     started = time.perf_counter()
     # ``say`` runs outside the reads' error handling: what it raises (a Stop between phases) reaches the caller as is.
     say(f"Loading tokenizer of {name}…", 0.1)
-    tokenizer = _read(name, folder, lambda: AutoTokenizer.from_pretrained(folder, **common))
-    say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
-    # nn.Module's view of it: transformers' own ``to`` is typed as a function of the model, not as a method.
-    model: nn.Module = _read(name, folder,
-                             lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common))
+    with gguf_read_once() if gguf_file else nullcontext():  # transformers reads a GGUF three times without it
+        tokenizer = _read(name, folder, lambda: AutoTokenizer.from_pretrained(folder, **common))
+        say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
+        # nn.Module's view of it: transformers' own ``to`` is typed as a function of the model, not as a method.
+        model: nn.Module = _read(name, folder,
+                                 lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **common))
     say(f"Moving {name} to {device.type}…", 0.9)
     try:
         model = model.to(device).eval()
