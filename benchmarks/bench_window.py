@@ -33,6 +33,7 @@ from side_by_side import report
 from playground.config import ModelSettings, RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished
+from playground.ui import switch_interval
 
 # Without the chat template the small model keeps telling its story instead of ending at EOS; greedy, it soon
 # repeats itself in one long paragraph (here ~835 of 1,000 tokens), the case where a text view's work per token
@@ -104,6 +105,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny random model instead of the default model")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--profile", default=None, help="write a cProfile of the GUI thread (window runs) here")
+    parser.add_argument("--job-interval-ms", type=float, default=None,
+                        help="also run the window with this GIL switch interval during jobs (ui/switch_interval.py; "
+                             "e.g. 5, Python's own) and print its ratio beside the shipped one's")
     args = parser.parse_args()
     new_tokens = args.max_new_tokens or (300 if args.tiny else 1000)
 
@@ -142,6 +146,7 @@ def main() -> None:
         window_run(window, warm)
 
         plain, ours, plain_cpu, window_cpu, lengths, paragraph = [], [], [], [], set(), 0
+        alternative: list[float] = []
         for i in range(args.repeats):
             done, cpu = plain_thread_run(lm, settings)
             plain.append(done.tokens_per_s)
@@ -152,8 +157,19 @@ def main() -> None:
             ours.append(done.tokens_per_s)
             window_cpu.append(cpu / (done.decode_ms / 1000))
             lengths.add((len(done.token_ids), done.stop_reason))
+            other = ""
+            if args.job_interval_ms is not None:
+                shipped = switch_interval.JOB_INTERVAL_S
+                switch_interval.JOB_INTERVAL_S = args.job_interval_ms / 1000
+                try:
+                    done, _ = window_run(window, settings)
+                finally:
+                    switch_interval.JOB_INTERVAL_S = shipped
+                alternative.append(done.tokens_per_s)
+                other = f", window at {args.job_interval_ms:g} ms {alternative[-1]:.1f} tok/s " \
+                        f"({alternative[-1] / plain[-1]:.2f}x)"
             print(f"  repeat {i + 1}: plain {plain[-1]:.1f} tok/s, window {ours[-1]:.1f} tok/s "
-                  f"({ours[-1] / plain[-1]:.2f}x)", flush=True)
+                  f"({ours[-1] / plain[-1]:.2f}x){other}", flush=True)
         window.close()
         app.processEvents()
 
@@ -166,6 +182,10 @@ def main() -> None:
            ("plain thread, GUI idle", plain), ("in the window (1500x950, offscreen)", ours), goal=0.9)
     paired = statistics.median(o / r for o, r in zip(ours, plain, strict=True))
     print(f"median of the {args.repeats} side-by-side ratios: {paired:.2f}x (steadier when the machine's load drifts)")
+    if alternative:
+        other = statistics.median(o / r for o, r in zip(alternative, plain, strict=True))
+        print(f"with a {args.job_interval_ms:g} ms switch interval during jobs instead of "
+              f"{switch_interval.JOB_INTERVAL_S * 1000:g} ms: median ratio {other:.2f}x")
     print(f"GUI thread CPU per decode second: plain {statistics.median(plain_cpu) * 100:.1f}%, "
           f"window {statistics.median(window_cpu) * 100:.1f}% (median)")
     if profiler is not None:
