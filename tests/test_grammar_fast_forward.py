@@ -209,3 +209,24 @@ def test_a_saved_run_keeps_the_mark_and_an_old_one_reads_false(counted):
     del old["grammar"]["fast_forward"]
     assert event_from_dict(old).grammar == dataclasses.replace(marked.grammar, fast_forward=False)
     assert isinstance(events[-1], RunFinished)
+
+
+def test_the_tokens_view_marks_fast_forward_tokens_and_says_so_on_hover(qtbot, counted):
+    from PySide6.QtGui import QTextCharFormat, QTextCursor
+
+    from playground.state.session import Run
+    from playground.ui.views.tokens import TokensView
+    from playground.ui.views.tokens.tooltip import token_tooltip_html
+
+    events, _ = counted
+    view = TokensView()
+    qtbot.addWidget(view)
+    view.show_run(Run.from_events(events))
+    edit = view.token_view.text
+    assert [s.token_id for s in edit.steps] == [s.token_id for s in _steps(events)]
+    dashed = QTextCharFormat.UnderlineStyle.DashUnderline
+    for step, start in zip(edit.steps, edit._starts, strict=True):
+        cursor = QTextCursor(edit.document())
+        cursor.setPosition(start + 1)  # the format of the token's first character
+        assert (cursor.charFormat().underlineStyle() == dashed) == step.grammar.fast_forward, step
+        assert ("fast-forward" in token_tooltip_html(step)) == step.grammar.fast_forward
