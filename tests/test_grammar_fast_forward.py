@@ -187,11 +187,19 @@ def test_the_budget_a_stop_string_and_stop_cut_a_run_of_fixed_tokens(monkeypatch
     assert stopped[-1].stop_reason == "stopped" and len(_steps(stopped)) == first_ff + 5
 
 
-def test_a_ban_rolls_back_a_run_of_fixed_tokens(monkeypatch, lm, counted):
+@pytest.fixture(scope="module")
+def banned(lm, counted):
+    """The constrained run with greedy's own country banned: (its settings, its events)."""
+    events, _ = counted
+    country = json.loads(events[-1].text)["shipping_destination_country"]
+    settings = _settings(ban=(country,))
+    return settings, list(run_sampling(lm, settings))
+
+
+def test_a_ban_rolls_back_a_run_of_fixed_tokens(monkeypatch, lm, counted, banned):
     events, _ = counted
     country = json.loads(events[-1].text)["shipping_destination_country"]  # greedy's own choice, then banned
-    settings = _settings(ban=(country,))
-    fed = list(run_sampling(lm, settings))
+    settings, fed = banned
     rollbacks = [e for e in fed if isinstance(e, Rollback)]
     assert rollbacks and any(s.grammar.fast_forward for s in _steps(fed))
     other = "Japan" if country == "France" else "France"
@@ -211,11 +219,12 @@ def test_a_saved_run_keeps_the_mark_and_an_old_one_reads_false(counted):
     assert isinstance(events[-1], RunFinished)
 
 
-def test_the_tokens_view_marks_fast_forward_tokens_and_says_so_on_hover(qtbot, counted):
+def test_the_tokens_view_marks_fast_forward_tokens_and_says_so_on_hover(qtbot, tmp_path, counted):
     from PySide6.QtGui import QTextCharFormat, QTextCursor
 
     from playground.state.session import Run
     from playground.ui.views.tokens import TokensView
+    from playground.ui.views.tokens.grammar_line import FAST_FORWARD_COLOR, FAST_FORWARD_ON_DARK
     from playground.ui.views.tokens.tooltip import token_tooltip_html
 
     events, _ = counted
@@ -230,3 +239,43 @@ def test_the_tokens_view_marks_fast_forward_tokens_and_says_so_on_hover(qtbot, c
         cursor.setPosition(start + 1)  # the format of the token's first character
         assert (cursor.charFormat().underlineStyle() == dashed) == step.grammar.fast_forward, step
         assert ("fast-forward" in token_tooltip_html(step)) == step.grammar.fast_forward
+    view.resize(700, 400)
+    view.grab().save(str(tmp_path / "marked.png"))
+    unmarked = [dataclasses.replace(e, grammar=dataclasses.replace(e.grammar, fast_forward=False))
+                if isinstance(e, TokenStep) else e for e in events]
+    view.show_run(Run.from_events(unmarked))
+    view.grab().save(str(tmp_path / "unmarked.png"))
+    colors = (FAST_FORWARD_COLOR, FAST_FORWARD_ON_DARK)
+    assert _pixels(tmp_path / "marked.png", *colors) > 100 and _pixels(tmp_path / "unmarked.png", *colors) == 0
+
+
+def _pixels(path, *colors: str) -> int:
+    """How many of the PNG's pixels have one of ``colors``."""
+    import numpy as np
+    from PySide6.QtGui import QColor, QImage
+
+    image = QImage(str(path)).convertToFormat(QImage.Format.Format_RGB32)
+    pixels = np.frombuffer(image.constBits(), dtype=np.uint32).reshape(image.height(), -1)[:, : image.width()]
+    return int(np.isin(pixels & 0xFFFFFF, [QColor(c).rgb() & 0xFFFFFF for c in colors]).sum())
+
+
+def test_shot_from_a_saved_constrained_run_and_a_ban_run_draws_their_marks(qapp, tmp_path, monkeypatch, counted,
+                                                                           banned):
+    """The saved runs render without a model: the constrained one with its fast-forward underlines, the ban run
+    with its struck spans (each mark's own colour counted in the PNG, against a run without it)."""
+    from playground.cli import main
+    from playground.traces import write_trace
+    from playground.ui.views.tokens.grammar_line import FAST_FORWARD_COLOR, FAST_FORWARD_ON_DARK
+    from playground.ui.views.tokens.rollbacks import UNDONE_BG
+
+    events, _ = counted
+    write_trace(events, tmp_path / "grammar.jsonl")
+    write_trace(banned[1], tmp_path / "ban.jsonl")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-cache"))  # no model here
+    for name in ("grammar", "ban"):
+        assert main(["shot", "--from-trace", str(tmp_path / f"{name}.jsonl"), "--view", "tokens", "--out",
+                     str(tmp_path / f"{name}.png")]) == 0
+    # The underline's colours are the mark's alone (the view's test below: none in a run without the mark).
+    assert _pixels(tmp_path / "grammar.png", FAST_FORWARD_COLOR, FAST_FORWARD_ON_DARK) > 100
+    assert _pixels(tmp_path / "ban.png", UNDONE_BG) > 100
+    assert _pixels(tmp_path / "grammar.png", UNDONE_BG) == 0

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import html
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QTextCharFormat
 
 from playground.events.grammar import GrammarStep
 from playground.ui.style import format_percent
 
-FAST_FORWARD_COLOR = "#117733"  # a fast-forward token's dashed underline (green: not the what-if's red)
+# A fast-forward token's dashed underline: Okabe-Ito green (not the what-if's red), lighter on a dark shade.
+FAST_FORWARD_COLOR = "#009E73"
+FAST_FORWARD_ON_DARK = "#7FEBC8"
 
 
 def grammar_line(record: GrammarStep | None) -> str:
@@ -33,7 +36,10 @@ def grammar_line(record: GrammarStep | None) -> str:
 
 
 def mark_fast_forward(fmt: QTextCharFormat, record: GrammarStep | None) -> None:
-    """Underline a fast-forward token's text (dashed, in ``FAST_FORWARD_COLOR``); others are left as they are."""
+    """Underline a fast-forward token's text (dashed, in ``FAST_FORWARD_COLOR``, or ``FAST_FORWARD_ON_DARK`` on a
+    dark shade); others are left as they are."""
     if record is not None and record.fast_forward:
+        brush = fmt.background()
+        dark = brush.style() != Qt.BrushStyle.NoBrush and brush.color().lightnessF() < 0.5
         fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.DashUnderline)
-        fmt.setUnderlineColor(QColor(FAST_FORWARD_COLOR))
+        fmt.setUnderlineColor(QColor(FAST_FORWARD_ON_DARK if dark else FAST_FORWARD_COLOR))
