@@ -187,6 +187,15 @@ def test_the_budget_a_stop_string_and_stop_cut_a_run_of_fixed_tokens(monkeypatch
     assert stopped[-1].stop_reason == "stopped" and len(_steps(stopped)) == first_ff + 5
 
 
+def test_with_the_lens_each_token_has_its_own_pass_and_layers(lm):
+    from playground.events.layers import LayerStep
+
+    events = list(run_sampling(lm, _settings(lens=True, max_new_tokens=10)))
+    steps = _steps(events)
+    assert len(steps) == 10 and not any(s.grammar.fast_forward for s in steps)
+    assert [e.step for e in events if isinstance(e, LayerStep)] == list(range(10))
+
+
 @pytest.fixture(scope="module")
 def banned(lm, counted):
     """The constrained run with greedy's own country banned: (its settings, its events)."""

@@ -13,8 +13,10 @@ steps and then the next free step. The fixed tokens stay real steps:
 
 The rows a pass computed ahead serve only while the run follows them. A rollback (the cache cropped below the
 pass) or a different token (taken by hand in step mode) drops them, and the cache is cropped back to the kept tokens
-before the next pass. It is off (step by step) while an observer watches the model's passes, because the lens
-records one position per pass.
+before the next pass. It is off (step by step) while an observer watches the model's passes or measures each
+step (the lens records one position per pass, the attention rows and KV measurements one per step).
+
+The step's ``kv_cache_bytes`` is the cache as it is: at a fast-forward step it already holds the tokens fed ahead.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class FastForward:
 
     def __init__(self, lm: LoadedModel, loop: Any, grammar: Grammar | None) -> None:
         self.lm, self.loop, self.grammar = lm, loop, grammar
-        watched = any(overrides(o, "watch") or overrides(o, "after_step") for o in loop.observers)
+        watched = any(overrides(o, hook) for o in loop.observers for hook in ("watch", "after_step", "step_events"))
         self.on = grammar is not None and not watched
         self.ahead: Ahead | None = None
 
