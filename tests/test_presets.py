@@ -273,3 +273,28 @@ def test_dry_stops_the_list_loop_that_a_mild_repetition_penalty_does_not(default
     assert len(fixed.text.splitlines()) >= 7  # still a list, not an early stop
     assert any(effect.name == "dry" and effect.reweighted for e in events if isinstance(e, TokenStep)
                for effect in e.effects)
+
+
+EXPECTED.update({"json-extraction"})  # a JSON schema overriding the model (tests/test_grammar_fast_forward.py)
+
+
+def test_the_json_extraction_schema_forces_tokens_the_model_found_unlikely(default_lm):
+    """Cut to the job's value (26 of its 33 tokens, the suite's time): the schema's keys and order override the
+    model's top token, and at the job the model wants "Marine" (not in the enum) and gets "doctor" on a sliver."""
+    import json
+
+    from playground.config.samplers.grammar import GrammarSettings
+
+    settings = load_preset("json-extraction").settings
+    schema = json.loads(settings.group(GrammarSettings).json_schema)
+    steps = [e for e in run_strategy(default_lm, settings.replace(max_new_tokens=26)) if isinstance(e, TokenStep)]
+    text = "".join(s.text for s in steps)
+    assert text.startswith('{"name": "Dr. Amelia Okafor", "age": 52, "job": "doctor"'), text
+    assert "doctor" in schema["properties"]["job"]["enum"] and "Marine" not in text
+    job = next(i for i, s in enumerate(steps) if "".join(t.text for t in steps[: i + 1]).endswith('"job": "d'))
+    top = steps[job].candidates[0]
+    assert top.text.strip() == "Marine" and top.raw_prob > 0.3 and steps[job].raw_prob < 0.001
+    assert steps[job].grammar.top_forbidden and steps[job].grammar.removed_mass > 0.99
+    overrode = [i for i, s in enumerate(steps) if s.grammar.top_forbidden]
+    assert len(overrode) >= 6, overrode  # "name" over "facts", "job" over "country", the enum's letters, ...
+    assert any(s.grammar.fast_forward for s in steps)

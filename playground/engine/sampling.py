@@ -1,6 +1,7 @@
 """Greedy decoding and sampling, one token per step over the model's KV cache, every intermediate recorded.
 
-Prefill runs the whole prompt once and fills the cache; each later step feeds only the newest token. With guidance
+Prefill runs the whole prompt once and fills the cache; each later step feeds only the newest token, or with it the
+tokens a constraint fixes from there (``playground.engine.fast_forward``: one pass for all of them). With guidance
 on, a second context (the negative prompt, then every generated token) runs beside it with its own cache.
 """
 
@@ -15,6 +16,7 @@ import torch
 from playground.config import ConfigError, RunSettings
 from playground.engine.bans import BanGuard, blocked_note, check_croppable
 from playground.engine.decode import DecodeLoop, Picked
+from playground.engine.fast_forward import FastForward
 from playground.engine.forward import prefill
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, SamplerRun, build_pipeline
@@ -101,11 +103,14 @@ def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: 
     token_text = TokenTextCache(lm.tokenizer)
     chooser = loop.context.chooser
 
+    passes = FastForward(lm, loop, run.grammar)  # a constraint's fixed tokens go through the model in one pass
+
     def step(index: int, forced: int | None) -> Picked:
+        fixed = None  # the token the constraint fixed here, when the pass fed it (a fast-forward step)
         if index > 0 or loop.deferred:  # else the prefill's logits (it read the whole prompt)
-            with loop.watching():
-                logits = lm.model(input_ids=loop.ids.last, cache=loop.cache, use_cache=True).logits[:, -1, :].float()
+            logits, fixed = passes.next_logits()
         else:
+            assert loop.logits is not None  # the prefill read the whole prompt
             logits = loop.logits
         if negative is not None:
             run.negative_logits = negative.next_logits(loop.ids.last)
@@ -122,6 +127,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, loop: DecodeLoop, pipeline: 
         if "ban_blocked" in analysis.extra:  # the bans' rollbacks forbade every token left here
             return Picked([], lambda texts, ms: [], ends=("ban_blocked", analysis.extra["ban_blocked"]))
         chose_other = analysis.extra.get("chosen_by_user", False)
+        if fixed is not None and analysis.token_id == fixed and analysis.grammar is not None:
+            analysis.grammar = dataclasses.replace(analysis.grammar, fast_forward=True)
 
         def events(texts: list[str], step_ms: float) -> list[Event]:
             return [analysis.to_event(step=index, text=texts[0], forced=forced is not None or chose_other,

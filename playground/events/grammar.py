@@ -14,8 +14,12 @@ class GrammarStep:
     removed_mass: float  # raw probability of the tokens it forbids (0: the model kept to the grammar by itself)
     top_forbidden: bool  # the raw top token is forbidden: the grammar overrode the model's first choice
     # Tokens the grammar fixes from here without a choice (llguidance's fast-forward tokens, from this step's
-    # state); empty when there is a choice. Recorded only: each is still decoded as a step of its own.
+    # state); empty when there is a choice.
     ff_tokens: tuple[int, ...] = ()
+    # A fast-forward step: the grammar fixed this token (the only one it allowed) and the run fed it to the model in
+    # one pass with the others it fixed (``playground.engine.fast_forward``); its probabilities are that pass's, at
+    # its position. False for a step the model chose (and in runs saved before).
+    fast_forward: bool = False
 
     @property
     def forced(self) -> bool:

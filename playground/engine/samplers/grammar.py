@@ -11,6 +11,8 @@ grammar forbids (its logit becomes ``-inf``); ``accept`` advances the matcher by
   ``LLMatcher.rollback`` do not count an end token taken after the grammar stopped, a copy needs no count.
 - ``last``: what the latest ``apply`` allowed (the mask, [vocab] bool, and the fast-forward tokens the grammar
   fixes from there), for the step's record (``grammar_step``).
+- ``forced_run``: the fast-forward tokens that leave no choice, for a strategy that feeds them to the model in one
+  pass (``playground.engine.fast_forward``).
 
 ids: [batch, seq]; logits: [batch, vocab].
 """
@@ -111,12 +113,41 @@ class Grammar(Sampler):
     def allowed(self) -> Allowed:
         """The tokens the grammar allows now (computed once per matcher state)."""
         if self.last is None:
-            mask = unpack_bitmask(self.matcher.compute_bitmask(), self.vocab)
-            if self.eos_ids and bool(mask[list(self.eos_ids)].any()):
-                mask[list(self.eos_ids)] = True  # the grammar accepts: every end token the model has may end it
+            mask = self._mask_of(self.matcher)
             ff = tuple(self.matcher.compute_ff_tokens()) if not self.matcher.is_stopped() else ()
             self.last = Allowed(mask, ff)
         return self.last
+
+    def forced_run(self, limit: int) -> tuple[int, ...]:
+        """The tokens the grammar fixes from this state, one after another, as long as each is the only token its
+        state allows (at most ``limit``): llguidance's fast-forward tokens, kept only where the mask leaves no other
+        token (a longer token over the forced bytes and beyond, or an end token where the grammar accepts, would
+        be a choice), so a run that takes them emits exactly the tokens it would take step by step. The matcher
+        itself does not move (a copy walks the run)."""
+        allowed = self.allowed()
+        if self.broken or limit <= 0 or not allowed.ff_tokens:
+            return ()
+        out: list[int] = []
+        matcher = None
+        mask, ff = allowed.mask, allowed.ff_tokens
+        while len(out) < limit:
+            token = ff[0] if ff else -1
+            if not 0 <= token < mask.shape[0] or token in self.eos_ids or int(mask.sum().item()) != 1 or not bool(
+                    mask[token]):
+                break
+            out.append(token)
+            matcher = matcher if matcher is not None else self.matcher.deep_copy()
+            if not matcher.consume_token(token) or matcher.is_stopped():
+                break
+            mask, ff = self._mask_of(matcher), tuple(matcher.compute_ff_tokens())
+        return tuple(out)
+
+    def _mask_of(self, matcher: Any) -> torch.Tensor:
+        """``matcher``'s mask, [vocab] bool, every end token allowed where the grammar accepts."""
+        mask = unpack_bitmask(matcher.compute_bitmask(), self.vocab)
+        if self.eos_ids and bool(mask[list(self.eos_ids)].any()):
+            mask[list(self.eos_ids)] = True  # the grammar accepts: every end token the model has may end it
+        return mask
 
     def _moved_on(self) -> None:
         """The matcher moved (or went back): the next ``apply`` asks it again."""

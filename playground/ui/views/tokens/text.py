@@ -46,6 +46,7 @@ from playground.ui.style import (
     shade_for_prob,
     text_color_on,
 )
+from playground.ui.views.tokens.grammar_line import mark_fast_forward
 from playground.ui.views.tokens.rollbacks import RollbackMarks, rollback_summary, rollback_tooltip_html
 from playground.ui.views.tokens.tooltip import (
     NO_PROBS_BG,
@@ -263,6 +264,7 @@ class TokenTextEdit(RollbackMarks, QTextEdit):
         fmt = self._shade_format(step)
         if step.forced:
             fmt.setFontItalic(True)
+        mark_fast_forward(fmt, getattr(step, "grammar", None))
         # Newlines and empty deltas (a byte of a multi-byte character) still get a visible mark.
         text = flowing_token_text(step.text) if step.text else "·"
         self._starts.append(cursor.position())
