@@ -16,6 +16,12 @@ class GrammarStep:
     # Tokens the grammar fixes from here without a choice (llguidance's fast-forward tokens, from this step's
     # state); empty when there is a choice. Recorded only: each is still decoded as a step of its own.
     ff_tokens: tuple[int, ...] = ()
+    # The step's raw top candidates (``TokenStep.candidates`` by raw rank, the chosen one aside) that the mask
+    # forbids, for the tokens view's strike-through; None in runs saved before it was recorded.
+    forbidden: tuple[int, ...] | None = None
+    # The raw probability of the tokens the mask allows, summed on its own (``1 − removed_mass`` loses it where it is
+    # tiny: a forced token the model gave 1e-9); the renormalisation costs ``−ln`` of it. None in older saved runs.
+    allowed_mass: float | None = None
 
     @property
     def forced(self) -> bool:
