@@ -266,7 +266,8 @@ def test_continue_without_the_constraint_from_a_step(qtbot, tmp_path, lm):
                 view.show_chart_step(step)
                 assert view.token_view.constraint_bar.isVisible()
                 view.token_view.constraint_bar.button.click()
-            qtbot.waitUntil(lambda n=len(children) + 2: len(w.session.runs) == n and not w.busy
+            runs = len(children) + 2
+            qtbot.waitUntil(lambda: len(w.session.runs) == runs and not w.busy  # noqa: B023 (waited on here)
                             and w.session.runs[-1].finished is not None, timeout=60_000)
             child = w.session.runs[-1]
             children.append(child)
