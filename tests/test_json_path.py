@@ -77,6 +77,7 @@ def test_the_path_of_a_partial_text_equals_the_one_worked_out_by_hand(text, path
 def test_a_key_being_written_is_read_through_its_escapes():
     assert json_place('{"a": {"x\\"y\\u00e9\\n').key == 'x"yé\n'
     assert json_place('{"a": {"x\\"y\\u00e9\\n').describe() == '$.a (writing a key: "x\\"yé\\n…)'
+    assert json_place('{"a": {"').describe() == "$.a (writing a key)"
     assert json_place('{"\\ud83d\\ude00": 1').path == '$["😀"]'  # a surrogate pair is one character
 
 

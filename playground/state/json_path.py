@@ -63,7 +63,8 @@ class JsonPlace:
         if not self.valid:
             return f"{self.path} (the text after it is not JSON)"
         if self.in_key:
-            return f"{self.path} (writing a key: {json.dumps(self.key, ensure_ascii=False)[:-1]}…)"
+            begun = f": {json.dumps(self.key, ensure_ascii=False)[:-1]}…" if self.key else ""
+            return f"{self.path} (writing a key{begun})"
         if self.complete:
             return f"{self.path} (the document is complete)"
         return self.path

@@ -134,12 +134,12 @@ def summary_html(summary: ConstraintSummary | None, kind: str | None) -> str:
     p = summary.kept_probability
     chance = f"{p:.1e}" if 0 < p < 1e-4 else "< 1e-300" if p == 0 else format_percent(p)
     kept = "" if summary.unbounded else (
-        f": the raw model keeps to it along this output with probability e<sup>−{summary.cost:.2f}</sup> = "
+        f"; the raw model keeps to it along this output with probability e<sup>−{summary.cost:.2f}</sup> = "
         f"{html.escape(chance)}")
     return (f"<b>Constraint</b> ({html.escape(constraint_name(kind))}): overrode the model's top token at "
             f"<b>{len(summary.overrode)}</b> of {n} steps · forced (1 token allowed) at <b>{len(summary.forced)}"
-            f"</b> · cost {cost} of log-probability = Σ −ln(1 − raw mass removed) over the steps, the "
-            f"renormalisation over the allowed tokens{kept}")
+            f"</b> · cost {cost} of log-probability = Σ −ln(1 − raw mass removed) over the steps (the "
+            f"renormalisation){kept}")
 
 
 class ConstraintBar(QWidget):
@@ -153,8 +153,9 @@ class ConstraintBar(QWidget):
         self.label.setTextFormat(Qt.TextFormat.RichText)
         self.label.setWordWrap(True)
         self.label.setMinimumWidth(60)
-        self.button = QPushButton("Continue without the constraint from here", self)
-        self.button.setToolTip("Branch from the charted step with the same settings minus the constraint: the run's "
+        self.button = QPushButton("Branch unconstrained", self)
+        self.button.setToolTip("Continue without the constraint from the charted step: the same settings minus the "
+                               "constraint; the run's "
                                "tokens before it are forced, the model chooses freely from it on (a new run in the "
                                "runs list)")
         self.button.clicked.connect(self.unconstrained)

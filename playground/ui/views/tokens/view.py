@@ -464,13 +464,18 @@ class TokensView(View):
         rect = view.step_rect(index)
         tip = QLabel(view.tooltip_html(index))
         tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
-        tip.adjustSize()
         anchor = view.viewport().mapTo(origin, rect.bottomLeft() + QPoint(12, 6))
-        # Keep it over the output, clear of the chart.
+        # Keep it over the output, clear of the chart, and below what sits over the text (the constraint's strip):
+        # as wide as its text up to the output's width, its long lines wrapped there (adjustSize would cap it at
+        # 2/3 of the screen and cut them).
         right = view.viewport().mapTo(origin, view.viewport().rect().topRight()).x()
+        top = view.viewport().mapTo(origin, QPoint(0, 0)).y()
+        tip.setWordWrap(True)
+        width = min(tip.sizeHint().width(), max(360, right - 4))
+        tip.resize(width, tip.heightForWidth(width))
         x = max(0, min(anchor.x(), right - tip.width() - 4))
         y = anchor.y() if anchor.y() + tip.height() < pixmap.height() else max(
-            0, anchor.y() - rect.height() - 12 - tip.height())
+            top, anchor.y() - rect.height() - 12 - tip.height())
         painter = QPainter(pixmap)
         tip.render(painter, QPoint(x, y))
         painter.end()
