@@ -32,6 +32,7 @@ from playground.state.grammar import (
 )
 from playground.state.json_path import json_places
 from playground.ui.style import format_percent
+from playground.ui.views.tokens.candidates import LabelBox
 from playground.ui.views.tokens.step_strip import StepStrip
 from playground.ui.views.tokens.what_if import start_child
 
@@ -161,7 +162,8 @@ class ConstraintBar(QWidget):
         self.button.clicked.connect(self.unconstrained)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 2)
-        layout.addWidget(self.label, 1)
+        # In a box that stops the layout request of each new text (it changes as a run streams) at itself.
+        layout.addWidget(LabelBox(self.label, self), 1)
         layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignTop)
         self.hide()
 
