@@ -163,7 +163,7 @@ def _choose(
     grammar = run.grammar
     if grammar is not None:
         top = analysis.top_ids[0] if analysis.top_ids else int(logits.argmax(dim=-1).item())
-        analysis.grammar = grammar.step_record(analysis.raw_probs(), top)
+        analysis.grammar = grammar.step_record(analysis.raw_probs(), top, shown=analysis.top_ids)
         if forced_id is None and not bool(torch.isfinite(analysis.processed_logits).any()):
             analysis.extra["blocked"] = (
                 f"no token is left: the constraint allows {analysis.grammar.allowed} here and the other samplers "

@@ -20,6 +20,12 @@ class GrammarStep:
     # one pass with the others it fixed (``playground.engine.fast_forward``); its probabilities are that pass's, at
     # its position. False for a step the model chose (and in runs saved before).
     fast_forward: bool = False
+    # The step's raw top candidates (``TokenStep.candidates`` by raw rank, the chosen one aside) that the mask
+    # forbids, for the tokens view's strike-through; None in runs saved before it was recorded.
+    forbidden: tuple[int, ...] | None = None
+    # The raw probability of the tokens the mask allows, summed on its own (``1 − removed_mass`` loses it where it is
+    # tiny: a forced token the model gave 1e-9); the renormalisation costs ``−ln`` of it. None in older saved runs.
+    allowed_mass: float | None = None
 
     @property
     def forced(self) -> bool:

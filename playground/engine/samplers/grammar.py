@@ -20,6 +20,7 @@ ids: [batch, seq]; logits: [batch, vocab].
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,18 +201,25 @@ class Grammar(Sampler):
             return ""
         return f"the budget ended before the {self.kind.replace('_', ' ')} was complete"
 
-    def step_record(self, raw_probs: torch.Tensor, raw_top: int) -> GrammarStep:
+    def step_record(self, raw_probs: torch.Tensor, raw_top: int, shown: Sequence[int] | None = None) -> GrammarStep:
         """What the mask did at this step (``apply`` ran on its state), against the raw distribution ``raw_probs``
-        ([1, vocab] or [vocab]) and the raw top token ``raw_top``."""
+        ([1, vocab] or [vocab]) and the raw top token ``raw_top``; ``shown``: the step's raw top candidates, of
+        which the record names those the mask forbids (None: not recorded)."""
         allowed = self.allowed()
         mask = self._mask_on(raw_probs.device)
         probs = raw_probs.reshape(-1)
         width = probs.shape[0]
         if width != mask.shape[0]:
             mask = torch.cat([mask, mask.new_zeros(max(0, width - mask.shape[0]))])[:width]
-        removed = float(probs.masked_fill(mask, 0.0).double().sum().item())
+        removed, kept = (float(v) for v in torch.stack([probs.masked_fill(mask, 0.0).double().sum(),
+                                                          probs.masked_fill(~mask, 0.0).double().sum()]).tolist())
+        forbidden = None
+        if shown is not None:
+            host = allowed.mask  # [vocab] on the CPU: a handful of lookups, no device sync per token
+            forbidden = tuple(int(t) for t in shown if not (0 <= t < host.shape[0] and bool(host[t])))
         return GrammarStep(allowed=int(mask.sum().item()), removed_mass=removed,
-                           top_forbidden=not bool(mask[raw_top]), ff_tokens=allowed.ff_tokens)
+                           top_forbidden=not bool(mask[raw_top]), ff_tokens=allowed.ff_tokens, forbidden=forbidden,
+                           allowed_mass=kept)
 
     def reset(self) -> None:
         self.matcher.reset()

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QVBoxLayout, QW
 
 from playground.events import TokenStep
 from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
+from playground.state.grammar import forbidden_ids, forbidden_reason
 from playground.ui.style import (
     CHOSEN_COLOR,
     CUT_COLOR,
@@ -32,6 +33,8 @@ from playground.ui.style import (
 from playground.ui.views.drawing import LabelsAxis, set_ticks
 from playground.ui.views.tokens.tooltip import rank_text
 
+FORBIDDEN_MARK = "✗"  # before an axis label the constraint forbade (a tick label has no strike-out of its own)
+FORBIDDEN_COLOR = "#CC3311"  # constraint.REMOVED_COLOR: the stroke through a bar the constraint forbade, its words
 WHAT_IF_BAR_COLOR = "#009988"  # views/tokens/what_if.py's WHAT_IF_COLOR: the what-if's processed bars
 
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
@@ -195,9 +198,12 @@ def _x_extent(needed: float) -> float:
     return float(next((x for x in X_EXTENTS if x >= needed), needed))
 
 
-def _axis_label(row: ChartRow, character: str | None = None) -> str:
-    """The token's text, shortened; the chosen row is marked, with the character its byte belongs to if known."""
+def _axis_label(row: ChartRow, character: str | None = None, forbidden: bool = False) -> str:
+    """The token's text, shortened; the chosen row is marked, with the character its byte belongs to if known; a
+    candidate the constraint forbade is marked ✗ (its bar is struck through)."""
     text = row.label if len(row.label) <= LABEL_CHARS else row.label[: LABEL_CHARS - 1] + "…"
+    if forbidden:
+        return f"{FORBIDDEN_MARK} {text}"
     if row.chosen and character:
         text = f"{text} ({character})"
     return f"▶ {text}" if row.chosen else text
@@ -220,6 +226,8 @@ class CandidatesPanel(QWidget):
         self.legend = rich_label(self)
         self.remote_label: str | None = None  # a server's run: which distribution its numbers are
         self.what_if_html: str | None = None  # the what-if's line while it is on: the bars are its numbers
+        self.constraint: str | None = None  # the shown run's constraint kind: why a forbidden candidate is struck
+        self.forbidden_rows: list[int] = []  # rows struck through: candidates the constraint forbade
         self._set_legend()
 
         background = pg.mkColor(pg.getConfigOption("background"))
@@ -245,7 +253,9 @@ class CandidatesPanel(QWidget):
                                           pen=pg.mkPen(None))
         cut_brush = QBrush(QColor(CUT_COLOR), Qt.BrushStyle.BDiagPattern)
         self._cut = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=cut_brush, pen=pg.mkPen(CUT_COLOR))
-        for bar in (self._band, self._raw, self._processed, self._cut):
+        # A stroke through the raw bar of each candidate the constraint forbade.
+        self._struck = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=FORBIDDEN_COLOR, pen=pg.mkPen(None))
+        for bar in (self._band, self._raw, self._processed, self._cut, self._struck):
             item.addItem(bar)
         self._band.setZValue(-10)
         self._value_labels = ValueLabels(QFont("DejaVu Sans", 8))
@@ -287,7 +297,16 @@ class CandidatesPanel(QWidget):
             f"<span style='color:{RAW_COLOR}'>■</span> raw model (softmax of the logits) &nbsp; "
             f"<span style='color:{PROCESSED_COLOR}'>■</span> after processors (picked from)<br>"
             f"<span style='color:{CUT_COLOR}'>▨</span> cut by a processor &nbsp; ▶ chosen token &nbsp; "
-            "<i>double-click a bar to continue from that token</i>")
+            + (f"<span style='color:{FORBIDDEN_COLOR}'>{FORBIDDEN_MARK} <s>struck</s> = "
+               f"{forbidden_reason(self.constraint)}</span>"
+               " &nbsp; " if self.constraint is not None else "")
+            + "<i>double-click a bar to continue from that token</i>")
+
+    def set_constraint(self, kind: str | None) -> None:
+        """The shown run's constraint kind (None: none): the legend says what a struck candidate is."""
+        if kind != self.constraint:
+            self.constraint = kind
+            self._set_legend()
 
     def set_what_if(self, html_line: str | None) -> None:
         """Chart the what-if's re-derived numbers (``html_line``: what it is, under the step's header) or the run's
@@ -303,7 +322,8 @@ class CandidatesPanel(QWidget):
         self.step = None
         self.rows = []
         self.header.setText("<b>Candidates</b> — run a generation, then click a token to see its step here.")
-        for bar in (self._band, self._raw, self._processed, self._cut):
+        self.forbidden_rows = []
+        for bar in (self._band, self._raw, self._processed, self._cut, self._struck):
             bar.setOpts(x0=[], y=[], width=[], height=[])
         for label in self._labels:
             label.visible = False
@@ -337,6 +357,8 @@ class CandidatesPanel(QWidget):
         # A server sends one number per token: one bar per row (its distribution is in the legend).
         processed = [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows]
         cut_rows = [i for i, r in enumerate(rows) if r.cut_by]
+        forbidden = forbidden_ids(step)
+        self.forbidden_rows = struck = [i for i, r in enumerate(rows) if r.token_id in forbidden]
         x_max = _x_extent(max(8.0, max(raw + processed) * 1.18 + 6))  # room for the value labels
         pens = [self._chosen_pen if r.chosen else self._no_pen for r in rows]
 
@@ -347,12 +369,18 @@ class CandidatesPanel(QWidget):
                                 pens=pens)
         self._cut.setOpts(x0=[0] * len(cut_rows), y=[i + BAR / 2 for i in cut_rows],
                           width=[max(raw[i], x_max * 0.01) for i in cut_rows], height=[BAR] * len(cut_rows))
+        self._struck.setOpts(x0=[-x_max * 0.01] * len(struck), y=[i - BAR / 2 for i in struck],
+                             width=[max(raw[i], x_max * 0.01) + x_max * 0.02 for i in struck],
+                             height=[BAR * 0.22] * len(struck))
 
         labels = self._value_labels
         for i, r in enumerate(rows):
             labels.label(2 * i).set(format_percent(r.raw_prob), RAW_COLOR, raw[i] + x_max * 0.01, i - BAR / 2)
             if remote:
                 labels.label(2 * i + 1).visible = False
+            elif i in struck:
+                labels.label(2 * i + 1).set(forbidden_reason(self.constraint), FORBIDDEN_COLOR,
+                                            max(raw[i], x_max * 0.01) + x_max * 0.01, i + BAR / 2)
             elif r.cut_by:
                 labels.label(2 * i + 1).set(f"cut by {r.cut_by}", "#555555",
                                             max(raw[i], x_max * 0.01) + x_max * 0.01, i + BAR / 2)
@@ -364,7 +392,7 @@ class CandidatesPanel(QWidget):
             label.visible = False
 
         item = self.plot.getPlotItem()
-        set_ticks(item.getAxis("left"), [[(i, _axis_label(r, character)) for i, r in enumerate(rows)]])
+        set_ticks(item.getAxis("left"), [[(i, _axis_label(r, character, i in struck)) for i, r in enumerate(rows)]])
         item.setXRange(0, x_max, padding=0)
         item.setYRange(-0.6, n - 0.4, padding=0)
         self._apply_range()
@@ -378,7 +406,8 @@ class CandidatesPanel(QWidget):
     def _show_no_probs(self, step: TokenStep) -> None:
         """A token the server sent without probabilities: no bars (none would be true), and say so."""
         self.rows = []
-        for bar in (self._band, self._raw, self._processed, self._cut):
+        self.forbidden_rows = []
+        for bar in (self._band, self._raw, self._processed, self._cut, self._struck):
             bar.setOpts(x0=[], y=[], width=[], height=[])
         for label in self._labels:
             label.visible = False

@@ -17,8 +17,6 @@ from PySide6.QtGui import (
     QContextMenuEvent,
     QKeyEvent,
     QMouseEvent,
-    QPainter,
-    QPixmap,
     QResizeEvent,
     QTextCharFormat,
     QTextCursor,
@@ -35,18 +33,18 @@ from PySide6.QtWidgets import (
 )
 
 from playground.events import Rollback, TokenStep
-from playground.state import Run, character_piece, flowing_token_text, shade_fraction, visible_token_text
+from playground.state import Run, character_piece, flowing_token_text, visible_token_text
 from playground.ui.marked_text import RELAYOUT_MS, shift_ranges, split_wrapped_paragraph
 from playground.ui.style import (
     MARK_COLOR,
-    SHADE_TICKS,
     format_percent,
     mono_font,
-    shade_at,
     shade_for_prob,
     text_color_on,
 )
 from playground.ui.views.tokens.grammar_line import mark_fast_forward
+from playground.ui.views.tokens.constraint import ConstraintBar, json_path_lines, removed_shade, text_on_removed
+from playground.ui.views.tokens.legend import RANK_BUCKETS, ShadeLegend, rank_bucket
 from playground.ui.views.tokens.rollbacks import RollbackMarks, rollback_summary, rollback_tooltip_html
 from playground.ui.views.tokens.tooltip import (
     NO_PROBS_BG,
@@ -62,88 +60,15 @@ CUT_MARK_COLOR = "#CC3311"  # a token the what-if's settings would have cut (str
 SHADE_RAW = "raw"
 SHADE_PROCESSED = "processed"
 SHADE_RANK = "rank"
+SHADE_CONSTRAINT = "constraint"  # a constrained run's: the raw probability its mask removed at each step
 SHADE_LABELS = {
     SHADE_RAW: "raw model probability (before processors)",
     SHADE_PROCESSED: "probability after processors (what was sampled from)",
     SHADE_RANK: "rank of the chosen token under the raw model distribution, in buckets (as GLTR colours it)",
+    SHADE_CONSTRAINT: "raw probability the constraint removed at the step (red, as opaque as the share removed)",
 }
-# GLTR's rank buckets (here top 1 / 10 / 100 / the rest): (highest rank in the bucket, colour, the legend's words).
-RANK_BUCKETS: tuple[tuple[float, str, str], ...] = (
-    (1, "#A6DBA0", "top 1"),
-    (10, "#B7D7F0", "top 10"),
-    (100, "#F4A582", "top 100"),
-    (float("inf"), "#B88AD6", "rest"),
-)
-
-
-def rank_bucket(rank: int) -> int:
-    """Which of ``RANK_BUCKETS`` a raw rank (1 = top) falls in."""
-    return next(i for i, (top, _, _) in enumerate(RANK_BUCKETS) if rank <= top)
-
-
 def step_prob(step: TokenStep, mode: str) -> float:
     return step.prob if mode == SHADE_PROCESSED else step.raw_prob
-
-
-class ShadeLegend(QWidget):
-    """A gradient bar with probability ticks, and which distribution the shading shows."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setMinimumHeight(34)
-        self.setMinimumWidth(260)
-        self._ramp_cache: QPixmap | None = None
-        self.ranks = False  # the rank buckets' swatches instead of the probability ramp
-
-    def show_ranks(self, ranks: bool) -> None:
-        self.ranks = ranks
-        self.update()
-
-    def _paint_buckets(self, painter: QPainter) -> None:
-        """One swatch per rank bucket, with its words, across the width."""
-        metrics = painter.fontMetrics()
-        cell = (self.width() - 40) / len(RANK_BUCKETS)
-        for i, (_, color, words) in enumerate(RANK_BUCKETS):
-            x = 20 + int(i * cell)
-            painter.fillRect(x, 2, int(cell) - 6, 12, QColor(color))
-            painter.setPen(QColor("#555555"))
-            painter.drawRect(x, 2, int(cell) - 6, 12)
-            painter.setPen(self.palette().windowText().color())
-            painter.drawText(x, 2 + 12 + 4 + metrics.ascent(), words)
-
-    def _ramp(self, width: int, height: int) -> QPixmap:
-        """The colour ramp, drawn once per width (a per-pixel loop on every repaint is slow)."""
-        if self._ramp_cache is None or self._ramp_cache.width() != width:
-            ramp = QPixmap(max(1, width), height)
-            ramp_painter = QPainter(ramp)
-            for x in range(width):
-                ramp_painter.setPen(shade_at(x / max(1, width - 1)))
-                ramp_painter.drawLine(x, 0, x, height)
-            ramp_painter.end()
-            self._ramp_cache = ramp
-        return self._ramp_cache
-
-    def paintEvent(self, event) -> None:
-        painter = QPainter(self)
-        if self.ranks:
-            self._paint_buckets(painter)
-            painter.end()
-            return
-        width = self.width() - 40
-        left, top, bar_h = 20, 2, 12
-        painter.drawPixmap(left, top, self._ramp(width, bar_h))
-        painter.setPen(QColor("#555555"))
-        painter.drawRect(left, top, width, bar_h)
-        painter.setPen(self.palette().windowText().color())
-        metrics = painter.fontMetrics()
-        for tick in SHADE_TICKS:
-            x = left + int(shade_fraction(tick) * (width - 1))
-            label = "≤0.1%" if tick == SHADE_TICKS[-1] else f"{tick * 100:g}%"
-            painter.drawLine(x, top + bar_h, x, top + bar_h + 3)
-            text_w = metrics.horizontalAdvance(label)
-            painter.drawText(max(0, min(self.width() - text_w, x - text_w // 2)), top + bar_h + 4 + metrics.ascent(),
-                             label)
-        painter.end()
 
 
 class TokenTextEdit(RollbackMarks, QTextEdit):
@@ -151,6 +76,7 @@ class TokenTextEdit(RollbackMarks, QTextEdit):
 
     step_clicked = Signal(int)
     branch_requested = Signal(int, int)  # step, token id
+    unconstrained_requested = Signal(int)  # step: continue from it without the run's constraint
     step_key = Signal(int)  # -1 / +1 from the arrow keys
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -174,6 +100,7 @@ class TokenTextEdit(RollbackMarks, QTextEdit):
         self.cut_steps: list[int] = []  # the what-if's: steps whose token its settings would have cut
         # step -> its hover's HTML, while a what-if replaces the run's numbers
         self.tooltip_source: Callable[[int], str] | None = None
+        self.constraint: str | None = None  # the run's constraint kind ("json_schema", ...), None without one
         self._split_width: float | None = None  # the text width the line splits were made for (None: no splits)
         self._view_before_relayout: tuple[bool, int | None] = (True, None)  # following the end; top step
         self._relayout_timer = QTimer(self)
@@ -246,7 +173,11 @@ class TokenTextEdit(RollbackMarks, QTextEdit):
 
     def _shade_format(self, step: TokenStep) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        if has_probs(step) and self.shade_mode == SHADE_RANK:
+        if self.shade_mode == SHADE_CONSTRAINT:
+            removed = step.grammar.removed_mass if step.grammar is not None else 0.0
+            fmt.setBackground(removed_shade(removed))
+            fmt.setForeground(text_on_removed(removed))
+        elif has_probs(step) and self.shade_mode == SHADE_RANK:
             background = QColor(RANK_BUCKETS[rank_bucket(step.raw_rank)][1])
             fmt.setBackground(background)
             fmt.setForeground(QColor("#000000"))
@@ -375,7 +306,15 @@ class TokenTextEdit(RollbackMarks, QTextEdit):
         """The hover of step ``index``: the run's numbers, or the what-if's while it is on."""
         if self.tooltip_source is not None:
             return self.tooltip_source(index)
-        return token_tooltip_html(self.steps[index], piece=character_piece(self.steps, index))
+        return token_tooltip_html(self.steps[index], piece=character_piece(self.steps, index),
+                                  **self.constraint_notes(index))
+
+    def constraint_notes(self, index: int) -> dict:
+        """The tooltip's constraint arguments for step ``index``: the kind, and the JSON path on a schema run."""
+        if self.constraint is None:
+            return {}
+        paths = json_path_lines(self.steps[: index + 1], self.constraint)
+        return {"constraint": self.constraint, "json_path": paths[index] if paths else None}
 
     def mousePressEvent(self, event: QMouseEvent) -> None:
         index = self.step_at(event.position().toPoint())
@@ -408,6 +347,11 @@ class TokenTextEdit(RollbackMarks, QTextEdit):
             action = QAction(f"{label}    {kind} {format_percent(c.raw_prob)}", menu)
             action.triggered.connect(lambda _=False, tid=c.token_id: self.branch_requested.emit(step.step, tid))
             menu.addAction(action)
+        if step.grammar is not None:  # a constrained step: what the model would have said from here on its own
+            menu.addSeparator()
+            free = QAction("Continue without the constraint from here", menu)
+            free.triggered.connect(lambda _=False: self.unconstrained_requested.emit(step.step))
+            menu.addAction(free)
         return menu
 
 
@@ -421,14 +365,17 @@ class TokenView(QWidget):
         self.mode = QComboBox(self)
         self.mode.addItem("raw model", SHADE_RAW)
         self.mode.addItem("after processors", SHADE_PROCESSED)
-        self.mode.addItem("rank (GLTR)", SHADE_RANK)
-        self.mode.setToolTip("Which distribution the token shading shows")
+        self.mode.addItem("rank (GLTR)", SHADE_RANK)  # "constraint" joins them for a constrained run
+        self.mode.setToolTip("Which distribution the token shading shows (a constrained run adds the raw "
+                             "probability its constraint removed at each step)")
+        self.mode.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.mode.currentIndexChanged.connect(self._mode_changed)
         self.caption = QLabel(self)
         self.caption.setWordWrap(True)
         self.rollback_line = QLabel(self)  # the phrase bans' count (hidden without rollbacks)
         self.rollback_line.setWordWrap(True)
         self.rollback_line.hide()
+        self.constraint_bar = ConstraintBar(self)  # a constrained run's summary (hidden without one)
         self.remote_note: str | None = None  # which distribution a server's numbers are (None: a local run)
         self.what_if_on = False  # the caption says what the what-if's marks mean
         self.mode_label = QLabel("Shade =", self)
@@ -440,14 +387,31 @@ class TokenView(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.text, 1)
         layout.addWidget(self.rollback_line)
+        layout.addWidget(self.constraint_bar)
         layout.addLayout(legend_row)
         layout.addWidget(self.caption)
         self._update_caption()
 
     def _mode_changed(self) -> None:
-        self.text.shade_mode = self.mode.currentData()
+        self.text.shade_mode = self.mode.currentData() or SHADE_RAW
         self.legend.show_ranks(self.text.shade_mode == SHADE_RANK)
+        self.legend.show_removed(self.text.shade_mode == SHADE_CONSTRAINT)
         self.text.reshade()
+        self._update_caption()
+
+    def set_constraint(self, kind: str | None) -> None:
+        """The shown run's constraint kind (None: none): the tooltips name it, and the shading offers the mass it
+        removed."""
+        if kind == self.text.constraint:
+            return
+        self.text.constraint = kind
+        at = self.mode.findData(SHADE_CONSTRAINT)
+        if kind is not None and at < 0:
+            self.mode.addItem("mass removed", SHADE_CONSTRAINT)
+        elif kind is None and at >= 0:
+            if self.mode.currentIndex() == at:
+                self.mode.setCurrentIndex(0)
+            self.mode.removeItem(at)
         self._update_caption()
 
     def set_remote(self, label: str | None, note: str = "") -> None:
@@ -467,14 +431,17 @@ class TokenView(QWidget):
                 "Italic = forced. Hover a token for the server's candidates; click it to chart that step (←/→ to "
                 "step); right-click to branch (the server continues from the text).")
             return
-        what = (f"{SHADE_LABELS[SHADE_RANK]}: green = the model's top choice" if self.text.shade_mode == SHADE_RANK
-                else f"probability of the chosen token, {SHADE_LABELS[self.text.shade_mode]}; darker = less likely")
+        mode = self.text.shade_mode
+        what = (f"{SHADE_LABELS[SHADE_RANK]}: green = the model's top choice" if mode == SHADE_RANK
+                else SHADE_LABELS[SHADE_CONSTRAINT] if mode == SHADE_CONSTRAINT
+                else f"probability of the chosen token, {SHADE_LABELS[mode]}; darker = less likely")
         cut = (f" <span style='color:{CUT_MARK_COLOR}'><s>Struck through, red</s></span> = the what-if's settings "
                "would have cut the run's token there; the strip marks per step where greedy, the token or the kept "
                "set would differ, grey hatched = an estimate (display only)." if self.what_if_on else "")
+        free = " or to continue without the constraint" if self.text.constraint is not None else ""
         self.caption.setText(
             f"Token shade: {what}. Italic = forced.{cut} Hover a token for its alternatives; click it to chart that "
-            "step (←/→ to step); right-click to branch.")
+            f"step (←/→ to step); right-click to branch{free}.")
 
     def set_what_if(self, on: bool) -> None:
         self.what_if_on = on

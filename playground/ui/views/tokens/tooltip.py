@@ -7,6 +7,7 @@ import html
 
 from playground.events import TokenStep
 from playground.state import chart_rows, chosen_text, visible_token_text
+from playground.state.grammar import forbidden_ids, forbidden_reason
 from playground.ui.style import format_percent
 from playground.ui.views.tokens.grammar_line import grammar_line
 
@@ -42,12 +43,15 @@ def _pct(prob: float) -> str:
 
 
 def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] | None = None,
-                       what_if: str | None = None) -> str:
+                       what_if: str | None = None, constraint: str | None = None, json_path: str | None = None
+                       ) -> str:
     """Top alternatives with both distributions, the chosen token's log-prob, coverage and the rest.
 
     ``piece``: (note, characters) when the token holds part of a character split across byte tokens.
     ``what_if``: the step is a what-if's re-derivation (its processed numbers are display only): this line says
     which settings, and the processed column is named so.
+    ``constraint``: the run's constraint kind ("json_schema", ...), which names why a candidate the mask forbade is
+    struck through; ``json_path``: where in the JSON document the step writes (a JSON-schema run).
     A server's token shows the one number the server sent (its distribution is in the status bar)."""
     if is_remote_step(step):
         return _remote_tooltip_html(step, limit, piece)
@@ -57,6 +61,10 @@ def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] 
             f"log-prob (raw model, ln p) <b>{step.logprob:.2f}</b> (p = {_pct(step.raw_prob)}) · "
             f"raw rank {step.raw_rank} · "
             f"raw entropy {step.entropy:.2f} bits{grammar_line(getattr(step, 'grammar', None))}")
+    if json_path is not None:
+        head += f"<br>JSON path being written: <code>{html.escape(json_path)}</code>"
+    forbidden = forbidden_ids(step)
+    reason = forbidden_reason(constraint)
     processed_title = "after processors"
     if what_if is not None:
         head += f"<br>{what_if}"
@@ -66,10 +74,13 @@ def token_tooltip_html(step: TokenStep, limit: int = 10, piece: tuple[str, str] 
     shown = chart_rows(step, limit)  # the chart's rows: chosen always in, then the rest of the vocabulary
     for r in shown[:-1]:
         mark = "◀ chosen" if r.chosen else ""
-        if r.cut_by:
+        struck = r.token_id in forbidden
+        if struck:
+            mark = f"{mark} {reason}".strip()
+        elif r.cut_by:
             mark = f"{mark} cut by {r.cut_by}".strip()
         token = html.escape(r.label)
-        weight = ("<b>", "</b>") if r.chosen else ("", "")
+        weight = ("<b>", "</b>") if r.chosen else ("<s>", "</s>") if struck else ("", "")
         rows.append(f"<tr><td><code>{weight[0]}{token}{weight[1]}</code></td>"
                     f"<td align=right>{_pct(r.raw_prob)}</td>"
                     f"<td align=right>{_pct(r.processed_prob) if not r.cut_by else '—'}</td>"

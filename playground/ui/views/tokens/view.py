@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QSpli
 
 from playground.events import Event, Rollback, RunStarted, TokenNumbers, TokenStep
 from playground.state import Run, character_piece, most_interesting_step
+from playground.state.grammar import constraint_kind, summarise
 from playground.ui.views import register_view
 from playground.ui.views.base import View
 from playground.ui.views.tokens.candidates import CandidatesPanel
+from playground.ui.views.tokens.constraint import ConstraintStrip, start_unconstrained, step_figures
 from playground.ui.views.tokens.step_choice import StepChoiceBar
 from playground.ui.views.tokens.text import TokenView
 from playground.ui.views.tokens.tooltip import token_tooltip_html
@@ -77,6 +80,10 @@ class TokensView(View):
         output_layout = QVBoxLayout(output)
         output_layout.setContentsMargins(0, 0, 0, 0)
         output_layout.addWidget(QLabel("<b>Output</b> (grey: the prompt as the model sees it)"))
+        self.constraint_strip = ConstraintStrip()  # a constrained run's steps (hidden without one)
+        self.constraint_strip.setVisible(False)
+        self.constraint_strip.step_clicked.connect(lambda i: self.show_chart_step(i, follow=False))
+        output_layout.addWidget(self.constraint_strip)
         output_layout.addWidget(self.token_view, 1)
         output_layout.addLayout(self._build_what_if())
         output_layout.addWidget(self.strip)
@@ -94,6 +101,8 @@ class TokensView(View):
         self.token_view.text.step_clicked.connect(lambda i: self.show_chart_step(i, follow=False))
         self.token_view.text.step_key.connect(self.step_chart)
         self.token_view.text.branch_requested.connect(self.branch_requested)
+        self.token_view.text.unconstrained_requested.connect(self.continue_unconstrained)
+        self.token_view.constraint_bar.unconstrained.connect(lambda: self.continue_unconstrained(self.chart_index))
         self.chart.branch_requested.connect(self._chart_pick)
         self.step_bar.moved.connect(self._show_waiting)
         self.step_bar.chosen.connect(self._chosen)
@@ -247,7 +256,8 @@ class TokensView(View):
         if step is None or run is None:
             return token_tooltip_html(run.steps[index], piece=character_piece(run.steps, index)) if run else ""
         return token_tooltip_html(step, piece=character_piece(run.steps, index),
-                                  what_if=self._what_if_line(index, "<br>"))
+                                  what_if=self._what_if_line(index, "<br>"),
+                                  **self.token_view.text.constraint_notes(index))
 
     def _redraw_chart(self) -> None:
         if self.chart_index is not None and self.run is not None:
@@ -259,6 +269,45 @@ class TokensView(View):
         if run is None or index is None or settings is None:
             return
         why = start_branch(self.window(), run, index, settings)
+        banner = getattr(self.window(), "banner", None)
+        if why is not None and banner is not None:
+            banner.show_error(why)
+
+    # --- the constraint (views/tokens/constraint.py) ----------------------------------------------------------
+    def _show_constraint(self) -> None:
+        """The strip, the summary and the reason words for the shown run's constrained steps (hidden without)."""
+        run = self.run
+        steps = self.token_view.steps
+        kind = constraint_kind(run.settings) if run is not None else None
+        summary = summarise(steps) if kind is not None else None  # a server's constrained run records none
+        kind = kind if summary is not None else None
+        self.token_view.set_constraint(kind)
+        self.chart.set_constraint(kind)
+        self.token_view.constraint_bar.show_summary(summary, kind)
+        self.token_view.constraint_bar.button.setEnabled(self.chart_index is not None)
+        self.constraint_strip.setVisible(summary is not None)
+        if summary is None:
+            self.constraint_strip.clear()
+        else:
+            self.constraint_strip.set_steps(steps, self._constraint_tip)
+        self.constraint_strip.select(self.chart_index)
+
+    def _constraint_tip(self, index: int) -> str:
+        steps = self.token_view.steps
+        if not 0 <= index < len(steps):
+            return ""
+        tip = step_figures(steps[index])
+        path = self.token_view.text.constraint_notes(index).get("json_path")
+        if path is not None:
+            tip += f"<br>JSON path being written: <code>{html.escape(path)}</code>"
+        return tip + "<br><i>click to chart this step; right-click its token to continue without the constraint</i>"
+
+    def continue_unconstrained(self, step: int | None) -> None:
+        """Branch from ``step`` with the run's settings minus its constraint (a child run in the runs list)."""
+        run = self.run
+        if run is None or step is None:
+            return
+        why = start_unconstrained(self.window(), run, step)
         banner = getattr(self.window(), "banner", None)
         if why is not None and banner is not None:
             banner.show_error(why)
@@ -276,12 +325,14 @@ class TokensView(View):
         self.chart.set_what_if(None)
         self.token_view.text.tooltip_source = None
         self.strip.clear()
+        self._show_constraint()
 
     def show_run(self, run: Run) -> None:
         self.reset()
         self.run = run
         self._show_numbers(token_numbers(run))
         self.token_view.show_run(run)
+        self._show_constraint()
         self.follow_live = run.running
         target = len(run.steps) - 1 if run.running else most_interesting_step(run.steps)
         if target is not None and target >= 0:
@@ -299,6 +350,7 @@ class TokensView(View):
             elif isinstance(event, Rollback):  # a phrase ban undid the steps from its position on
                 self.flush()
                 self.token_view.undo_steps(event)
+                self._show_constraint()
             elif hasattr(event, "token_numbers"):  # a start event: which distribution the numbers are
                 self._show_numbers(event.token_numbers)
 
@@ -307,6 +359,7 @@ class TokensView(View):
             return
         self.token_view.append_steps(self._new_steps)
         self._new_steps = []
+        self._show_constraint()
         if self.follow_live:
             self._show_live_step()
 
@@ -367,6 +420,8 @@ class TokensView(View):
         self.chart.show_step(what_if_step or run.steps[index], len(run.steps), piece[1] if piece else None)
         self.token_view.text.mark_step(index)
         self.strip.select(index)
+        self.constraint_strip.select(index)
+        self.token_view.constraint_bar.button.setEnabled(True)
         self.continue_button.setEnabled(self.what_if is not None)
 
     def _show_live_step(self) -> None:
@@ -409,13 +464,18 @@ class TokensView(View):
         rect = view.step_rect(index)
         tip = QLabel(view.tooltip_html(index))
         tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
-        tip.adjustSize()
         anchor = view.viewport().mapTo(origin, rect.bottomLeft() + QPoint(12, 6))
-        # Keep it over the output, clear of the chart.
+        # Keep it over the output, clear of the chart, and below what sits over the text (the constraint's strip):
+        # as wide as its text up to the output's width, its long lines wrapped there (adjustSize would cap it at
+        # 2/3 of the screen and cut them).
         right = view.viewport().mapTo(origin, view.viewport().rect().topRight()).x()
+        top = view.viewport().mapTo(origin, QPoint(0, 0)).y()
+        tip.setWordWrap(True)
+        width = min(tip.sizeHint().width(), max(360, right - 4))
+        tip.resize(width, tip.heightForWidth(width))
         x = max(0, min(anchor.x(), right - tip.width() - 4))
         y = anchor.y() if anchor.y() + tip.height() < pixmap.height() else max(
-            0, anchor.y() - rect.height() - 12 - tip.height())
+            top, anchor.y() - rect.height() - 12 - tip.height())
         painter = QPainter(pixmap)
         tip.render(painter, QPoint(x, y))
         painter.end()

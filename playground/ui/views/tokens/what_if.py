@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import QRect, QSize, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QMouseEvent, QPainter, QPaintEvent
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor, QPainter
+from PySide6.QtWidgets import QWidget
 
 from playground.config import ConfigError, RunSettings, rows
 from playground.config.catalog import get_strategy
@@ -28,8 +29,9 @@ from playground.config.samplers import SAMPLER_GROUPS, parse_sampler_order
 from playground.events import TokenStep
 from playground.state import Run, chosen_text, visible_token_text
 from playground.state.what_if import RecordedRun, WhatIf, re_derive
-from playground.ui.style import CUT_COLOR, MARK_COLOR, format_percent
+from playground.ui.style import CUT_COLOR, format_percent
 from playground.ui.views.tokens.candidates import WHAT_IF_BAR_COLOR as WHAT_IF_COLOR
+from playground.ui.views.tokens.step_strip import StepStrip
 
 CUT_MARK_COLOR = "#CC3311"  # a token the what-if settings would have cut: struck through, underlined red
 DEBOUNCE_MS = 40
@@ -169,31 +171,16 @@ class WhatIfState:
         return "<br>".join(lines)
 
 
-class WhatIfStrip(QWidget):
+class WhatIfStrip(StepStrip):
     """A thin plot of the run's steps, left to right: a row of marks per kind of difference (``STRIP_ROWS``), grey
     hatching over the steps whose numbers are estimates, the charted step outlined. Hover a step for its details,
     click one to chart it."""
 
-    step_clicked = Signal(int)
-    LABEL_W = 118
-    ROW_H = 14
+    ROWS = STRIP_ROWS
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.setMouseTracking(True)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self.setFixedHeight(self.ROW_H * len(STRIP_ROWS) + 6)
-        font = self.font()
-        font.setPointSize(8)
-        self.setFont(font)
-        self.marked: dict[str, list[int]] = {key: [] for key, _, _ in STRIP_ROWS}  # steps drawn with a mark
         self.inexact: list[int] = []  # steps drawn hatched
-        self.steps = 0
-        self.selected: int | None = None
-        self.tip: Any = None  # step -> its hover text
-
-    def sizeHint(self) -> QSize:
-        return QSize(400, self.height())
 
     def set_marks(self, marks: dict[str, np.ndarray], exact: np.ndarray, tip: Any) -> None:
         self.steps = len(exact)
@@ -205,91 +192,47 @@ class WhatIfStrip(QWidget):
     def clear(self) -> None:
         self.set_marks({key: np.zeros(0, bool) for key, _, _ in STRIP_ROWS}, np.zeros(0, bool), None)
 
-    def select(self, step: int | None) -> None:
-        if step != self.selected:
-            self.selected = step
-            self.update()
-
-    def _column(self, step: int) -> QRect:
-        width = max(1, self.width() - self.LABEL_W - 2)
-        left = self.LABEL_W + int(step * width / max(1, self.steps))
-        right = self.LABEL_W + int((step + 1) * width / max(1, self.steps))
-        return QRect(left, 0, max(1, right - left), self.height())
-
-    def step_at(self, x: int) -> int | None:
-        if self.steps == 0 or x < self.LABEL_W:
-            return None
-        width = max(1, self.width() - self.LABEL_W - 2)
-        step = int((x - self.LABEL_W) * self.steps / width)
-        return step if 0 <= step < self.steps else None
-
-    def paintEvent(self, event: QPaintEvent) -> None:
-        painter = QPainter(self)
-        painter.fillRect(self.rect(), QColor("#FFFFFF"))
-        metrics = painter.fontMetrics()
-        for i, (key, words, color) in enumerate(STRIP_ROWS):
-            top = 3 + i * self.ROW_H
-            painter.setPen(QColor(color))
-            label = f"{words} ({len(self.marked[key])})" if self.steps else words
-            painter.drawText(QRect(2, top, self.LABEL_W - 6, self.ROW_H), Qt.AlignmentFlag.AlignRight
-                             | Qt.AlignmentFlag.AlignVCenter, metrics.elidedText(label, Qt.TextElideMode.ElideRight,
-                                                                                 self.LABEL_W - 6))
-        if self.selected is not None and 0 <= self.selected < self.steps:
-            painter.fillRect(self._column(self.selected), QColor(MARK_COLOR))
+    def paint_cells(self, painter: QPainter) -> None:
         hatch = QBrush(QColor(CUT_COLOR), Qt.BrushStyle.BDiagPattern)
         for step in self.inexact:
             column = self._column(step)
             painter.fillRect(column, QColor("#E6E6E6"))
             painter.fillRect(column, hatch)
         for i, (key, _, color) in enumerate(STRIP_ROWS):
-            top = 3 + i * self.ROW_H
             for step in self.marked[key]:
-                column = self._column(step)
-                painter.fillRect(QRect(column.left(), top + 1, max(2, column.width() - 1), self.ROW_H - 2),
-                                 QColor(color))
-        painter.setPen(QColor("#BBBBBB"))
-        painter.drawRect(self.LABEL_W, 0, self.width() - self.LABEL_W - 1, self.height() - 1)
-        painter.end()
-
-    def tooltip_at(self, step: int) -> str:
-        return self.tip(step) if self.tip is not None else ""
-
-    def mouseMoveEvent(self, event: QMouseEvent) -> None:
-        step = self.step_at(int(event.position().x()))
-        if step is None or self.tip is None:
-            QToolTip.hideText()
-        else:
-            QToolTip.showText(event.globalPosition().toPoint(), self.tooltip_at(step), self)
-        super().mouseMoveEvent(event)
-
-    def mousePressEvent(self, event: QMouseEvent) -> None:
-        step = self.step_at(int(event.position().x()))
-        if step is not None and event.button() == Qt.MouseButton.LeftButton:
-            self.step_clicked.emit(step)
-        super().mousePressEvent(event)
+                painter.fillRect(self.cell_rect(i, step), QColor(color))
 
 
-def start_branch(window: Any, run: Run, step: int, settings: RunSettings) -> str | None:
-    """Continue ``run`` from ``step`` with the what-if ``settings`` in ``window`` (the runs list gains the child);
-    the reason it cannot, or None. The window's own branch does the model checks (same model, a local one)."""
+def start_child(window: Any, run: Run, step: int, make: Callable[[RunSettings, tuple[int, ...]], RunSettings],
+                words: str, waiting: str) -> str | None:
+    """Continue ``run`` from ``step`` in ``window`` (the runs list gains the child) with the settings ``make``
+    builds from the parent's and the run's tokens before ``step`` (forced); ``words``: the child's branch label;
+    ``waiting``: the message while a job runs. The reason it cannot, or None. The window's own branch does the
+    model checks (same model, a local one)."""
     source = getattr(window, "source", None)
     if source is None:
         return "Load a model to continue: a saved run replays without one, but continuing it needs the model"
     if window.busy:
-        return "Wait for the current job to finish, then continue from the what-if"
+        return waiting
     try:
         made = source.branch(window.session, run, step, run.steps[step].token_id)
         if made is None or made[2] is not None:
-            return "A what-if continues on a model loaded here (a server takes text, not these settings)"
+            return "This continues on a model loaded here (a server takes text, not these settings)"
         parent, branch, plan = made
-        merged = branch_settings(parent, settings, tuple(run.generated_ids[:step]))
+        merged = make(parent, tuple(run.generated_ids[:step]))
         source.check(merged)
     except ConfigError as error:
         return str(error)
-    diff = settings_diff(run.settings, settings)
-    words = "what-if settings" + (f" ({'; '.join(diff)})" if diff else "")
     window.start_run(merged, dataclasses.replace(branch, token_id=-1, token_text=words), plan)
     return None
+
+
+def start_branch(window: Any, run: Run, step: int, settings: RunSettings) -> str | None:
+    """Continue ``run`` from ``step`` with the what-if ``settings`` in ``window``; the reason it cannot, or None."""
+    diff = settings_diff(run.settings, settings)
+    words = "what-if settings" + (f" ({'; '.join(diff)})" if diff else "")
+    return start_child(window, run, step, lambda parent, forced: branch_settings(parent, settings, forced), words,
+                       "Wait for the current job to finish, then continue from the what-if")
 
 
 def what_if_header(diff: list[str], exact: bool, reason: str, cut: str | None, prob: float,
@@ -308,4 +251,4 @@ def ms(seconds: float) -> str:
 
 
 __all__ = ["DEBOUNCE_MS", "WHAT_IF_COLOR", "WhatIfState", "WhatIfStrip", "branch_settings", "settings_diff",
-           "start_branch", "step_under", "what_if_header"]
+           "start_branch", "start_child", "step_under", "what_if_header"]
