@@ -31,7 +31,7 @@ def gguf_read_once() -> Iterator[None]:
         readers: dict[tuple[str, str], Any] = {}
         names: dict[tuple[Any, int], Any] = {}
 
-        def reader(path: Any, mode: str = "r") -> Any:
+        def reader(path: Any, mode: Any = "r") -> Any:
             key = (os.path.realpath(os.fspath(path)), mode)
             if key not in readers:
                 readers[key] = make_reader(path, mode)
