@@ -42,8 +42,8 @@ from playground.ui.style import (
     shade_for_prob,
     text_color_on,
 )
-from playground.ui.views.tokens.grammar_line import mark_fast_forward
 from playground.ui.views.tokens.constraint import ConstraintBar, json_path_lines, removed_shade, text_on_removed
+from playground.ui.views.tokens.grammar_line import mark_fast_forward
 from playground.ui.views.tokens.legend import RANK_BUCKETS, ShadeLegend, rank_bucket
 from playground.ui.views.tokens.rollbacks import RollbackMarks, rollback_summary, rollback_tooltip_html
 from playground.ui.views.tokens.tooltip import (
