@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
-from playground.engine.constraint import BeamMasks, apart, live
+from playground.engine.constraint import BeamMasks, allowed_only, apart, live
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
@@ -113,7 +113,7 @@ def extend_sequences(running: Hypotheses, exp: Expansion, cur_len: int) -> torch
 def choose_running(exp: Expansion, num_beams: int) -> torch.Tensor:
     """Rows of the expansion that continue: the best ``num_beams`` that did not finish."""
     live = exp.scores + exp.hits_stop.to(torch.float32) * MASKED  # [K]
-    return torch.topk(live, k=num_beams).indices  # [num_beams]
+    return torch.topk(live, k=min(num_beams, live.shape[0])).indices  # [num_beams] (fewer: fewer continuations)
 
 
 def merge_finished(
@@ -305,12 +305,14 @@ class Search:
         if self.masks is not None:  # each beam's row by its own matcher, before the top K
             log_probs, masked = self.masks.apply(logits, log_probs)
         exp = expand_beams(log_probs, running, cur_len, shape, self.eos)
+        if self.masks is not None:
+            exp = allowed_only(exp)
         sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
         self.finished, entered = merge_finished(self.finished, exp, sequences, cur_len, shape, self.improvable)
         can_continue = not bool(exp.hits_stop.all())
         survivors = choose_running(exp, shape.num_beams) if can_continue else exp.parents[:0]
         if self.masks is not None:  # a beam the constraint left no token drops out
-            survivors = live(exp.scores, survivors)
+            survivors = live(exp, survivors)
             can_continue = can_continue and len(survivors) > 0
             if can_continue:
                 self.masks.follow(exp.parents[survivors].tolist(), exp.tokens[survivors].tolist())
@@ -323,7 +325,7 @@ class Search:
         self.cur_len = cur_len = cur_len + 1
         self.improvable = self.improvable and can_continue and still_improvable(running, self.finished, cur_len, shape)
         all_done = bool(self.finished.done.all()) and shape.early_stopping is True
-        best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0])
+        best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0]) if len(exp.parents) else 0
 
         def events(_texts: list[str], step_ms: float) -> list[Event]:
             normalised = (exp.scores / ((cur_len - shape.prompt_len) ** shape.length_penalty)).tolist()
