@@ -190,13 +190,15 @@ def test_every_beam_validates_against_a_schema_and_beams_with_no_token_drop_out(
     for seq in done.sequences:
         value = json.loads(seq.text)
         assert set(value) == {"a", "n"} and value["a"] in ("cat", "dog") and 0 <= value["n"] <= 99, seq.text
-    choices = ("yes", "no")
-    events = run(tiny_lm, settings(GrammarSettings(choices=choices), num_beams=4, max_new_tokens=6,
-                                   num_return_sequences=2))
+    choices = ("yes", "no", "maybe")
+    events = run(tiny_lm, settings(GrammarSettings(choices=choices), num_beams=5, max_new_tokens=6,
+                                   num_return_sequences=3))
     steps = of(events, BeamStep)
-    assert min(len(s.parents) for s in steps) < 4  # fewer continuations than beams: the rest dropped out
-    assert all(math.isfinite(x) for s in steps for x in s.scores)
-    assert all(seq.text in choices and math.isfinite(seq.score) for seq in events[-1].sequences)
+    assert min(len(s.parents) for s in steps) < 5  # fewer continuations than beams: the rest dropped out
+    assert all(math.isfinite(x) and x > -100 for s in steps for x in s.scores)
+    assert tiny_lm.tokenizer.eos_token_id not in {t for s in steps for t in s.token_ids}  # no beam runs on past its end
+    assert sorted(seq.text for seq in events[-1].sequences) == sorted(choices)
+    assert all(math.isfinite(seq.score) for seq in events[-1].sequences)
     ref = reference_for(tiny_lm, ll_tok, "choices", choices)
     for step, rows in zip(steps, beam_prefixes(steps), strict=True):
         assert [r.allowed for r in step.grammar] == [len(ref.allowed(p)) for p in rows]
