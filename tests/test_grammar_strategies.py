@@ -313,3 +313,31 @@ def test_side_by_side_panes_pass_the_constraint_to_each_pane(tiny_lm):
     panes = of(events, PaneFinished)
     assert len(panes) == 3 and all(re.fullmatch(WORDS, p.text) for p in panes), [p.text for p in panes]
     assert all(t.grammar is not None for t in of(events, TokenStep))  # pane 0 (greedy) records its mask
+
+
+# -- the window --------------------------------------------------------------------------------------------------------
+
+def test_the_beam_tree_draws_a_constrained_run_and_no_view_fails(qtbot, tmp_path, tiny_lm_eos):
+    from PySide6.QtCore import Qt
+    from windows import let_go, open_window
+
+    choices = ("yes", "no", "maybe")  # fewer continuations than beams at every step: beams drop out
+    s = settings(GrammarSettings(choices=choices), num_beams=5, max_new_tokens=5, num_return_sequences=3)
+    w = open_window(qtbot, tmp_path, tiny_lm_eos, s)
+    try:
+        w.set_run_settings(s)
+        qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+        qtbot.waitUntil(lambda: not w.busy and w.session.runs and w.session.runs[-1].finished is not None,
+                        timeout=60_000)
+        run_ = w.session.runs[-1]
+        assert run_.error is None and run_.finished.text in choices
+        panel = w.views["beam"].panel
+        steps = [e for e in run_.events if isinstance(e, BeamStep)]
+        assert panel.tree.steps == len(steps) >= 2 and w.docks["beam"].pages.currentWidget() is w.views["beam"]
+        assert sum(len(chunk.nodes.data) for chunk in panel._chunks) == len(panel.tree.nodes)
+        assert all(math.isfinite(n.cum_logprob) for n in panel.tree.nodes)  # no forbidden continuation drawn
+        assert len(panel._best_path.getData()[0]) == len(panel.tree.best_path) >= 2
+        for name, dock in w.docks.items():  # every other view says it has nothing for the run, none that it failed
+            assert "failed" not in dock.empty.text() and "raised" not in dock.empty.text(), name
+    finally:
+        let_go(w)
