@@ -117,7 +117,7 @@ def words_beam(tiny_lm_eos):
 
 def test_constrained_beam_equals_transformers_beam_asking_a_fresh_matcher_per_hypothesis(tiny_lm_eos, ll_tok,
                                                                                          words_beam):
-    s, events = words_beam
+    _, events = words_beam
     lm = tiny_lm_eos
     prompt = list(events[0].prompt_token_ids)
     ref = reference_for(lm, ll_tok, "regex", WORDS)
@@ -172,7 +172,8 @@ def test_a_constraint_that_allows_what_the_model_wants_leaves_beam_search_as_it_
     """Any token but the two special ones the search never takes (the padding and the start token; the end token
     where the grammar accepts, which is everywhere): the same beams, scores and returned sequences."""
     plain = run(tiny_lm_eos, settings(num_beams=4, max_new_tokens=12, num_return_sequences=4))
-    taken = {t for s in of(plain, BeamStep) for t in s.token_ids} | {t for q in plain[-1].sequences for t in q.token_ids}
+    taken = {t for s in of(plain, BeamStep) for t in s.token_ids} | {
+        t for q in plain[-1].sequences for t in q.token_ids}
     assert not taken & {0, 1}  # the precondition: the constraint allows every token the search keeps
     free = run(tiny_lm_eos, settings(GrammarSettings(grammar="start: <[3-319]>*"), num_beams=4, max_new_tokens=12,
                                      num_return_sequences=4))
@@ -254,7 +255,7 @@ def test_contrastive_decoding_scores_forbidden_tokens_minus_infinity(tiny_lm, ll
 
 
 def test_contrastive_refuses_a_constrained_greedy_baseline_by_name(tiny_lm):
-    with pytest.raises(ConfigError, match="greedy baseline .* does not take a constraint"):
+    with pytest.raises(ConfigError, match=r"greedy baseline \(--contrast-baseline\) does not take a constraint"):
         run_strategy(tiny_lm, settings(GrammarSettings(regex=WORDS), strategy="contrastive", amateur="layer",
                                        amateur_layer=1, contrast_baseline=4))
 

@@ -24,6 +24,7 @@ step supplied to the decode loop (``Search.step``: rows = beams), so Stop, timin
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
-from playground.engine.constraint import BeamMasks, allowed_only, apart, live
+from playground.engine.constraint import BeamMasks, apart
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
@@ -114,6 +115,22 @@ def choose_running(exp: Expansion, num_beams: int) -> torch.Tensor:
     """Rows of the expansion that continue: the best ``num_beams`` that did not finish."""
     live = exp.scores + exp.hits_stop.to(torch.float32) * MASKED  # [K]
     return torch.topk(live, k=min(num_beams, live.shape[0])).indices  # [num_beams] (fewer: fewer continuations)
+
+
+def allowed_only(exp: Expansion) -> Expansion:
+    """The continuations the constraint allows (a finite score): with few tokens allowed, the top K over all beams
+    holds forbidden ones at ``-inf``, which are no continuations (they are not recorded, and none survives)."""
+    keep = torch.isfinite(exp.scores)
+    if bool(keep.all()):
+        return exp
+    return dataclasses.replace(exp, scores=exp.scores[keep], token_logprobs=exp.token_logprobs[keep],
+                               parents=exp.parents[keep], tokens=exp.tokens[keep], hits_stop=exp.hits_stop[keep])
+
+
+def live(exp: Expansion, survivors: torch.Tensor) -> torch.Tensor:
+    """The survivors that go on: not one that ended (with few continuations allowed, transformers' search keeps an
+    ended one running at a score of -1e9 to fill the beams; under a constraint the beams are fewer instead)."""
+    return survivors[~exp.hits_stop[survivors]]
 
 
 def merge_finished(

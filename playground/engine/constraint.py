@@ -10,14 +10,13 @@ record stages append it to the chain (``with_grammar``), so a forbidden candidat
 ``BeamMasks``: one matcher per running beam (a ``Grammar`` each). ``apply`` masks each beam's row by its own
 matcher and records what the mask did per beam (``GrammarStep``); ``follow`` makes the next step's matchers from the
 surviving beams' parents (a ``deep_copy`` where a beam splits, the parent's own matcher where it has one child) and
-advances each by its token. A beam the constraint leaves no token drops out of the search (``allowed_only``, ``live``):
-the beams are fewer than ``num_beams`` while there are fewer continuations allowed.
+advances each by its token. A beam the constraint leaves no token drops out of the search (beam search's
+``allowed_only`` and ``live``): the beams are fewer than ``num_beams`` while fewer continuations are allowed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,9 +27,6 @@ from playground.engine.samplers.base import BuildContext
 from playground.engine.samplers.grammar import Grammar
 from playground.events import BeamSequence, StopReason
 from playground.events.grammar import GrammarStep
-
-if TYPE_CHECKING:  # beam search imports this module
-    from playground.engine.beam import Expansion
 
 NEG_INF = float("-inf")
 
@@ -146,19 +142,3 @@ class BeamMasks:
         if judge.broken:
             return f"the best sequence does not keep to the constraint: {judge.broken}"
         return judge.incomplete()
-
-
-def allowed_only(exp: Expansion) -> Expansion:
-    """The continuations the constraint allows (a finite score): with few tokens allowed, the top K over all beams
-    holds forbidden ones at ``-inf``, which are no continuations (they are not recorded, and none survives)."""
-    keep = torch.isfinite(exp.scores)
-    if bool(keep.all()):
-        return exp
-    return dataclasses.replace(exp, scores=exp.scores[keep], token_logprobs=exp.token_logprobs[keep],
-                               parents=exp.parents[keep], tokens=exp.tokens[keep], hits_stop=exp.hits_stop[keep])
-
-
-def live(exp: Expansion, survivors: torch.Tensor) -> torch.Tensor:
-    """The survivors that go on: not one that ended (with few continuations allowed, transformers' search keeps an
-    ended one running at a score of -1e9 to fill the beams; under a constraint the beams are fewer instead)."""
-    return survivors[~exp.hits_stop[survivors]]
