@@ -20,6 +20,13 @@ The prompt is prefilled once (batch 1); the first step's selection reorders the 
 ``num_beams`` rows, which is the same as transformers' prefill of ``num_beams`` identical rows. The search is one
 step supplied to the decode loop (``Search.step``: rows = beams), so Stop, timing, the budget and the observers
 (the lens of the best beam's row, the cache's measurements) are the loop's.
+
+A constraint (``--regex``, ``--json-schema``, ...) is one matcher per running beam (``engine.constraint.BeamMasks``):
+each beam's row of processed log-probs is masked by its own matcher before the top K (transformers'
+``prefix_allowed_tokens_fn`` with a matcher per hypothesis), forbidden continuations are dropped from the K
+(``allowed_only``), an ended one never runs on (``live``: the beams are fewer instead), and the matchers follow the
+survivors' parents. An end token is allowed only where the beam's grammar accepts, so a finished hypothesis is a
+complete one; each ``BeamStep.grammar`` records what the mask did to every beam it expanded.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ harmless, and the mean reads on the same scale as the per-token threshold.
 Greedy (each model takes its top token) or sampled with the run's seed (each draws from its processed
 distribution: the cheap model draws first, the full model draws again when it decides). The comparison at the end
 decodes as many tokens with the full model alone (same prompt, settings and seed).
+
+A constraint masks both models' distributions alike (one text, one matcher): the cheap model's probability, and so
+the escalation, is under the mask; a per-response draft that is thrown away resets the matcher to the prompt's.
 """
 
 from __future__ import annotations

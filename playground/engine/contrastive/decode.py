@@ -5,6 +5,11 @@ The prompt but its last token is prefilled; every step then runs one expert pass
 pass yields the amateur's logits) and, with a separate amateur, one amateur pass — so every step's time compares
 with a greedy step's. Each step yields a ``ContrastStep`` and then an ordinary ``TokenStep`` whose ``raw_*`` figures
 are the expert's and whose ``processed_*`` figures are the normalised contrast distribution.
+
+A constraint masks the expert with the penalties (``engine.constraint.constrained_chain``): the plausible set is the
+allowed tokens within α of the best allowed one, a forbidden token scores −∞, and the step's ``TokenStep.grammar`` says
+what the mask removed from the expert's raw distribution. (Masking only the final scores could leave no token: the
+expert's whole plausible head can be forbidden.)
 """
 
 from __future__ import annotations
