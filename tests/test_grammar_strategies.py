@@ -203,6 +203,9 @@ def test_every_beam_validates_against_a_schema_and_beams_with_no_token_drop_out(
     ref = reference_for(tiny_lm, ll_tok, "choices", choices)
     for step, rows in zip(steps, beam_prefixes(steps), strict=True):
         assert [r.allowed for r in step.grammar] == [len(ref.allowed(p)) for p in rows]
+    paged = run(tiny_lm, settings(GrammarSettings(choices=choices), num_beams=5, max_new_tokens=6,
+                                  num_return_sequences=3, paged=True))  # its block tables follow fewer beams too
+    assert [q.token_ids for q in paged[-1].sequences] == [q.token_ids for q in events[-1].sequences]
 
 
 def test_a_beam_budget_too_short_and_a_forbidden_branch_say_so(tiny_lm):
