@@ -104,9 +104,15 @@ class BeamMasks:
         # A row whose matcher a forced token broke allows nothing: the search ends there ("grammar_blocked").
         masks = torch.stack([fit(g.allowed().mask, width) & (not g.broken) for g in self.rows]
                             ).to(log_probs.device)  # [rows, vocab]
+        # The record of every row at once (as ``Grammar.step_record``): the count, the raw mass removed, the top.
         raw = logits.float().softmax(dim=-1)  # [rows, vocab]
-        tops = raw.argmax(dim=-1).tolist()
-        records = tuple(g.step_record(raw[r], tops[r]) for r, g in enumerate(self.rows))
+        tops = raw.argmax(dim=-1, keepdim=True)  # [rows, 1]
+        removed = raw.double().masked_fill(masks, 0.0).sum(dim=-1).tolist()
+        counts = masks.sum(dim=-1).tolist()
+        top_forbidden = (~masks.gather(1, tops))[:, 0].tolist()
+        records = tuple(GrammarStep(allowed=int(n), removed_mass=float(m), top_forbidden=bool(f),
+                                    ff_tokens=g.allowed().ff_tokens)
+                        for g, n, m, f in zip(self.rows, counts, removed, top_forbidden, strict=True))
         return log_probs.masked_fill(~masks, NEG_INF), records
 
     def follow(self, parents: list[int], tokens: list[int]) -> None:
