@@ -237,7 +237,8 @@ TOKEN_KEYS = {"type", "step", "token_id", "text", "prob", "raw_prob", "logprob",
               "mirostat_mu", "raw_top", "grammar"}
 CANDIDATE_KEYS = {"token_id", "text", "raw_prob", "processed_prob", "raw_rank", "cut_by"}
 EFFECT_KEYS = {"name", "removed", "reweighted"}
-BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates", "step_ms", "kv_cache_bytes"}
+BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates", "step_ms", "kv_cache_bytes",
+                  "grammar"}
 BEAM_CANDIDATE_KEYS = {"beam", "token_id", "text", "token_logprob", "score", "survived", "finished",
                        "finished_score"}
 DONE_KEYS = {"type", "token_ids", "text", "stop_reason", "tokens_per_s", "prefill_ms", "decode_ms", "prompt_tokens",

@@ -327,9 +327,9 @@ def test_a_step_with_no_token_left_ends_the_run_with_a_message(smol_lm, ll_tok):
 def test_a_strategy_without_the_runs_state_refuses_a_constraint(smol_lm):
     from playground.engine.strategies import run_strategy
 
-    settings = RunSettings.from_flat(prompt="x", chat=False, strategy="beam").with_group(
+    settings = RunSettings.from_flat(prompt="x", chat=False, strategy="kv-cache").with_group(
         GrammarSettings(regex="a+")).validate()
-    with pytest.raises(ConfigError, match="grammar is not available with the beam strategy"):
+    with pytest.raises(ConfigError, match="grammar is not available with the kv-cache strategy"):
         list(run_strategy(smol_lm, settings))
 
 

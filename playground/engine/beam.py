@@ -20,10 +20,18 @@ The prompt is prefilled once (batch 1); the first step's selection reorders the 
 ``num_beams`` rows, which is the same as transformers' prefill of ``num_beams`` identical rows. The search is one
 step supplied to the decode loop (``Search.step``: rows = beams), so Stop, timing, the budget and the observers
 (the lens of the best beam's row, the cache's measurements) are the loop's.
+
+A constraint (``--regex``, ``--json-schema``, ...) is one matcher per running beam (``engine.constraint.BeamMasks``):
+each beam's row of processed log-probs is masked by its own matcher before the top K (transformers'
+``prefix_allowed_tokens_fn`` with a matcher per hypothesis), forbidden continuations are dropped from the K
+(``allowed_only``), an ended one never runs on (``live``: the beams are fewer instead), and the matchers follow the
+survivors' parents. An end token is allowed only where the beam's grammar accepts, so a finished hypothesis is a
+complete one; each ``BeamStep.grammar`` records what the mask did to every beam it expanded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +39,7 @@ from typing import Any
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
+from playground.engine.constraint import BeamMasks, apart
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
@@ -40,6 +49,7 @@ from playground.engine.run_context import RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.token_text import TokenTextCache
 from playground.events import BeamCandidate, BeamSequence, BeamStep, Event, StopReason
+from playground.events.grammar import GrammarStep
 from playground.models.loaded import LoadedModel
 
 MASKED = -1.0e9  # transformers' "never pick this" score
@@ -111,7 +121,23 @@ def extend_sequences(running: Hypotheses, exp: Expansion, cur_len: int) -> torch
 def choose_running(exp: Expansion, num_beams: int) -> torch.Tensor:
     """Rows of the expansion that continue: the best ``num_beams`` that did not finish."""
     live = exp.scores + exp.hits_stop.to(torch.float32) * MASKED  # [K]
-    return torch.topk(live, k=num_beams).indices  # [num_beams]
+    return torch.topk(live, k=min(num_beams, live.shape[0])).indices  # [num_beams] (fewer: fewer continuations)
+
+
+def allowed_only(exp: Expansion) -> Expansion:
+    """The continuations the constraint allows (a finite score): with few tokens allowed, the top K over all beams
+    holds forbidden ones at ``-inf``, which are no continuations (they are not recorded, and none survives)."""
+    keep = torch.isfinite(exp.scores)
+    if bool(keep.all()):
+        return exp
+    return dataclasses.replace(exp, scores=exp.scores[keep], token_logprobs=exp.token_logprobs[keep],
+                               parents=exp.parents[keep], tokens=exp.tokens[keep], hits_stop=exp.hits_stop[keep])
+
+
+def live(exp: Expansion, survivors: torch.Tensor) -> torch.Tensor:
+    """The survivors that go on: not one that ended (with few continuations allowed, transformers' search keeps an
+    ended one running at a score of -1e9 to fill the beams; under a constraint the beams are fewer instead)."""
+    return survivors[~exp.hits_stop[survivors]]
 
 
 def merge_finished(
@@ -256,18 +282,24 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
         raise ConfigError("beam search keeps a cache for every beam: --no-cache is for the kv-cache strategy")
     record = RunRecorder(lm, settings, context, groups=(BeamSettings,))
     # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
-    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
+    # A constraint is built apart: each beam gets its own matcher (``engine.constraint.BeamMasks``).
+    plain, grammar = apart(settings, lm.tokenizer, lm.model.config.vocab_size, lm.eos_token_ids)
+    pipeline = build_pipeline(plain, sampling=False, tokenizer=lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
-    return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline), kv)
+    masks = BeamMasks(grammar) if grammar is not None else None
+    return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline, masks), kv)
 
 
 class Search:
     """The search's state between steps, and its step for the decode loop (rows = the running beams)."""
 
     def __init__(self, lm: LoadedModel, loop: DecodeLoop, beam: BeamSettings,
-                 pipeline: tuple[NamedTransform, ...]) -> None:
+                 pipeline: tuple[NamedTransform, ...], masks: BeamMasks | None = None) -> None:
         self.lm, self.loop, self.beam, self.pipeline = lm, loop, beam, pipeline
         self.forced = list(loop.forced)
+        self.masks = masks  # a constraint's matcher per running beam (None: no constraint)
+        if masks is not None:
+            masks.prefix(self.forced)  # every beam starts after the forced prefix
         prompt_len = len(loop.prompt_ids) + len(self.forced)  # the search starts after the forced prefix
         self.shape = SearchShape(
             num_beams=beam.num_beams,
@@ -293,11 +325,21 @@ class Search:
                 logits = self.lm.model(input_ids=fed, cache=cache, use_cache=True).logits[:, -1, :]  # [rows, vocab]
         assert logits is not None  # the prefill's, or this step's
         log_probs = process_log_probs(logits, running.sequences[:, :cur_len], self.pipeline)  # [rows, vocab]
+        masked: tuple[GrammarStep, ...] = ()
+        if self.masks is not None:  # each beam's row by its own matcher, before the top K
+            log_probs, masked = self.masks.apply(logits, log_probs)
         exp = expand_beams(log_probs, running, cur_len, shape, self.eos)
+        if self.masks is not None:
+            exp = allowed_only(exp)
         sequences = extend_sequences(running, exp, cur_len)  # [K, max_length]
         self.finished, entered = merge_finished(self.finished, exp, sequences, cur_len, shape, self.improvable)
         can_continue = not bool(exp.hits_stop.all())
         survivors = choose_running(exp, shape.num_beams) if can_continue else exp.parents[:0]
+        if self.masks is not None:  # a beam the constraint left no token drops out
+            survivors = live(exp, survivors)
+            can_continue = can_continue and len(survivors) > 0
+            if can_continue:
+                self.masks.follow(exp.parents[survivors].tolist(), exp.tokens[survivors].tolist())
         if can_continue:
             self.running = running = Hypotheses(
                 sequences[survivors], exp.scores[survivors], exp.scores[survivors],
@@ -307,7 +349,7 @@ class Search:
         self.cur_len = cur_len = cur_len + 1
         self.improvable = self.improvable and can_continue and still_improvable(running, self.finished, cur_len, shape)
         all_done = bool(self.finished.done.all()) and shape.early_stopping is True
-        best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0])
+        best_row = int(exp.parents[survivors][0]) if len(survivors) else int(exp.parents[0]) if len(exp.parents) else 0
 
         def events(_texts: list[str], step_ms: float) -> list[Event]:
             normalised = (exp.scores / ((cur_len - shape.prompt_len) ** shape.length_penalty)).tolist()
@@ -319,6 +361,7 @@ class Search:
                 candidates=step_candidates(exp, survivors, entered, normalised, self.text),
                 step_ms=step_ms,
                 kv_cache_bytes=kv_cache_bytes(cache),
+                grammar=masked,
             )]
 
         # The lens (an observer) records the row the best beam grew from.
@@ -330,6 +373,8 @@ class Search:
         if self.cur_len == self.shape.prompt_len:
             return ()
         hyps = best_so_far(self.running, self.finished, self.cur_len, self.shape) if stopped else self.finished
+        if self.masks is not None and not stopped:  # beams the constraint ended early can leave slots empty
+            hyps = hyps.take(hyps.done.nonzero().flatten())
         return to_sequences(hyps, self.beam.num_return_sequences, self.shape.prompt_len, self.forced,
                             self.lm.tokenizer)
 
@@ -348,6 +393,8 @@ def _beam_search(lm: LoadedModel, loop: DecodeLoop, search: Search, kv: KVSettin
     top = sequences[0] if sequences else None
     loop.generated = list(top.token_ids) if top else []
     loop.stop_reason = _stop_reason(top, lm.eos_token_ids, stopped, loop.budget_reason)
+    if search.masks is not None and not stopped:
+        loop.stop_reason, loop.stop_note = search.masks.ending(top, loop.stop_reason)
     yield loop.finished(steps=search.cur_len - search.shape.prompt_len, sequences=sequences)
 
 

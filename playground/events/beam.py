@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from playground.events.grammar import GrammarStep
+
 
 @dataclass(frozen=True)
 class BeamCandidate:
@@ -33,3 +35,6 @@ class BeamStep:
     candidates: tuple[BeamCandidate, ...]
     step_ms: float
     kv_cache_bytes: int
+    # What a constraint's mask did to each beam expanded at this step (the previous step's survivors, in their
+    # order; the first step: the prompt's one row), against that beam's raw distribution; () without one.
+    grammar: tuple[GrammarStep, ...] = ()

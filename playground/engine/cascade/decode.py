@@ -15,6 +15,9 @@ harmless, and the mean reads on the same scale as the per-token threshold.
 Greedy (each model takes its top token) or sampled with the run's seed (each draws from its processed
 distribution: the cheap model draws first, the full model draws again when it decides). The comparison at the end
 decodes as many tokens with the full model alone (same prompt, settings and seed).
+
+A constraint masks both models' distributions alike (one text, one matcher): the cheap model's probability, and so
+the escalation, is under the mask; a per-response draft that is thrown away resets the matcher to the prompt's.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import torch
 
 from playground.config import CascadeSettings, RunSettings
 from playground.engine.cascade.models import CheapModel, ModelSide, make_cheap_model, weight_macs
+from playground.engine.constraint import blocked, constrained_chain
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import sync_device
 from playground.engine.kv_cache import kv_cache_bytes
-from playground.engine.processors import NamedTransform, build_pipeline
+from playground.engine.processors import NamedTransform
 from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
@@ -88,8 +92,13 @@ class _Cascade:
         self.lm, self.settings, self.cascade, self.cheap, self.record = lm, settings, cascade, cheap, record
         self.prompt_ids = prompt_ids
         self.sample = cascade.cascade_sample
-        self.pipeline: tuple[NamedTransform, ...] = build_pipeline(settings, sampling=self.sample,
-                                                                    tokenizer=lm.tokenizer)
+        # A constraint masks both models' distributions alike (the text so far is one): whichever model picks, its
+        # token is one the constraint allows (the cheap model's probability, and so the escalation, is the masked
+        # one). It follows the emitted tokens; a per-response draft thrown away takes its tokens back.
+        self.pipeline: tuple[NamedTransform, ...]
+        self.pipeline, self.grammar = constrained_chain(settings, sampling=self.sample, tokenizer=lm.tokenizer,
+                                                        vocab_size=lm.model.config.vocab_size,
+                                                        eos_ids=lm.eos_token_ids)
         self.generator = make_generator(lm.device, settings.seed)
         self.token_text = TokenTextCache(lm.tokenizer)
         self.eos_ids = set(lm.eos_token_ids)
@@ -97,6 +106,7 @@ class _Cascade:
         self.budget_reason: StopReason = "max_new_tokens" if self.max_steps == settings.max_new_tokens \
             else "context_full"
         self.stop_reason: StopReason = self.budget_reason  # until the run ends otherwise
+        self.stop_note = ""  # why, in words, where the reason needs them (a constraint's)
         self.ms = {CHEAP: 0.0, FULL: 0.0}  # every pass of each model, a thrown-away response's included
 
     def run(self, prompt_text: str) -> Iterator[Event]:
@@ -133,7 +143,8 @@ class _Cascade:
         finished = self.record.finished(generated, lm.tokenizer.decode(generated, skip_special_tokens=True),
                                         self.stop_reason, steps=len(generated))
         figures = self._figures(output, cheap, full, finished.prefill_ms + finished.decode_ms, alone)
-        yield dataclasses.replace(finished, figures=figures, cut_short=cut_short)
+        yield dataclasses.replace(finished, figures=figures, cut_short=cut_short,
+                                  stop_note="" if cut_short else self.stop_note)
 
     def _full_model_alone(self, output: list[CascadeStep], cheap: ModelSide | None, full: ModelSide | None
                           ) -> tuple[list[int], float] | None:
@@ -163,6 +174,8 @@ class _Cascade:
             kept = [] if escalated else drafted
             if escalated:
                 self.stop_reason = self.budget_reason  # the full model's response starts afresh
+                if self.grammar is not None:
+                    self.grammar.reset()  # from the prompt again: the draft's tokens are not the text
                 for step, token in self._steps(None, full, 1.0):
                     output.append(step)
                     yield step
@@ -210,6 +223,15 @@ class _Cascade:
             else:
                 token = forced_id if forced else cheap_token
             assert analysis is not None and token is not None  # the cheap model's step or the full model's
+            grammar = self.grammar
+            if grammar is not None and not forced and blocked(analysis.processed_logits):
+                return Picked([], lambda texts, ms: [], ends=("grammar_blocked", "no token is left: the constraint "
+                                                              "and the other samplers removed every one here"))
+            ends = None
+            if grammar is not None:  # what the mask did to the deciding model's raw distribution; then it follows
+                analysis.grammar = grammar.step_record(analysis.raw_probs(), int(analysis.raw_logits.argmax()))
+                grammar.accept(token, float(analysis.processed_probs[0, token]))
+                ends = grammar.finished()
             analysis.token_id = token
             self.ms[CHEAP] += cheap_ms
             self.ms[FULL] += full_ms
@@ -226,10 +248,12 @@ class _Cascade:
                                       token_text=self.token_text))
                 return [pair]  # the cascade step and its token: the per-response mode holds tokens back
 
-            return Picked([token], events)
+            return Picked([token], events, ends=ends)
 
         yield from loop.steps(step)
-        self.stop_reason = loop.stop_reason
+        self.stop_reason, self.stop_note = loop.stop_reason, loop.stop_note
+        if self.grammar is not None and self.stop_reason == loop.budget_reason and self.grammar.incomplete():
+            self.stop_reason, self.stop_note = "grammar_incomplete", self.grammar.incomplete()
 
     def _figures(self, output: list[CascadeStep], cheap: ModelSide | None, full: ModelSide | None,
                  run_ms: float, alone_run: tuple[list[int], float] | None) -> dict[str, float]:
@@ -267,7 +291,8 @@ def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[in
     returns them and the milliseconds it took, the prompt's pass included (as a cascade run's time includes its
     prompt). The context's Stop is polled before each step (and between a long prompt's chunks): None when it
     stopped the decode."""
-    pipeline = build_pipeline(settings, sampling=sample, tokenizer=lm.tokenizer)
+    pipeline, grammar = constrained_chain(settings, sampling=sample, tokenizer=lm.tokenizer,
+                                          vocab_size=lm.model.config.vocab_size, eos_ids=lm.eos_token_ids)
     generator = make_generator(lm.device, settings.seed)
     forced = settings.forced_token_ids
     ids = list(prompt_ids)
@@ -287,5 +312,9 @@ def full_model_alone(lm: LoadedModel, settings: RunSettings, prompt_ids: list[in
             token = forced[step] if step < len(forced) else choose(analysis, sample, generator)
             chosen.append(token)
             ids.append(token)
+            if grammar is not None:
+                grammar.accept(token, 1.0)
+                if grammar.finished() is not None:
+                    break  # the constraint is complete (or cannot follow): the cascade's output ends here too
         ms = _ms_since(start, lm.device)
     return chosen, ms

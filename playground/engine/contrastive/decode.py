@@ -5,6 +5,11 @@ The prompt but its last token is prefilled; every step then runs one expert pass
 pass yields the amateur's logits) and, with a separate amateur, one amateur pass — so every step's time compares
 with a greedy step's. Each step yields a ``ContrastStep`` and then an ordinary ``TokenStep`` whose ``raw_*`` figures
 are the expert's and whose ``processed_*`` figures are the normalised contrast distribution.
+
+A constraint masks the expert with the penalties (``engine.constraint.constrained_chain``): the plausible set is the
+allowed tokens within α of the best allowed one, a forbidden token scores −∞, and the step's ``TokenStep.grammar`` says
+what the mask removed from the expert's raw distribution. (Masking only the final scores could leave no token: the
+expert's whole plausible head can be forbidden.)
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from collections.abc import Iterator
 import torch
 
 from playground.config import ConfigError, ContrastiveSettings, RunSettings
+from playground.config.samplers.grammar import GrammarSettings
 from playground.engine.baseline import plain_greedy
+from playground.engine.constraint import blocked, constrained_chain
 from playground.engine.contrastive.amateurs import Amateur, LayerAmateur, ModelAmateur
 from playground.engine.contrastive.dola import DolaAmateur, candidate_layers
 from playground.engine.contrastive.record import choose, step_events
@@ -48,6 +55,12 @@ def run_contrastive(lm: LoadedModel, settings: RunSettings, context: RunContext 
     check_fits_context(lm, len(prompt_ids) + len(settings.forced_token_ids), settings)
     context = RunContext.of(context)
     record = RunRecorder(lm, settings, context, groups=(ContrastiveSettings,))
+    if settings.group(GrammarSettings).active():
+        constrained_chain(settings, sampling=False, tokenizer=lm.tokenizer, vocab_size=lm.model.config.vocab_size,
+                          eos_ids=lm.eos_token_ids, part="penalties")  # a constraint it cannot build: refused here
+        if contrastive.contrast_baseline:
+            raise ConfigError("the greedy baseline (--contrast-baseline) does not take a constraint yet: set it to 0 "
+                              "or drop the constraint")
     try:
         amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens, context)
     except BuildStopped as stopped:
@@ -93,7 +106,9 @@ def dola_of(amateur: Amateur) -> tuple[int, tuple[float, ...]]:
 
 def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSettings, amateur: Amateur,
             prompt_ids: list[int], prompt_text: str, record: RunRecorder) -> Iterator[Event]:
-    penalties = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer, part="penalties")
+    penalties, grammar = constrained_chain(settings, sampling=False, tokenizer=lm.tokenizer,
+                                           vocab_size=lm.model.config.vocab_size, eos_ids=lm.eos_token_ids,
+                                           part="penalties")
     # The sampler's transforms (temperature, top-k, top-p, min-p, ...) act on the scores, after the penalties.
     sampler = (build_pipeline(settings, sampling=True, tokenizer=lm.tokenizer, part="sampler")
                if contrastive.contrast_sample else ())
@@ -116,10 +131,18 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
         choice = choose(logits, amateur_logits, ids, penalties, sampler, contrastive, generator, penalty,
                         amateur.contrast)
         contrast_ms = (time.perf_counter() - start) * 1000
+        if grammar is not None and forced_id is None and blocked(choice.contrast.scores):
+            return Picked([], lambda texts, ms: [], ends=("grammar_blocked", "no token is left: the constraint "
+                                                          "allows none the contrast can score here"))
         token_id = forced_id if forced_id is not None else choice.token_id
         contrast_event, analysis = step_events(choice, token_id, index, forced_id is not None,
                                                settings.num_candidates, token_text, amateur.ms, contrast_ms,
                                                *dola_of(amateur))
+        ends = None
+        if grammar is not None:  # what the mask did, against the expert's raw distribution; then it follows
+            analysis.grammar = grammar.step_record(choice.raw.softmax(dim=-1), int(choice.raw.argmax()))
+            grammar.accept(token_id, float(choice.probs[0, token_id]))
+            ends = grammar.finished()
         changed += contrast_event.changed
         plausible_total += contrast_event.plausible_count
         amateur_ms += amateur.ms
@@ -129,7 +152,7 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
                                                       step_ms=step_ms, kv_bytes=kv_cache_bytes(loop.cache),
                                                       token_text=token_text)]
 
-        return Picked([token_id], events)
+        return Picked([token_id], events, ends=ends)
 
     yield loop.started()
     yield ContrastiveStarted(amateur=amateur.kind, detail=amateur.detail, amateur_layer=amateur.layer,
@@ -147,6 +170,8 @@ def _decode(lm: LoadedModel, settings: RunSettings, contrastive: ContrastiveSett
                 loop.stop_reason = "stopped"
             yield from loop.steps(step)
 
+    if grammar is not None and loop.stop_reason == loop.budget_reason and grammar.incomplete():
+        loop.stop_reason, loop.stop_note = "grammar_incomplete", grammar.incomplete()
     generated = loop.generated
     stop_reason = loop.stop_reason
     n = len(generated)
