@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from playground.config.catalog import STRATEGIES
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, RESERVED_FLAGS, G, SettingsGroup
 from playground.config.samplers import DEFAULT_ORDER, check_sampler_chain, parse_logit_bias
@@ -184,6 +185,9 @@ class RunSettings:
             (not self.negative_prompt.strip() or self.guidance_scale != 1.0,
              "the negative prompt needs a guidance scale other than 1 (1 turns guidance off)"),
         ]
+        strategy = STRATEGIES.get(self.strategy)
+        if strategy is not None and strategy.checks is not None:  # the strategy's own rules (its k, ...)
+            checks += strategy.checks(self)
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
