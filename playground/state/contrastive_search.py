@@ -64,11 +64,9 @@ class ContrastiveSearchState(Fold):
         return sum(s.overturned for s in searched) / len(searched) if searched else 0.0
 
     def most_interesting_step(self) -> int | None:
-        """The step to show once the run ended: the overturned step whose top candidate paid the largest penalty
-        (the clearest case of the penalty steering away from a repeat); the last step when none was overturned."""
+        """The step to show once the run ended: the last step where the penalty overturned the model's top choice
+        (the most text to see what it steered away from); the last step when none was overturned."""
         if not self.steps:
             return None
         overturned = [i for i, s in enumerate(self.steps) if s.overturned and not s.forced]
-        if not overturned:
-            return len(self.steps) - 1
-        return max(overturned, key=lambda i: self.steps[i].candidates[0].penalty)
+        return overturned[-1] if overturned else len(self.steps) - 1

@@ -205,7 +205,7 @@ class ContrastiveSearchView(FoldView):
         forced = " · <b>forced</b> (branching)" if step.forced else ""
         self.step_label.setText(
             f"<b>Step {step_index}</b>: the {len(step.candidates)} candidates, likeliest first · took "
-            f"<b>{html.escape(visible_token_text(step.text))}</b> · {verdict}{forced} · score = "
+            f"‘<b>{html.escape(visible_token_text(step.text))}</b>’ · {verdict}{forced} · score = "
             f"{1 - alpha:.2g}·p − {alpha:.2g}·penalty")
         table.setRowCount(len(step.candidates))
         bold = QFont()
@@ -241,9 +241,9 @@ class ContrastiveSearchView(FoldView):
         if candidate is not None:
             who = "the hovered candidate" if self.hovered is not None else "the winner"
             self.text_label.setText(
-                f"The text up to step {step_index}: {who} <b>{html.escape(visible_token_text(candidate.text))}</b> "
-                f"is most like <span style='background:{SIMILAR_COLOR}'>"
-                f"<b>{html.escape(visible_token_text(self.state.most_similar_text(candidate)))}</b></span> "
+                f"The text up to step {step_index}: {who} ‘<b>{html.escape(visible_token_text(candidate.text))}</b>’ "
+                f"is most like ‘<span style='background:{SIMILAR_COLOR}'>"
+                f"<b>{html.escape(visible_token_text(self.state.most_similar_text(candidate)))}</b></span>’ "
                 f"({self.state.describe_position(candidate.similar_position)}, cos {candidate.penalty:.3f}) · hover "
                 "a candidate to mark its own")
         self.text.setHtml(sequence_html(self.state, self.state.position(step_index), similar))
