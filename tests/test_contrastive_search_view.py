@@ -61,7 +61,8 @@ def check_shown(view: ContrastiveSearchView, events: list) -> None:
     assert view.strip.steps == [(s.overturned, s.forced) for s in steps]
     winner = step.candidates[step.winner]
     assert marked_text(view) == texts[winner.similar_position].lower().replace("&", "&amp;")
-    other = next(r for r, c in enumerate(step.candidates) if texts[c.similar_position] != texts[winner.similar_position])
+    similar = texts[winner.similar_position]
+    other = next(r for r, c in enumerate(step.candidates) if texts[c.similar_position] != similar)
     view.hover_candidate(other)  # what hovering that row does
     assert marked_text(view) == texts[step.candidates[other].similar_position].lower()
     view.hover_candidate(None)

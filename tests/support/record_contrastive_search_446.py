@@ -26,7 +26,7 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).parent))
-import seeded_weights  # noqa: E402  (beside this file; no playground import, so it runs under 4.46)
+import seeded_weights  # beside this file; it imports no playground, so it runs under 4.46
 
 PROMPTS = (
     "The capital of Australia is",

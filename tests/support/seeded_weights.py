@@ -15,8 +15,8 @@ VOCAB = 320  # tests/support/tiny_models.build_tokenizer's vocabulary
 COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
-# family -> (config class, model class, the config's own extras): families 4.46 runs contrastive search on (its
-# Gemma 2 refuses: "'HybridCache' object is not subscriptable"; the tests check Gemma 2 against a reference of their own)
+# family -> (config class, model class, the config's own extras): families 4.46 runs contrastive search on (its Gemma 2
+# refuses: "'HybridCache' object is not subscriptable"; the tests check Gemma 2 against a reference of their own)
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),

@@ -22,8 +22,8 @@ import torch
 
 from playground.config import RunSettings
 from playground.config.contrastive_search import ContrastiveSearchSettings
-from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.contrastive_search.ranking import rank_candidates
+from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.forward import keep_last_logits
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import build_pipeline
