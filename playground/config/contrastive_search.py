@@ -26,7 +26,7 @@ NAME = "contrastive-search"
 class ContrastiveSearchSettings(SettingsGroup):
     name = "contrastive_search"
     title = "Contrastive search"
-    order = 45
+    order = 95  # its box comes after the built-ins before it, last in the form
 
     penalty_alpha: float = setting(
         0.6, "penalty α", "contrastive search: score = (1 − α)·p(token) − α·degeneration penalty (the largest cosine "

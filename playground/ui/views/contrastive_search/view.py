@@ -35,7 +35,7 @@ from playground.ui.views.contrastive_search.text import SIMILAR_COLOR, sequence_
 from playground.ui.views.drawing import LeastHeight, fill_with_scroll
 from playground.ui.views.texts import status_html
 
-COLUMNS = ("", "token", "confidence p", "penalty (max cos)", "most similar earlier token", "score")
+COLUMNS = ("", "token", "confidence p", "penalty (max cos)", "most similar to", "score")
 WINNER_BG = "#D9F2D9"
 
 
@@ -51,8 +51,8 @@ class CandidatesTable(QTableWidget):
         self.setMouseTracking(True)
         self.verticalHeader().setVisible(False)
         header = self.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)  # every column its texts' width
+        header.setStretchLastSection(True)
         self.cellEntered.connect(lambda row, column: self.view.hover_candidate(row))
         self.setMinimumHeight(150)
 
