@@ -150,7 +150,7 @@ def test_a_forced_token_is_taken_and_recorded_among_or_outside_the_candidates(ti
 def test_the_preset_writes_on_where_greedy_loops(default_lm):
     from playground.presets import load_preset
 
-    settings = load_preset("contrastive-search-loop").settings.replace(max_new_tokens=16)  # the loop shows by 16
+    settings = load_preset("contrastive-search-loop").settings.replace(max_new_tokens=14)  # two loops by 14
     assert settings.strategy == "contrastive-search" and settings.top_k == 4
     greedy = Run.from_events(run_strategy(default_lm, settings.replace(strategy="greedy")))
     searched = Run.from_events(run_strategy(default_lm, settings))
@@ -159,7 +159,7 @@ def test_the_preset_writes_on_where_greedy_loops(default_lm):
         grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
         return len(grams) - len(set(grams))
 
-    assert greedy.done.text.count("I'm a big apple") >= 2 and repeats(greedy.ids) >= 4
+    assert greedy.done.text.count("I'm a big apple") >= 2 and repeats(greedy.ids) >= 3
     assert repeats(searched.ids) == 0 and "big apple" not in searched.done.text
     steps = searched.of(SearchStep)
     assert sum(s.overturned for s in steps) >= 2
