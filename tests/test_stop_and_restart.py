@@ -55,6 +55,7 @@ STOP_CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
                       ("no_cache", "full_model"), 1),
     "compare": ("compare --pane greedy --pane 'sample --temperature 0.8' --log-likelihood", ("log_likelihood",), 1),
     "contrastive": ("contrastive --contrast-baseline 8", ("baseline",), 1),
+    "contrastive-search": ("contrastive-search --top-k 4 --penalty-alpha 0.6", (), 1),
     "cascade": ("cascade --cheap layers --cheap-layers 1 --cascade-compare", ("full_model",), 1),
     "quant lab": ("greedy --quant rtn-int8 --compare", (), 1),  # reference and quantized copy side by side
 }

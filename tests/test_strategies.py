@@ -39,7 +39,7 @@ def test_the_catalog_keeps_the_menus_order():
     """Each capability's settings module declares its entries, imported by name: the menu and --help keep their
     order by the entries' numbers, not by which module was imported first."""
     assert list(STRATEGIES) == ["greedy", "sample", "beam", "speculative", "early-exit", "layer-skip", "kv-cache",
-                                "compare", "contrastive", "cascade"]
+                                "compare", "contrastive", "contrastive-search", "cascade"]
     from playground.config import GROUPS  # the form's boxes and --help's sections, by the groups' numbers
 
     assert list(GROUPS)[:9] == ["beam", "compare", "quant", "contrastive", "kv", "lens", "layers", "speculative",
@@ -62,11 +62,15 @@ def test_window_offers_exactly_the_registry(qapp):
     assert [combo.itemText(i) for i in range(combo.count())] == list(STRATEGIES)
 
 
+# What a strategy cannot run without: contrastive search's k is --top-k, whose default 0 is the top-k sampler's "off"
+NEEDS = {"contrastive-search": {"top_k": 4}}
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_strategy_runs_on_a_tiny_model(tiny_lm, name):
     strategy = STRATEGIES[name]
     assert callable(load_runner(name))
-    settings = RunSettings.from_flat(strategy=name, max_new_tokens=3, prompt="Hello")
+    settings = RunSettings.from_flat(strategy=name, max_new_tokens=3, prompt="Hello", **NEEDS.get(name, {}))
     events = list(run_strategy(tiny_lm, settings))
     assert isinstance(events[0], RunStarted) and events[0].strategy == name
     assert isinstance(events[-1], RunFinished)

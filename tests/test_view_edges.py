@@ -58,6 +58,7 @@ VIEW_RUNS: dict[str, str] = {
     "attention": "kv-cache --record-attention --kv-keep sinks --kv-sinks 2 --kv-window 8",
     "cascade": "cascade --cheap layers --cheap-layers 1 --cascade-compare",
     "contrastive": "contrastive --contrast-baseline 8",
+    "contrastive_search": "contrastive-search --top-k 4 --penalty-alpha 0.6",
     "compare": "compare --pane greedy --pane 'sample --temperature 1.4 --seed 5' "
                "--pane 'sample --temperature 0.8 --top-p 0.9 --seed 5' --pane 'beam --num-beams 2' --log-likelihood",
     "quant": "greedy --quant rtn-int4 --compare",

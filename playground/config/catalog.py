@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from playground.config.errors import ConfigError
 from playground.config.groups import AFTER_BUILT_INS, SettingsGroup
@@ -39,6 +40,11 @@ class Strategy:
     takes_progress: bool = False  # it builds something before its generator is returned and reports progress
     takes_chooser: bool = False  # step mode: the user may pick its tokens
     records_itself: tuple[str, ...] = ()  # the loop's observers it does the work of itself ("lens": early exit)
+    # Shared run settings it reads outside its ``sections`` (contrastive search: ``top_k``, its k); the form enables
+    # those fields alone and keeps their values.
+    reads: tuple[str, ...] = ()
+    # Its rules over the shared settings, (settings) -> [(holds, message)], checked by ``RunSettings.validate``.
+    checks: Callable[[Any], list[tuple[bool, str]]] | None = None
     order: int = AFTER_BUILT_INS  # its place in the strategy menu, --strategy's choices and --help
 
 

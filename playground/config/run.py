@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from playground.config.catalog import STRATEGIES
 from playground.config.errors import ConfigError
 from playground.config.groups import GROUPS, RESERVED_FLAGS, G, SettingsGroup
 from playground.config.samplers import DEFAULT_ORDER, check_sampler_chain, parse_logit_bias
@@ -57,7 +58,8 @@ class RunSettings:
     temperature: float = setting(1.0, "temperature", "divide logits by this before sampling: <1 sharper, "
                                  ">1 flatter", minimum=0.0, above_minimum=True, widget_maximum=5.0, step=0.05,
                                  hint="for deterministic output use the greedy strategy", section="sampling")
-    top_k: int = setting(0, "top-k", "keep only the k most likely tokens; 0 = off", minimum=0,
+    top_k: int = setting(0, "top-k", "keep only the k most likely tokens; 0 = off; for contrastive-search: its k, "
+                         "the candidates weighed each step (as transformers' top_k)", minimum=0,
                          widget_maximum=100_000, off_text="off", hint="0 turns it off", section="sampling")
     top_p: float = setting(1.0, "top-p", "nucleus: keep the smallest set of tokens whose probability reaches p; "
                            "1 = off", minimum=0.0, above_minimum=True, maximum=1.0, step=0.05,
@@ -184,6 +186,9 @@ class RunSettings:
             (not self.negative_prompt.strip() or self.guidance_scale != 1.0,
              "the negative prompt needs a guidance scale other than 1 (1 turns guidance off)"),
         ]
+        strategy = STRATEGIES.get(self.strategy)
+        if strategy is not None and strategy.checks is not None:  # the strategy's own rules (its k, ...)
+            checks += strategy.checks(self)
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)

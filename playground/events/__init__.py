@@ -21,6 +21,7 @@ from playground.events.cascade import CascadeResponse, CascadeStarted, CascadeSt
 from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
 from playground.events.codec import event_from_dict as _event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
+from playground.events.contrastive_search import SearchStarted, SearchStep
 from playground.events.kv import KVCompare, KVPhase, KVQuality, KVStarted, KVStep, KVSweep
 from playground.events.layers import LayersStarted, LayerStep
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
@@ -71,6 +72,7 @@ Event: TypeAlias = (
     | Rollback
     | CascadeStarted | CascadeStep | CascadeResponse
     | ContrastiveStarted | ContrastStep
+    | SearchStarted | SearchStep
     | KVStarted | KVStep | KVPhase | KVCompare | KVSweep | KVQuality
     | LayersStarted | LayerStep
     | PaneStarted | PaneToken | PaneFinished

@@ -36,6 +36,8 @@ def settings_summary(settings: RunSettings) -> str:
         parts += [f"T={s.temperature:g}", f"seed {s.seed}"]
         parts += [text for on, text in ((s.top_k > 0, f"top-k {s.top_k}"), (s.top_p < 1, f"top-p {s.top_p:g}"),
                                         (s.min_p > 0, f"min-p {s.min_p:g}")) if on]
+    for name in strategy.reads if strategy is not None else ():  # shared settings read outside its sections
+        parts.append(f"{name.replace('_', '-')} {getattr(s, name)}")  # contrastive search's "top-k 4"
     for group in strategy.groups if strategy is not None else ():
         parts.append(s.group(group).summary())
     if s.repetition_penalty != 1:

@@ -235,10 +235,20 @@ class RunControls(QWidget):
         # A group the loaded model cannot use stays at its defaults, as a greyed-out group does.
         return {"generation", *strategy.sections}, {g for g in strategy.groups if g.name not in self.blocked_groups}
 
+    def _reads(self, strategy_name: str) -> set[str]:
+        """The shared settings the strategy reads outside its sections (contrastive search's ``top_k``)."""
+        strategy = STRATEGIES.get(strategy_name)
+        return set(strategy.reads) if strategy is not None else set()
+
     def _strategy_changed(self, strategy: str) -> None:
         sections, groups = self._active(strategy)
-        for section in SECTIONS:
-            self.boxes[section].setEnabled(section in sections)
+        reads = self._reads(strategy)
+        for section in SECTIONS:  # a section it does not read stays on for a field it reads there, alone
+            alone = {name for name, b in self._shared.items() if b.row.spec.section == section and name in reads}
+            self.boxes[section].setEnabled(section in sections or bool(alone))
+            for name, b in self._shared.items():
+                if b.row.spec.section == section and name in self.widgets:
+                    self.widgets[name].setEnabled(section in sections or not alone or name in alone)
         for name, section in self.box_sections.items():
             self.boxes[name].setEnabled(section in sections)
         for group in GROUPS.values():
@@ -288,7 +298,8 @@ class RunControls(QWidget):
         """
         strategy = self.strategy.currentText()
         sections, active = self._active(strategy)
-        values = {name: b.get() for name, b in self._shared.items() if b.row.spec.section in sections}
+        reads = self._reads(strategy)
+        values = {name: b.get() for name, b in self._shared.items() if b.row.spec.section in sections or name in reads}
         groups = tuple(group(**{name: b.get() for name, b in bindings.items()})
                        for group, bindings in self._groups.items()
                        if group in active or (group in SAMPLER_GROUPS and self.box_sections[group.name] in sections))
