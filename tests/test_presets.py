@@ -13,6 +13,7 @@ from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, TokenStep
 from playground.events.layers import LayerStep
 from playground.presets import load_preset, preset_names
+from playground.state import most_interesting_step
 
 EXPECTED = {
     "greedy-loop", "repetition-penalty", "beam-length-penalty-0", "beam-length-penalty-1", "beam-length-penalty-2",
@@ -299,3 +300,6 @@ def test_the_json_extraction_schema_forces_tokens_the_model_found_unlikely(defau
     overrode = [i for i, s in enumerate(steps) if s.grammar.top_forbidden]
     assert len(overrode) >= 6, overrode  # "name" over "facts", "job" over "country", the enum's letters, ...
     assert any(s.grammar.fast_forward for s in steps)
+    # The step the view (and a screenshot) shows first: the job's, where the schema removed the most while the model
+    # still had a choice (4 allowed: the enum's first letters).
+    assert most_interesting_step(steps) == steps[job].step and steps[job].grammar.allowed > 1

@@ -83,10 +83,15 @@ def cut_summary(rows: list[ChartRow] | TokenStep) -> dict[str, int]:
 
 
 def most_interesting_step(steps: list[TokenStep]) -> int | None:
-    """The step worth showing first (screenshots): the least certain non-forced one, ignoring a final EOS."""
+    """The step worth showing first (screenshots): under a constraint, the step where it removed the most raw
+    probability while the model still had a choice among allowed tokens (where it overrode the model); else the
+    least certain non-forced one, ignoring a final EOS."""
     if not steps:
         return None
     pool = [s for s in steps[:-1] if not s.forced] or [s for s in steps if not s.forced] or steps
+    overridden = [s for s in pool if s.grammar is not None and s.grammar.top_forbidden and s.grammar.allowed > 1]
+    if overridden:
+        return max(overridden, key=lambda s: s.grammar.removed_mass if s.grammar else 0.0).step
     return max(pool, key=lambda s: s.entropy).step
 
 
