@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
+from playground.config.beam_forced import ForcedWordsSettings
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
@@ -241,6 +242,10 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     start every returned sequence, and are not part of the scores. Settings and prompt are checked before the
     generator is returned (``ConfigError``).
     """
+    if settings.group(ForcedWordsSettings).active():  # constrained beam search: its own module
+        from playground.engine.beam_forced.search import run_forced_beam_search
+
+        return run_forced_beam_search(lm, settings, context)
     settings.validate()
     if settings.stop_strings:
         raise ConfigError("beam search does not take stop strings (a stop string would end some beams but not "

@@ -1,0 +1,100 @@
+"""Constrained beam search (``--force-words``) equals transformers 4.46's ``generate(num_beams=N,
+force_words_ids=...)`` token for token: on the default model (phrases, two words at once, a disjunctive set) and on
+tiny models of four families 4.46 has. The outputs were recorded with transformers 4.46.3 by
+tests/support/record_forced_beam_446.py (its docstring has the command) into tests/data/forced_beam_4_46.json; the
+tiny models are rebuilt here with the same weights (tests/support/forced_beam_cases.py), which the record's
+fingerprint checks. Every returned sequence holds its forced words, as the test reads them from the ids itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from support.forced_beam_cases import TINY_FAMILIES, build_tiny, fingerprint
+from support.tiny_models import build_tokenizer
+
+from playground.config import ConfigError, RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events import RunFinished
+from playground.events.beam_forced import ForcedWordsDone
+from playground.models.loaded import LoadedModel
+
+RECORD = json.loads((Path(__file__).parent / "data" / "forced_beam_4_46.json").read_text())
+
+
+def decode(lm, case: dict) -> list:
+    settings = RunSettings.from_flat(prompt=case["prompt"], chat=False, strategy="beam", num_beams=case["num_beams"],
+                                     max_new_tokens=case["max_new_tokens"], force_words=tuple(case["force_words"]),
+                                     num_return_sequences=RECORD["num_return_sequences"])
+    return list(run_strategy(lm, settings))
+
+
+def holds(ids: list[int], alternatives: list) -> bool:
+    """Whether ``ids`` hold one alternative of a forced word (a phrase: a list of ids; a set: a list of lists)."""
+    options = alternatives if isinstance(alternatives[0], list) else [alternatives]
+    return any(ids[i : i + len(o)] == o for o in options for i in range(len(ids) - len(o) + 1))
+
+
+def check_case(lm, case: dict) -> None:
+    events = decode(lm, case)
+    assert list(events[0].prompt_token_ids) == case["prompt_ids"]
+    finished = events[-1]
+    assert isinstance(finished, RunFinished)
+    ours = [list(s.token_ids) for s in finished.sequences]
+    theirs = [s["ids"] for s in case["sequences"]]
+    assert ours == theirs, ([s.text for s in finished.sequences], [s["text"] for s in case["sequences"]])
+    assert [s.score for s in finished.sequences] == pytest.approx([s["score"] for s in case["sequences"]],
+                                                                  abs=1e-4)
+    for ids in ours:
+        for alternatives in case["force_words_ids"]:
+            assert holds(case["prompt_ids"] + ids, alternatives), (case["force_words"], ids)
+    done = next(e for e in events if isinstance(e, ForcedWordsDone))
+    assert done.met == tuple(tuple(range(len(case["force_words"]))) for _ in ours) and not done.filled_in
+
+
+def test_the_record_is_transformers_4_46_with_a_disjunctive_set():
+    assert RECORD["versions"]["transformers"].startswith("4.46.")
+    assert any(isinstance(w[0], list) for c in RECORD["default"] for w in c["force_words_ids"])
+    assert any(len(c["force_words"]) > 1 for c in RECORD["default"])
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("case", RECORD["default"], ids=[c["prompt"] for c in RECORD["default"]])
+def test_default_model_equals_4_46_token_for_token(default_lm, case):
+    check_case(default_lm, case)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    return build_tokenizer()
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_tiny_models_equal_4_46_token_for_token(tiny_tokenizer, family):
+    torch.manual_seed(0)
+    model = build_tiny(family, tiny_tokenizer)
+    assert fingerprint(model) == pytest.approx(RECORD["tiny"][family]["fingerprint"], rel=1e-12)
+    lm = LoadedModel(model=model, tokenizer=tiny_tokenizer, name=f"tiny-{family}", path="<memory>",
+                     device=torch.device("cpu"), dtype=torch.float32)
+    for case in RECORD["tiny"][family]["cases"]:
+        check_case(lm, case)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"num_beams": 1, "num_return_sequences": 1}, "at least 2 beams"),
+    ({"force_words": ("",)}, "empty word"),
+    ({"force_words": (" cat|",)}, "empty alternative"),
+    ({"force_words": (" cat| cat",)}, "same alternative twice"),
+    ({"force_words": (" co| coffee",)}, "start another's"),
+    ({"force_words": ("<|im_end|>",)}, "end-of-sequence"),
+    ({"strategy": "greedy"}, "is not a beam search"),
+])
+def test_forced_words_are_checked_before_the_run(tiny_tokenizer, settings, message):
+    lm = LoadedModel(model=build_tiny("llama", tiny_tokenizer), tokenizer=tiny_tokenizer, name="tiny-llama",
+                     path="<memory>", device=torch.device("cpu"), dtype=torch.float32)
+    flat = {"prompt": "The capital", "chat": False, "strategy": "beam", "num_beams": 3, "max_new_tokens": 4,
+            "force_words": (" coffee",), **settings}
+    with pytest.raises(ConfigError, match=message):
+        run_strategy(lm, RunSettings.from_flat(**flat))
