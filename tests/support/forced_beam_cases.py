@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import torch
 
-# (prompt, forced words as --force-words writes them, beams, new tokens): phrases, two at once, a disjunctive set.
+# (prompt, forced words as --force-words writes them, beams, new tokens, sequences returned): phrases, two words at
+# once, a disjunctive set; the weather case is 4.46's fill-in (too few hypotheses meet both words: it returns the
+# best running beams that do not).
 DEFAULT_CASES = (
-    ("The capital of France is", (" beautiful",), 4, 16),
-    ("My favourite animal is the", (" cat| kitten",), 4, 16),
-    ("The weather today is", (" sunny", " cold"), 3, 18),
-    ("Once upon a time, there was a", (" dragon who",), 4, 20),
+    ("The capital of France is", (" beautiful",), 4, 16, 2),
+    ("My favourite animal is the", (" cat| kitten",), 4, 16, 2),
+    ("Once upon a time, there was a", (" dragon who",), 4, 20, 1),
+    ("The weather today is", (" sunny", " cold"), 3, 18, 2),
 )
+FILL_IN = "The weather today is"
 TINY_FAMILIES = ("llama", "qwen2", "gpt2", "gpt_neox")
 TINY_CASES = (
-    ("The capital of France is", (" coffee",), 4, 15),
-    ("Beam search keeps", (" water| tea",), 3, 15),
-    ("Language models", (" the next", " Paris"), 4, 15),
+    ("The capital of France is", (" tea",), 4, 12, 2),
+    ("Beam search keeps", (" water| or",), 3, 12, 2),
+    ("Language models", (" the", " token"), 4, 12, 1),
 )
 SEED = 30
 

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from support.forced_beam_cases import DEFAULT_CASES, TINY_CASES, TINY_FAMILIES, build_tiny, fingerprint
-from support.tiny_models import build_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-RETURN_SEQUENCES = 2
+from support.forced_beam_cases import DEFAULT_CASES, TINY_CASES, TINY_FAMILIES, build_tiny, fingerprint
+from support.tiny_models import build_tokenizer
 
 
 def force_ids(tokenizer, words: tuple[str, ...]) -> list:
@@ -37,13 +36,14 @@ def force_ids(tokenizer, words: tuple[str, ...]) -> list:
     return out
 
 
-def record_case(model, tokenizer, prompt: str, words: tuple[str, ...], beams: int, tokens: int) -> dict:
+def record_case(model, tokenizer, prompt: str, words: tuple[str, ...], beams: int, tokens: int, returns: int
+                ) -> dict:
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     forced = force_ids(tokenizer, words)
     eos = model.generation_config.eos_token_id
     with torch.no_grad():
         out = model.generate(ids, num_beams=beams, force_words_ids=forced, max_new_tokens=tokens,
-                             num_return_sequences=RETURN_SEQUENCES, do_sample=False, return_dict_in_generate=True,
+                             num_return_sequences=returns, do_sample=False, return_dict_in_generate=True,
                              output_scores=True, pad_token_id=model.generation_config.pad_token_id,
                              temperature=None, top_p=None, top_k=None)
     sequences = []
@@ -53,7 +53,7 @@ def record_case(model, tokenizer, prompt: str, words: tuple[str, ...], beams: in
             generated = generated[: generated.index(eos) + 1]
         sequences.append({"ids": generated, "text": tokenizer.decode(generated), "score": float(score)})
     return {"prompt": prompt, "prompt_ids": ids[0].tolist(), "force_words": list(words), "force_words_ids": forced,
-            "num_beams": beams, "max_new_tokens": tokens, "sequences": sequences}
+            "num_beams": beams, "max_new_tokens": tokens, "num_return_sequences": returns, "sequences": sequences}
 
 
 def main(folder: str, out: str) -> None:
@@ -80,7 +80,7 @@ def main(folder: str, out: str) -> None:
               "command": " ".join(["python", *sys.argv]),
               "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
               "model": Path(folder).name, "rope_theta": config.rope_theta, "chat": False,
-              "num_return_sequences": RETURN_SEQUENCES, "default": default, "tiny": tiny}
+              "default": default, "tiny": tiny}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
 

@@ -189,6 +189,7 @@ class ForcedSearch:
         self.progress: list[Progress] = [add_all(start(constraints), self.prompt[0].tolist(), constraints)]
         self.pool = FinishedPool(self.shape)
         self.cur_len, self.done = prompt_len, False
+        self.finalized, self.filled_in = False, False
 
     def started(self) -> ForcedWordsStarted:
         words = tuple(ForcedWord(c.text, c.alternatives, tuple(tuple(self.text(t) for t in ids)
@@ -252,10 +253,12 @@ class ForcedSearch:
         before, self.progress = self.progress, [after[i] for i in chosen]
         loop.cache.reorder_cache(beam_parents)
         self.cur_len = cur_len + 1
+        # At the length limit the running beams join the finished ones (4.46's ``finalize``), shown as finished.
+        final = self.finalize() if not self.done and self.cur_len >= shape.max_length else set()
         best_row = all_rows[chosen[0]][0]
         proposed_logprobs = [float(log_probs[p, t]) for p, t in proposed_rows]
         record = StepRecord(exp, kept, entered, all_rows, after, banks, chosen, scores.tolist(), proposed_logprobs,
-                            before, generated)
+                            before, generated, {chosen[b] for b in final})
 
         def events(_texts: list[str], step_ms: float) -> list[Event]:
             return self.step_events(record, step_ms)
@@ -284,6 +287,8 @@ class ForcedSearch:
                 info[place] = _banked(progress, bank(progress, constraints), proposed=False, in_sort=False)
             banked.append(info[place])
         entered = rec.entered + [False] * (len(rows) - len(rec.entered))
+        for i in rec.final:
+            entered[where[rec.rows[i]]] = True
         candidates = tuple(
             BeamCandidate(beam=p, token_id=t, text=self.text(t), token_logprob=lp, score=s, survived=k in survived,
                           finished=entered[k], finished_score=s / rec.generated**penalty if entered[k] else None)
@@ -297,35 +302,34 @@ class ForcedSearch:
                      kv_cache_bytes=kv_cache_bytes(self.loop.cache)),
         ]
 
-    def best(self, stopped: bool) -> tuple[tuple[BeamSequence, ...], ForcedWordsDone | None]:
-        """4.46's ``finalize``: the returned sequences (none when stopped before the first step)."""
+    def finalize(self) -> set[int]:
+        """4.46's ``finalize``: the running beams that met every constraint join the finished hypotheses (and the
+        others too, when fewer than ``num_return_sequences`` did). The beams (by index) that entered."""
+        self.finalized = True
         shape, count = self.shape, self.beam.num_return_sequences
-        if self.cur_len == shape.prompt_len:
+        generated = self.cur_len - shape.prompt_len
+        met = [b for b, p in enumerate(self.progress) if p.completed]
+        scores = self.running.scores.tolist()
+        ids = [tuple(self.running.sequences[b, shape.prompt_len : self.cur_len].tolist()) for b in range(len(scores))]
+        order = met + ([b for b in range(len(scores)) if b not in met] if len(met) < count else [])
+        self.filled_in = len(met) < count
+        return {b for b in order if self.pool.add(ids[b], scores[b], generated)}
+
+    def best(self, stopped: bool) -> tuple[tuple[BeamSequence, ...], ForcedWordsDone | None]:
+        """The returned sequences, best first (none when stopped before the first step), and what they met; a
+        stopped run returns what ``finalize`` makes of its running beams then."""
+        if self.cur_len == self.shape.prompt_len:
             return (), None
-        filled_in = False
-        if not self.done or stopped:
-            generated = self.cur_len - shape.prompt_len
-            met = [b for b, p in enumerate(self.progress) if p.completed]
-            scores = self.running.scores.tolist()
-            ids = [tuple(self.running.sequences[b, shape.prompt_len : self.cur_len].tolist())
-                   for b in range(len(scores))]
-            for b in met:
-                self.pool.add(ids[b], scores[b], generated)
-            if len(met) < count:
-                filled_in = True
-                for b in range(len(scores)):
-                    if b not in met:
-                        self.pool.add(ids[b], scores[b], generated)
-        sequences = []
-        met_by = []
-        for score, ids, sum_logprobs, _length in self.pool.best(count):
+        if stopped and not self.finalized and not self.done:
+            self.finalize()
+        sequences, met_by = [], []
+        for score, ids, sum_logprobs, _length in self.pool.best(self.beam.num_return_sequences):
             full = (*self.forced, *ids)
-            sequences.append(BeamSequence(token_ids=full, text=self.lm.tokenizer.decode(list(full),
-                                                                                        skip_special_tokens=True),
-                                          score=score, sum_logprobs=sum_logprobs))
+            text = self.lm.tokenizer.decode(list(full), skip_special_tokens=True)
+            sequences.append(BeamSequence(token_ids=full, text=text, score=score, sum_logprobs=sum_logprobs))
             whole = self.prompt[0].tolist() + list(ids)
-            met_by.append(add_all(start(self.constraints), whole, self.constraints).met)
-        return tuple(sequences), ForcedWordsDone(tuple(sorted(m) for m in met_by), filled_in)
+            met_by.append(tuple(sorted(add_all(start(self.constraints), whole, self.constraints).met)))
+        return tuple(sequences), ForcedWordsDone(tuple(met_by), self.filled_in)
 
 
 @dataclass(frozen=True)
@@ -343,6 +347,7 @@ class StepRecord:
     proposed_logprobs: list[float]  # each proposed candidate's token log-prob
     before: list[Progress]  # each parent beam's progress
     generated: int  # tokens generated after this step
+    final: set[int]  # indices into rows of the beams that joined the finished hypotheses at the length limit
 
 
 def _banked(progress: Progress, sorted_bank: int, *, proposed: bool, in_sort: bool) -> BankedCandidate:
