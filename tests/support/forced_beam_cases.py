@@ -2,9 +2,10 @@
 (prompts, forced words, beams) and the tiny models both venvs can build with the same weights.
 
 A tiny model here is its family's real class from a small config, every parameter then filled from one
-``torch.Generator`` in sorted-name order (so transformers 4.46 and 5.x, whose initialisers differ, hold the same
-weights without a weights file). The tokenizer is tests/support/tiny_models.py's (it trains to the same vocabulary
-under both venvs' ``tokenizers``; the record keeps the ids, and the test checks them).
+``torch.Generator``, the output head first and then in sorted-name order (so transformers 4.46 and 5.x, whose
+initialisers and head names differ, hold the same weights without a weights file). The tokenizer is
+tests/support/tiny_models.py's (it trains to the same vocabulary under both venvs' ``tokenizers``; the record keeps
+the ids, and the test checks them).
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ def tiny_config(family: str, tokenizer):
 
 
 def fill_weights(model: torch.nn.Module, seed: int = SEED) -> None:
-    """Every parameter from one generator, in sorted-name order: norms near 1, the rest N(0, 0.3²) (a peaked
-    enough distribution for beams to differ)."""
+    """Every parameter from one generator, the output head first and then in sorted-name order: norms near 1, the
+    rest N(0, 0.3²) (a peaked enough distribution for beams to differ)."""
     generator = torch.Generator().manual_seed(seed)
+    head = model.get_output_embeddings().weight  # first: its name differs between versions (GPT-NeoX's)
+    rest = [(n, p) for n, p in sorted(model.named_parameters()) if p is not head]
     with torch.no_grad():
-        for name, param in sorted(model.named_parameters()):
+        for name, param in [("output_head.weight", head), *rest]:
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
             is_norm = "norm" in name or name.split(".")[-2].startswith("ln")
             param.copy_(1.0 + 0.1 * noise if is_norm and name.endswith("weight") else 0.3 * noise)
@@ -72,7 +75,9 @@ def build_tiny(family: str, tokenizer):
     return model
 
 
-def fingerprint(model: torch.nn.Module) -> float:
-    """Sum of every parameter's absolute values: the same weights in both venvs."""
+def fingerprint(model: torch.nn.Module) -> list[float]:
+    """Each parameter's sum of absolute values, in the filling order: the same weights in both venvs."""
+    head = model.get_output_embeddings().weight
+    params = [head, *(p for _, p in sorted(model.named_parameters()) if p is not head)]
     with torch.no_grad():
-        return float(sum(p.abs().sum().double() for _, p in sorted(model.named_parameters())))
+        return [float(p.abs().sum().double()) for p in params]
