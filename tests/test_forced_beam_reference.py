@@ -3,7 +3,8 @@ force_words_ids=...)`` token for token: on the default model (phrases, two words
 tiny models of four families 4.46 has. The outputs were recorded with transformers 4.46.3 by
 tests/support/record_forced_beam_446.py (its docstring has the command) into tests/data/forced_beam_4_46.json; the
 tiny models are rebuilt here with the same weights (tests/support/forced_beam_cases.py), which the record's
-fingerprint checks. Every returned sequence holds its forced words, as the test reads them from the ids itself."""
+fingerprint checks. Every returned sequence holds its forced words, as the test reads them from the ids itself (but
+in 4.46's fill-in, which the test names). The constraint states and banks equal 4.46's on made-up ids."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from support.forced_beam_cases import FILL_IN, TINY_FAMILIES, build_tiny, finger
 from support.tiny_models import build_tokenizer
 
 from playground.config import ConfigError, RunSettings
+from playground.engine.beam_forced.constraints import (
+    Constraint,
+    add,
+    add_all,
+    advance_banks,
+    advance_tokens,
+    bank,
+    start,
+)
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished
 from playground.events.beam_forced import ForcedWordsDone
@@ -105,3 +115,21 @@ def test_forced_words_are_checked_before_the_run(tiny_tokenizer, settings, messa
             "force_words": (" coffee",), **settings}
     with pytest.raises(ConfigError, match=message):
         run_strategy(lm, RunSettings.from_flat(**flat))
+
+
+BANKS = json.loads((Path(__file__).parent / "data" / "forced_banks_4_46.json").read_text())
+
+
+@pytest.mark.parametrize("case", BANKS["cases"], ids=[str(c["sequence"]) for c in BANKS["cases"]])
+def test_constraint_progress_and_banks_equal_4_46s(case):
+    """Made-up ids (recorded by tests/support/record_forced_banks_446.py): a phrase, a set whose alternatives share
+    a start, a one-token phrase; the banks of the proposed candidates keep 4.46's shared-list quirk."""
+    words = (Constraint.of("phrase", (tuple(BANKS["phrases"][0]),)),
+             Constraint.of("set", tuple(tuple(a) for a in BANKS["set"])),
+             Constraint.of("one", (tuple(BANKS["phrases"][1]),)))
+    progress = add_all(start(words), case["sequence"], words)
+    assert progress.completed == case["completed"] and bank(progress, words) == case["bank"]
+    ahead = advance_tokens(progress, words) if not progress.completed else []
+    assert ahead == case["advance"]
+    assert advance_banks(progress, ahead, words) == case["proposed_banks"]
+    assert [bank(add(progress, t, words), words) for t in ahead] == case["banks_after"]
