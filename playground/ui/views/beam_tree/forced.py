@@ -2,7 +2,8 @@
 with the constraints, the legend and the banks the search kept at each step.
 
 A node that completes a forced word gets a gold star, one that advances a word a gold ring, and a candidate that
-a forced word *proposed* (a token that advances it, added beside the top-K continuations) a gold cross. The panel's
+a forced word *proposed* (a token that advances it, added beside the top-K continuations) a gold cross; on a pruned
+candidate the mark is small and faded. The panel's
 table counts the surviving beams of each bank (progress through the words, best first) at the latest steps: how
 the search keeps beams at every stage of the words while it places them. Marks are appended with the nodes (work
 proportional to the new ones); the panel is one label set once per redraw.
@@ -13,12 +14,13 @@ from __future__ import annotations
 import html
 
 import pyqtgraph as pg
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QWidget
 
 from playground.events import Event
 from playground.events.beam_forced import BankedCandidate
 from playground.state.beam_forced import ForcedProgress
-from playground.state.beam_tree import ROOT, TreeNode
+from playground.state.beam_tree import PRUNED, ROOT, TreeNode
 from playground.ui.style import rich_label
 
 MARK_COLOR = "#DDAA33"  # Tol vibrant-adjacent gold: forced words (not used by the tree's other states)
@@ -49,6 +51,12 @@ class ForcedMarks:
                       "+": pg.mkPen(MARK_COLOR, width=2)}
         self._brushes = {"star": pg.mkBrush(MARK_COLOR), "o": pg.mkBrush(None), "+": pg.mkBrush(MARK_COLOR)}
         self._sizes = {"star": 15, "o": 17, "+": 9}
+        faded = QColor(MARK_COLOR)
+        faded.setAlpha(120)
+        # A pruned candidate's mark: smaller and faded (a word proposed it, or it would have placed one, but the
+        # search kept better ones).
+        self._pruned_pens = {"star": pg.mkPen(None), "o": pg.mkPen(faded, width=1.5), "+": pg.mkPen(faded, width=1.5)}
+        self._pruned_brushes = {"star": pg.mkBrush(faded), "o": pg.mkBrush(None), "+": pg.mkBrush(faded)}
         self.label = rich_label(parent)
         self.label.setVisible(False)
         self.counts = {"star": 0, "o": 0, "+": 0}
@@ -85,9 +93,10 @@ class ForcedMarks:
             xs.append(node.x)
             ys.append(node.y)
             symbols.append(mark)
-            pens.append(self._pens[mark])
-            brushes.append(self._brushes[mark])
-            sizes.append(self._sizes[mark])
+            pruned = node.state == PRUNED
+            pens.append((self._pruned_pens if pruned else self._pens)[mark])
+            brushes.append((self._pruned_brushes if pruned else self._brushes)[mark])
+            sizes.append(round(self._sizes[mark] * (0.6 if pruned else 1.0)))
         if xs:
             self.marks.addPoints(x=xs, y=ys, symbol=symbols, pen=pens, brush=brushes, size=sizes)
 
@@ -108,7 +117,8 @@ class ForcedMarks:
             + (" <i>(in the prompt)</i>" if i in progress.prompt_met else "")
             for i, w in enumerate(progress.constraints))
         legend = (f"<b {gold}>★</b> completes a forced word &nbsp; <b {gold}>◯</b> advances one &nbsp; "
-                  f"<b {gold}>✚</b> proposed by a forced word (beside the top-K) &nbsp; "
+                  f"<b {gold}>✚</b> proposed by a forced word (beside the top-K) &nbsp; (small, faded: pruned) "
+                  "&nbsp; "
                   f"<i>bank = progress: {progress.bank_unit} per word met + tokens of the one under way</i>")
         lines = [f"<b>Forced words</b> {words}", legend, self._table()]
         if progress.returned_met:
