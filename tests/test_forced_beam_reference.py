@@ -34,11 +34,14 @@ from playground.models.loaded import LoadedModel
 RECORD = json.loads((Path(__file__).parent / "data" / "forced_beam_4_46.json").read_text())
 
 
+def decode_settings(case: dict) -> RunSettings:
+    return RunSettings.from_flat(prompt=case["prompt"], chat=False, strategy="beam", num_beams=case["num_beams"],
+                                 max_new_tokens=case["max_new_tokens"], force_words=tuple(case["force_words"]),
+                                 num_return_sequences=case["num_return_sequences"])
+
+
 def decode(lm, case: dict) -> list:
-    settings = RunSettings.from_flat(prompt=case["prompt"], chat=False, strategy="beam", num_beams=case["num_beams"],
-                                     max_new_tokens=case["max_new_tokens"], force_words=tuple(case["force_words"]),
-                                     num_return_sequences=case["num_return_sequences"])
-    return list(run_strategy(lm, settings))
+    return list(run_strategy(lm, decode_settings(case)))
 
 
 def holds(ids: list[int], alternatives: list) -> bool:
@@ -135,3 +138,12 @@ def test_constraint_progress_and_banks_equal_4_46s(case):
     assert ahead == case["advance"]
     assert advance_banks(progress, ahead, words) == case["proposed_banks"]
     assert [bank(add(progress, t, words), words) for t in ahead] == case["banks_after"]
+
+
+def test_the_preset_is_a_recorded_case_so_its_claim_is_checked_above():
+    from playground.presets import load_preset
+
+    case = next(c for c in RECORD["default"] if c["prompt"] == "My favourite animal is the")
+    assert load_preset("beam-forced-words").settings == decode_settings(case)
+    texts = [s["text"] for s in case["sequences"]]
+    assert texts[0].endswith(" cat") and texts[1].startswith(" cat?")
