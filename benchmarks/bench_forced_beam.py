@@ -92,7 +92,7 @@ def main() -> None:
     if args.worker:
         reference_worker(args.model, args.repeats)
         return
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT / 'benchmarks'}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (ROOT, ROOT / 'tests', ROOT / 'benchmarks'))}
     child = subprocess.run([args.venv446, __file__, "--worker", "--model", args.model, "--repeats",
                             str(args.repeats)], capture_output=True, text=True, env=env, check=True)
     reference = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]

@@ -242,11 +242,9 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     start every returned sequence, and are not part of the scores. Settings and prompt are checked before the
     generator is returned (``ConfigError``).
     """
-    if settings.group(ForcedWordsSettings).active():  # constrained beam search: its own module
-        from playground.engine.beam_forced.search import run_forced_beam_search
-
-        return run_forced_beam_search(lm, settings, context)
     settings.validate()
+    if settings.group(ForcedWordsSettings).active():  # run_strategy hands these to playground.engine.beam_forced
+        raise ConfigError("--force-words is constrained beam search: run it through run_strategy")
     if settings.stop_strings:
         raise ConfigError("beam search does not take stop strings (a stop string would end some beams but not "
                           "others mid-search): clear them, or use greedy or sampling")

@@ -16,20 +16,23 @@ Each step, over ``beams x vocab`` (log-softmax, the processors, plus each beam's
    judged on the step's best top-K score), or at the length limit; then the running beams that met every constraint
    join the finished ones (and, if fewer than ``num_return_sequences`` did, the others: 4.46's fallback).
 
-The first step reads one row (the prompt), which equals 4.46's ``N`` identical rows with all but the first at
-−1e9: their candidates are never among the top K, and the ones their constraints propose repeat the first row's
-(4.46 drops repeated sequences). Stop, the budget, timing and the observers are the decode loop's, as for beam.py.
+It runs in place of beam search's runner when ``--force-words`` is given (``run_forced_wrapper``, the settings
+group's wrapper). The first step reads one row (the prompt), which equals 4.46's ``N`` identical rows with all but
+the first at −1e9: their candidates are never among the top K, and the ones their constraints propose repeat the
+first row's (4.46 drops repeated sequences). Stop, the budget, timing and the observers are the decode loop's, as
+for beam.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
+from playground.config import BeamSettings, ConfigError, KVSettings, QuantSettings, RunSettings
 from playground.config.beam_forced import ForcedWordsSettings, parse_force_word
 from playground.engine.beam import (
     Expansion,
@@ -139,6 +142,15 @@ def deal_by_bank(banks: list[int], scores: torch.Tensor, count: int) -> list[int
         increments.append(counter)
     rearranged = torch.tensor(np.argsort(increments, kind="mergesort"))
     return indices[rearranged][:count].tolist()
+
+
+def run_forced_wrapper(_runner: Any, lm: LoadedModel, settings: RunSettings,
+                       context: RunContext | StopCheck | None = None) -> Iterator[Event]:
+    """``--force-words``'s wrapper of the beam strategy (``playground.config.beam_forced``): constrained beam
+    search in place of plain beam search's runner."""
+    if settings.group(QuantSettings).active():
+        raise ConfigError("--force-words does not take --quant yet (each runs beam search its own way): drop one")
+    return run_forced_beam_search(lm, settings, context)
 
 
 def run_forced_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
