@@ -155,3 +155,31 @@ def test_the_tree_marks_where_each_word_is_placed(qtbot, lm, events, tmp_path):
     assert again.forced.label.text() == text and len(again.forced.marks.points()) == len(forced.marks.points())
     again.apply(events[0])  # a new run empties the layer
     assert not again.forced.label.isVisible() and len(again.forced.marks.points()) == 0
+
+
+def test_the_window_runs_forced_words_from_its_form_and_every_view_copes(qtbot, tmp_path, lm):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+    from test_view_edges import DEFAULT_SIZE, edge_problems
+    from windows import open_window
+
+    w = open_window(qtbot, tmp_path, lm, settings(), size=DEFAULT_SIZE)
+    w.set_run_settings(settings())
+    assert w.current_settings() == settings()  # the form keeps " or| li" as one word, its spaces too
+    qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=20000)
+    run = w.session.selected
+    assert run is not None and run.error is None and run.finished is not None
+    for name, dock in w.docks.items():  # every view shows the run or says why it has nothing for it
+        dock.show()
+        dock.raise_()
+        QApplication.processEvents()
+        assert w.views[name].isVisible() or dock.pages.currentWidget() is dock.empty, name
+    w.docks["beam"].raise_()
+    for _ in range(5):
+        QApplication.processEvents()
+    view = w.views["beam"]
+    view.grab()
+    assert view.panel.forced.label.isVisible()
+    problems = edge_problems("beam", view, allow_scroll=False)
+    assert not problems, "\n".join(str(p) for p in problems)
