@@ -121,6 +121,9 @@ def test_stop_keeps_the_run_and_what_it_met(lm):
 
 
 def test_the_tree_marks_where_each_word_is_placed(qtbot, lm, events, tmp_path):
+    from PySide6.QtGui import QColor
+
+    from playground.ui.views.beam_tree.forced import MARK_COLOR
     from playground.ui.views.beam_tree.panel import BeamTreePanel
 
     panel = BeamTreePanel()
@@ -145,8 +148,10 @@ def test_the_tree_marks_where_each_word_is_placed(qtbot, lm, events, tmp_path):
     assert marked == stars and stars
     text = forced.label.text()
     assert forced.label.isVisible() and "Forced words" in text and "all met" in text and "any one of 2" in text
-    image = panel.grab().toImage()
-    assert image.pixelColor(10, 10) != image.pixelColor(image.width() // 2, image.height() // 3)
+    image = panel.grab().toImage()  # painted, not blank: many colours, the marks' gold among them
+    colours = {image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, image.height(), 7)}
+    assert len(colours) > 20
+    assert any(abs(QColor(c).hue() - QColor(MARK_COLOR).hue()) < 4 and QColor(c).saturation() > 120 for c in colours)
     again = BeamTreePanel()  # from the saved run: the same panel
     qtbot.addWidget(again)
     for event in read_trace(write_trace(events, tmp_path / "forced.jsonl")).events:
