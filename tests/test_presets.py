@@ -232,6 +232,7 @@ def test_the_side_by_side_preset_ranks_beam_above_hot_sampling(default_lm):
 EXPECTED.update({"xtc-cliche", "dry-loop"})  # the samplers' presets (below)
 EXPECTED.update({"ban-cliches"})  # phrase bans with backtracking (tests/test_bans_default.py)
 EXPECTED.update({"contrastive-search-loop"})  # contrastive search (tests/test_contrastive_search.py)
+EXPECTED.update({"beam-forced-words"})  # constrained beam search (tests/test_forced_beam_reference.py)
 CLICHE = "In the heart of"
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
+from playground.config.beam_forced import ForcedWordsSettings
 from playground.engine.constraint import BeamMasks, apart
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
@@ -268,6 +269,8 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     generator is returned (``ConfigError``).
     """
     settings.validate()
+    if settings.group(ForcedWordsSettings).active():  # run_strategy hands these to playground.engine.beam_forced
+        raise ConfigError("--force-words is constrained beam search: run it through run_strategy")
     if settings.stop_strings:
         raise ConfigError("beam search does not take stop strings (a stop string would end some beams but not "
                           "others mid-search): clear them, or use greedy or sampling")

@@ -90,7 +90,8 @@ def _lines_binding(row: Row) -> Binding:
 
 # Settings whose widget is more than a table row makes (the chain's order, entries whose spaces matter).
 CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_binding, "logit_bias": _bias_binding,
-                                                         "ban": _lines_binding, "ban_regex": _lines_binding}
+                                                         "ban": _lines_binding, "ban_regex": _lines_binding,
+                                                         "force_words": _lines_binding}  # "a|b" is one entry
 
 
 def _change_signal(widget: QWidget) -> Any:

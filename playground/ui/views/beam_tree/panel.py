@@ -25,6 +25,7 @@ from playground.events import Event, RunFinished, RunStarted
 from playground.state import visible_token_text
 from playground.state.beam_tree import FINISHED, PRUNED, ROOT, SURVIVING, BeamTree, RankedHypothesis, TreeNode
 from playground.ui.style import CHOSEN_COLOR, format_percent, rich_label, shade_for_prob
+from playground.ui.views.beam_tree.forced import ForcedMarks
 from playground.ui.views.beam_tree.items import (
     BEST_COLOR,
     BEST_GROWTH,
@@ -128,6 +129,7 @@ class BeamTreePanel(QWidget):
         self._best_path = pg.PlotCurveItem(pen=pg.mkPen(BEST_COLOR, width=4))
         self._best_nodes = pg.ScatterPlotItem(pxMode=True)  # the best path's nodes, emphasised on top
         self._labels = TokenLabels()
+        self.forced = ForcedMarks(item, self)  # constrained beam search's marks and bank panel (forced words)
         for z, plot_item in ((Z_RERANK_PATH, self._rerank_path), (Z_BEST_PATH, self._best_path),
                              (Z_BEST_NODES, self._best_nodes), (Z_LABELS, self._labels)):
             plot_item.setZValue(z)
@@ -161,6 +163,7 @@ class BeamTreePanel(QWidget):
         layout.addWidget(self.header)
         layout.addWidget(self.plot, 1)
         layout.addLayout(legend_row)
+        layout.addWidget(self.forced.label)
         layout.addLayout(slider_row)
         layout.addWidget(self.penalty_label)
         layout.addWidget(self.ranking_label)
@@ -195,6 +198,7 @@ class BeamTreePanel(QWidget):
             curve.setData([], [])
         self._best_nodes.setData(x=[], y=[])
         self._labels.clear()
+        self.forced.reset()
         self.header.setText("<b>Beam search</b> — choose the beam strategy and generate: the tree grows here, "
                             "one column per step.")
         self.penalty_label.setText("")
@@ -207,7 +211,8 @@ class BeamTreePanel(QWidget):
         """Fold an event into the tree; the drawing follows within a frame (``flush()`` draws now)."""
         if isinstance(event, RunStarted):
             self.reset()
-        if not self.tree.apply(event):
+        forced = self.forced.apply(event)
+        if not self.tree.apply(event) and not forced:
             return
         if isinstance(event, RunStarted):
             self._set_slider(self.tree.length_penalty)
@@ -243,6 +248,7 @@ class BeamTreePanel(QWidget):
         self._set_path(self._best_path, tree.best_path)
         self._set_path(self._rerank_path, self._rerank_best_path())
         self._update_texts()
+        self.forced.update_panel()
         self._update_view()
 
     # --- drawing ------------------------------------------------------------------------------------------
@@ -267,6 +273,7 @@ class BeamTreePanel(QWidget):
         self._labels.append([n.x for n in new], [n.y for n in new], [self._label_text(n) for n in new],
                             [s[0] for s in label_styles], [s[1] for s in label_styles],
                             [s[2] for s in label_styles])
+        self.forced.add_nodes(new, nodes)
         self._drawn = len(nodes)
 
     def _chunk(self, index: int) -> StepChunk:
@@ -524,6 +531,7 @@ class BeamTreePanel(QWidget):
         elif node.finished_score is not None:
             lines.append(f"the run was stopped: returned as #{node.returned_rank}, scored as if it ended here: "
                          f"{node.finished_score:.3f}")
+        lines.extend(self.forced.tooltip_lines(node))
         if node.id in tree.best_path:
             lines.append("on the best sequence")
         lines.append(f"text: {short_middle(sequence_text(tree.path_text(node.id)), 80)}")
