@@ -78,6 +78,7 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
                                         kv_window=2, record_attention=True, compare_no_cache=False)),
         (tiny_lm, RunSettings.from_flat(max_new_tokens=3, quant="smoothquant", compare=True)),
         (tiny_lm, RunSettings.from_flat(strategy="contrastive", max_new_tokens=3)),
+        (tiny_lm, RunSettings.from_flat(strategy="contrastive-search", max_new_tokens=3, top_k=3, penalty_alpha=0.6)),
         (tiny_lm, RunSettings.from_flat(strategy="cascade", cascade_unit="response", cascade_threshold=1.0,
                                         cheap="layers", cheap_layers=1, max_new_tokens=3)),
     ]
