@@ -152,7 +152,8 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
     position = cast(int, mark.position)  # a drafted token's
     d = r.drafted[position]
     verdict = "accepted" if mark.kind == ACCEPTED else "rejected: not in the output"
-    constraint = f"<br>constraint: {d.allowed:,} tokens allowed here, {SPAN_WORDS.get(d.span, d.span)}" if d.span else ""
+    constraint = f"<br>constraint: {d.allowed:,} tokens allowed here, {SPAN_WORDS.get(d.span, d.span)}" \
+        if d.span else ""
     # What the draw was compared with: min(1, p'/q), p' the target's distribution left after earlier siblings'
     # rejections (a saved run from before it was recorded: min(1, p/q), right for chains and first children).
     threshold = d.accept_prob if d.accept_prob is not None else \
