@@ -114,6 +114,9 @@ def rounds_of(events: list) -> list[SpeculativeRound]:
 
 CASES = {  # name: (constraint, prompt, speculative options)
     "lookup-chain-regex": (PATTERN, LOOKUP_PROMPT, {"draft": "prompt-lookup", "draft_k": 4}),
+    # one choice: every step but the first forced, copied by prompt lookup; the grammar completes inside a round
+    "lookup-chain-choice": (GrammarSettings(choices=(" the cat sat on the mat",)), "x the cat sat on the mat. x",
+                            {"draft": "prompt-lookup", "draft_k": 4}),
     "model-chain-schema": (SCHEMA, SCHEMA_PROMPT, {"draft": "model", "draft_k": 4}),
     "model-tree-schema": (SCHEMA, SCHEMA_PROMPT, {"draft": "model", "draft_k": 3, "tree_width": 2, "tree_nodes": 6}),
 }
