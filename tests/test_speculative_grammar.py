@@ -168,6 +168,22 @@ def test_greedy_speculation_under_a_grammar_is_constrained_greedy(runs, case):
         assert any(r.is_tree and r.accepted for r in rounds)
 
 
+def test_a_step_with_no_token_left_ends_a_speculative_run_as_a_plain_one(target):
+    group = GrammarSettings(choices=(" Paris",))
+    built = next(g for g in build_pipeline(settings(group, prompt="x", strategy="greedy"), sampling=False,
+                                           tokenizer=target.tokenizer, vocab_size=len(target.tokenizer),
+                                           carried=("grammar",)) if isinstance(g, Grammar))
+    allowed = torch.nonzero(built.allowed().mask).flatten().tolist()
+    banned = tuple(f"{t}=-inf" for t in allowed)  # the logit bias (after the grammar) removes every allowed token
+    ends = []
+    for strategy, options in (("greedy", {}), ("speculative", {"draft": "prompt-lookup"})):
+        events = list(run_strategy(target, settings(group, prompt="x Paris x", strategy=strategy, logit_bias=banned,
+                                                    **options)))
+        assert tokens_of(events) == []
+        ends.append((events[-1].stop_reason, events[-1].stop_note))
+    assert ends[0] == ends[1] and ends[0][0] == "grammar_blocked"
+
+
 def test_a_sampled_run_under_a_schema_writes_json_that_validates(runs):
     _, events = runs["model-chain-schema-sampled"]
     done = events[-1]

@@ -129,6 +129,7 @@ class RoundRecord:
     # ``emitted`` the run keeps with the reason the constraint ends the run after them
     judged: JudgedDraft | None = None
     keep: int | None = None  # None: all of ``emitted``
+    open_rows: list[bool] = field(default_factory=list)  # under a constraint: each row has a token left
     ends: tuple[Any, str] | None = None
 
     def pass_row(self, row: int) -> int:
@@ -183,7 +184,7 @@ class RoundRecord:
         return SpeculativeRound(
             round=self.index, first_step=self.first_step, emitted=emitted, drafted=tuple(drafted),
             accepted=verdict.accepted, target_token_id=verdict.token_id, target_text=token_text(verdict.token_id),
-            target_kind=kind, target_prob=float(target_probs[last, verdict.token_id]), draft_ms=self.draft_ms,
+            target_kind=kind, target_prob=_finite(float(target_probs[last, verdict.token_id])), draft_ms=self.draft_ms,
             verify_ms=self.verify_ms, kv_cache_bytes=self.kv_bytes, prompt_read=self.prompt_read, parents=parents)
 
 
@@ -291,6 +292,8 @@ class SpeculativeRun:
         done.verdict, done.target_probs = _verify(done.tree, processed, self.spec.do_sample, self.generator,
                                                   done.forcing)
         done.choices = processed.argmax(dim=-1).tolist()
+        if judged is not None:  # a row where the constraint and the other samplers left no token
+            done.open_rows = torch.isfinite(processed).any(dim=-1).tolist()
 
     def commit(self, done: RoundRecord, ids: list[int]) -> None:
 
@@ -301,6 +304,13 @@ class SpeculativeRun:
         # The target's token after the kept path comes in the round only when there is room for it.
         done.emitted = [tree.tokens[node] for node in done.path]
         done.with_target = len(done.emitted) < room
+        last = done.rows[-1]
+        if done.open_rows and not done.open_rows[last]:  # no token can follow the path: the run ends after it
+            done.with_target = False
+            assert done.judged is not None
+            allowed = int(done.judged.states[last - 1].allowed().mask.sum().item())
+            done.ends = ("grammar_blocked", f"no token is left: the constraint allows {allowed} here and the other "
+                         "samplers removed them all" if allowed else "the constraint allows no token here")
         if done.with_target:
             done.emitted.append(verdict.token_id)
         kept = len(ids) + verdict.accepted  # positions the target cache keeps (the target's token is not read)
@@ -329,7 +339,8 @@ class SpeculativeRun:
                 analysis.grammar = judged.states[row - 1].step_record(analysis.raw_probs(), top)
             done.analyses.append(analysis)
         if judged is not None and self.grammar is not None:  # the run's grammar follows the kept tokens
-            done.keep, done.ends = follow_round(self.grammar, judged, done.path, done.emitted)
+            done.keep, ends = follow_round(self.grammar, judged, done.path, done.emitted)
+            done.ends = ends or done.ends
 
     def step(self, _index: int, _forced: int | None) -> Picked:
         """One round: draft, verify in one target pass, commit the accepted path."""
@@ -394,6 +405,11 @@ class SpeculativeRun:
             baseline = figures["baseline_tokens_per_s"]
             figures["speedup"] = finished.tokens_per_s / baseline if baseline > 0 else 0.0
         yield dataclasses.replace(finished, figures=figures)
+
+
+def _finite(value: float) -> float:
+    """0 for a row the constraint left empty (its softmax is NaN)."""
+    return value if value == value else 0.0
 
 
 def next_draft_length(k: int, accepted: int, drafted: int) -> int:
