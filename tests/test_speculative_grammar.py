@@ -18,7 +18,6 @@ from collections import Counter
 from pathlib import Path
 
 import llguidance
-import llguidance.hf
 import pytest
 import torch
 
@@ -95,8 +94,12 @@ def draft_model(target):
 
 
 @pytest.fixture(scope="module")
-def ll_tok(smol_tokenizer):
-    return llguidance.hf.from_tokenizer(smol_tokenizer, n_vocab=len(smol_tokenizer))
+def ll_tok(smol_tokenizer, target):
+    """The library's tokenizer (llguidance.hf builds it, ~2 s: the one the runs built is reused; the matchers asked
+    here are fresh)."""
+    from playground.engine.samplers.grammar import ll_tokenizer
+
+    return ll_tokenizer(smol_tokenizer, target.model.config.vocab_size, tuple(target.eos_token_ids))
 
 
 def settings(group: GrammarSettings, **flat) -> RunSettings:

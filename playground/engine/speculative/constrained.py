@@ -156,3 +156,29 @@ def follow_round(grammar: Grammar, judged: JudgedDraft, path: list[int], emitted
     if path:  # no room for the target's own token
         grammar.restore(judged.states[path[-1]].snapshot())
     return len(emitted), None
+
+
+def count_spans(spans: dict[str, list[int]] | None, judged: JudgedDraft, path: list[int]) -> dict[str, list[int]]:
+    """Add a round's nodes to ``spans`` (per span: drafted, accepted, rejected by the grammar); ``path``: the
+    accepted nodes."""
+    out = spans or {span: [0, 0, 0] for span in SPANS}
+    accepted = set(path)
+    for node, span in enumerate(judged.spans):
+        counts = out[span]
+        counts[0] += 1
+        counts[1] += node in accepted
+        counts[2] += node in judged.forbidden
+    return out
+
+
+def constrained_figures(spans: dict[str, list[int]]) -> dict[str, float]:
+    """The acceptance split by span: drafted, accepted and grammar-rejected nodes forced, inside and outside
+    constrained spans, and free (inside or outside, not forced); each with its acceptance rate."""
+    free = [a + b for a, b in zip(spans[INSIDE], spans[OUTSIDE], strict=True)]
+    out: dict[str, float] = {"grammar_rejected": float(sum(c[2] for c in spans.values()))}
+    for name, (drafted, accepted, rejected) in (*spans.items(), ("free", free)):
+        out[f"drafted_{name}"] = float(drafted)
+        out[f"accepted_{name}"] = float(accepted)
+        out[f"grammar_rejected_{name}"] = float(rejected)
+        out[f"acceptance_{name}"] = accepted / drafted if drafted else 0.0
+    return out

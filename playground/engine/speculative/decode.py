@@ -5,6 +5,10 @@ back past the rejected drafts.
 Every emitted token also gets an ordinary ``TokenStep`` (raw and processed distributions from the target's logits
 at that position), so greedy speculative decoding is observably the target's greedy decoding — only faster or
 slower.
+
+Under a constraint (``constrained.py``) the grammar judges each draft before the target's pass, every verified row
+is masked at its own matcher state, and the run's grammar follows the kept tokens: greedy speculation is then
+constrained greedy decoding, token for token.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from playground.engine.prompt import check_fits_context, encode_prompt
 from playground.engine.run_context import NO_CONTEXT, RunContext, StopCheck
 from playground.engine.run_events import RunRecorder
 from playground.engine.samplers.grammar import Grammar
-from playground.engine.speculative.constrained import SPANS, JudgedDraft, follow_forced, follow_round, judge_draft
+from playground.engine.speculative.constrained import (
+    JudgedDraft,
+    constrained_figures,
+    count_spans,
+    follow_forced,
+    follow_round,
+    judge_draft,
+)
 from playground.engine.speculative.drafters import (
     Drafter,
     JacobiDrafter,
@@ -205,15 +216,8 @@ class Totals:
         self.accepted += done.verdict.accepted
         self.draft_ms += done.draft_ms
         self.verify_ms += done.verify_ms
-        judged = done.judged
-        if judged is not None:
-            spans = self.spans = self.spans or {span: [0, 0, 0] for span in SPANS}
-            path = set(done.path)
-            for node, span in enumerate(judged.spans):
-                counts = spans[span]
-                counts[0] += 1
-                counts[1] += node in path
-                counts[2] += node in judged.forbidden
+        if done.judged is not None:
+            self.spans = count_spans(self.spans, done.judged, done.path)
 
     def figures(self) -> dict[str, float]:
         return {
@@ -223,19 +227,6 @@ class Totals:
             "target_calls": float(self.target_calls), "draft_ms": self.draft_ms, "verify_ms": self.verify_ms,
             **(constrained_figures(self.spans) if self.spans is not None else {}),
         }
-
-
-def constrained_figures(spans: dict[str, list[int]]) -> dict[str, float]:
-    """The acceptance split by span: drafted, accepted and grammar-rejected nodes forced, inside and outside
-    constrained spans, and free (inside or outside, not forced); each with its acceptance rate."""
-    free = [a + b for a, b in zip(spans["inside"], spans["outside"], strict=True)]
-    out: dict[str, float] = {"grammar_rejected": float(sum(c[2] for c in spans.values()))}
-    for name, (drafted, accepted, rejected) in (*spans.items(), ("free", free)):
-        out[f"drafted_{name}"] = float(drafted)
-        out[f"accepted_{name}"] = float(accepted)
-        out[f"grammar_rejected_{name}"] = float(rejected)
-        out[f"acceptance_{name}"] = accepted / drafted if drafted else 0.0
-    return out
 
 
 class SpeculativeRun:
