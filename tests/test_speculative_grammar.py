@@ -179,12 +179,13 @@ def test_a_step_with_no_token_left_ends_a_speculative_run_as_a_plain_one(target)
     allowed = torch.nonzero(built.allowed().mask).flatten().tolist()
     banned = tuple(f"{t}=-inf" for t in allowed)  # the logit bias (after the grammar) removes every allowed token
     ends = []
-    for strategy, options in (("greedy", {}), ("speculative", {"draft": "prompt-lookup"})):
+    for strategy, options in (("greedy", {}), ("speculative", {"draft": "prompt-lookup"}),
+                              ("speculative", {"draft": "prompt-lookup", "do_sample": True})):
         events = list(run_strategy(target, settings(group, prompt="x Paris x", strategy=strategy, logit_bias=banned,
                                                     **options)))
         assert tokens_of(events) == []
         ends.append((events[-1].stop_reason, events[-1].stop_note))
-    assert ends[0] == ends[1] and ends[0][0] == "grammar_blocked"
+    assert ends[0] == ends[1] == ends[2] and ends[0][0] == "grammar_blocked"
 
 
 def test_a_sampled_run_under_a_schema_writes_json_that_validates(runs):

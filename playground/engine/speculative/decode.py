@@ -280,11 +280,14 @@ class SpeculativeRun:
                 raw, processed = _score(self.lm, cache, ids, read, self.pipeline, pipelines)
                 done.raw, processed = judged.rows(raw), judged.rows(processed)  # [len(tree) + 1, vocab]
         self.totals.target_calls += 1
+        if judged is not None:  # a row where the constraint and the other samplers left no token
+            open_rows = torch.isfinite(processed).any(dim=-1)
+            done.open_rows = open_rows.tolist()
+            if not all(done.open_rows):  # judged on an even row instead (no NaN draws); the path stops before it
+                processed = processed.masked_fill(~open_rows[:, None], 0.0)
         done.verdict, done.target_probs = _verify(done.tree, processed, self.spec.do_sample, self.generator,
                                                   done.forcing)
         done.choices = processed.argmax(dim=-1).tolist()
-        if judged is not None:  # a row where the constraint and the other samplers left no token
-            done.open_rows = torch.isfinite(processed).any(dim=-1).tolist()
 
     def commit(self, done: RoundRecord, ids: list[int]) -> None:
 
@@ -292,6 +295,12 @@ class SpeculativeRun:
         room = self.loop.max_steps - len(self.loop.generated)
         done.path = list(verdict.path) if not done.is_chain else list(range(verdict.accepted))
         done.rows = [0] + [1 + node for node in done.path]
+        blocked = next((j for j, row in enumerate(done.rows) if not done.open_rows[row]), None) \
+            if done.open_rows else None
+        if blocked is not None and blocked < len(done.path):  # no token was left where path[blocked] was drafted
+            del done.path[blocked:], done.rows[blocked + 1 :]
+            verdict = done.verdict = dataclasses.replace(verdict, accepted=blocked, path=tuple(done.path)
+                                                         if not done.is_chain else ())
         # The target's token after the kept path comes in the round only when there is room for it.
         done.emitted = [tree.tokens[node] for node in done.path]
         done.with_target = len(done.emitted) < room
