@@ -12,6 +12,7 @@ from playground.config import RunSettings
 from playground.engine.forward import prefill, sync_device
 from playground.engine.processors import build_pipeline
 from playground.engine.run_context import NO_CONTEXT, RunContext
+from playground.engine.samplers.grammar import Grammar
 from playground.engine.step_analysis import analyse_step
 from playground.models.loaded import LoadedModel
 
@@ -24,7 +25,9 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
 
     The run's Stop (``context``) is polled before the prompt's pass and each token: a stopped decode returns fewer than
     ``tokens`` tokens (the speed over those, 0.0 for none), which the caller reports as cut short."""
-    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
+    pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer, vocab_size=lm.model.config.vocab_size,
+                              eos_ids=lm.eos_token_ids, carried=("grammar",))
+    grammar = next((s for s in pipeline if isinstance(s, Grammar)), None)  # a constraint follows the tokens
     ids = torch.tensor([prompt_ids], device=lm.device)
     chosen: list[int] = []
     if context.stopped():
@@ -44,6 +47,8 @@ def plain_greedy(lm: LoadedModel, settings: RunSettings, prompt_ids: list[int], 
             analysis.token_id = token
             analysis.to_event(step=step, text="", forced=False, step_ms=0.0, kv_bytes=0, token_text=lambda t: "")
             chosen.append(token)
+            if grammar is not None:
+                grammar.accept(token, 0.0)
             ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
         sync_device(lm.device)
     seconds = time.perf_counter() - start

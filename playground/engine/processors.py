@@ -65,9 +65,9 @@ class SamplerRun:
             sampler.accept(token_id, prob)
 
 
-def _build(name: str, s: RunSettings, context: BuildContext) -> Sampler:
+def _build(name: str, s: RunSettings, context: BuildContext, carried: tuple[str, ...] = ()) -> Sampler:
     spec = SPECS[name]
-    if spec.needs_run and context.run is None:
+    if spec.needs_run and context.run is None and name not in carried:
         raise ConfigError(f"{name} is not available with the {s.strategy} strategy ({spec.needs_run}); use "
                           "greedy or sample, or switch it off")
     cls = ENGINE_SAMPLERS.get(name)
@@ -77,8 +77,8 @@ def _build(name: str, s: RunSettings, context: BuildContext) -> Sampler:
 
 
 def build_pipeline(settings: RunSettings, *, sampling: bool, tokenizer: object = None, vocab_size: int | None = None,
-                   run: SamplerRun | None = None, part: str = "all", eos_ids: tuple[int, ...] = ()
-                   ) -> tuple[Sampler, ...]:
+                   run: SamplerRun | None = None, part: str = "all", eos_ids: tuple[int, ...] = (),
+                   carried: tuple[str, ...] = ()) -> tuple[Sampler, ...]:
     """The samplers a run applies, in the settings' order (``samplers``; transformers' order by default).
 
     The penalties, DRY, logit bias and guidance apply to every strategy; the samplers that shape the distribution a
@@ -87,7 +87,8 @@ def build_pipeline(settings: RunSettings, *, sampling: bool, tokenizer: object =
     goes last. ``tokenizer``: to read words (logit bias, DRY's breakers); ``run``: the state the stateful samplers
     need (strategies without one are refused them); ``eos_ids``: the model's end tokens (a constraint's). ``part``:
     "penalties" or "sampler" for a strategy that applies the two apart (contrastive search), which refuses an order
-    that mixes them.
+    that mixes them. ``carried``: stateful samplers a strategy without a ``run`` carries itself (speculative
+    decoding follows a constraint's matcher through its drafts).
     """
     s = settings
     active = active_samplers(s, sampling)
@@ -100,7 +101,7 @@ def build_pipeline(settings: RunSettings, *, sampling: bool, tokenizer: object =
         active = [name for name in active if SPECS[name].sampling_only == (part == "sampler")]
     context = BuildContext(tokenizer=tokenizer, vocab_size=vocab_size, run=run, strategy=s.strategy,
                            eos_ids=tuple(eos_ids))
-    pipeline = tuple(_build(name, s, context) for name in active)
+    pipeline = tuple(_build(name, s, context, carried) for name in active)
     if run is not None:
         run.samplers.extend(pipeline)
     return pipeline

@@ -23,6 +23,7 @@ class SpeculativeStarted:
     baseline_tokens: int  # a plain run of this many tokens measures the speed-up at the end (0: none)
     tree_width: int = 1  # candidates per depth: 1 = a chain; more = each round drafts a tree (one target pass)
     tree_nodes: int = 0  # a tree's node budget (0: a chain)
+    constraint: str = ""  # the run's constraint ("json_schema", "regex", "grammar", "choices"; "" none)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class DraftToken:
     # Sampling: what ``draw`` was compared with, min(1, p'/q): a tree's later sibling is judged against the target's
     # distribution left after the earlier siblings' rejections (p' = p for a chain and a first child). None: greedy.
     accept_prob: float | None = None
+    # Under a constraint: the grammar forbade it at its position, so it was rejected before verification (the
+    # target's pass did not read it; the rejection rule judged it with p = 0, and nodes drafted below it were
+    # dropped). ``allowed``: tokens the grammar allowed there; ``span``: "forced" (one), "inside" a constrained span
+    # (fewer than half the vocabulary), "outside" (at least half: free text inside the constraint). "" / 0: no
+    # constraint (and saved runs from before).
+    grammar_rejected: bool = False
+    span: str = ""
+    allowed: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """Qt-free: folds speculative decoding's events into what the speculative view shows.
 
+Under a constraint, a drafted token the grammar forbade is marked *rejected by the grammar* instead (it never
+reached the target's pass), and the acceptance is split by where each token was drafted: at a forced step (the
+grammar allowed one token), inside a constrained span (it allowed fewer than half the vocabulary) or outside one.
+
 Three kinds of output mark: drafted tokens the target *accepted*, drafted tokens it *rejected* (kept in the text,
 right after the accepted prefix of their round, where the target's correction follows them), and the *target's own*
 token of each round (the correction after a rejection, or the bonus after a fully accepted draft). Tokens forced by
@@ -30,7 +34,9 @@ ACCEPTED = "accepted"  # a drafted token the target kept
 REJECTED = "rejected"  # a drafted token the target threw away (it is not in the output)
 TARGET = "target"  # the target's own token: a correction after a rejection, or the bonus after a full draft
 FORCED = "forced"  # forced by branching (no drafting, no verdict)
-KINDS = (ACCEPTED, REJECTED, TARGET, FORCED)
+GRAMMAR = "grammar_rejected"  # a drafted token the constraint forbade: rejected before verification
+KINDS = (ACCEPTED, REJECTED, TARGET, FORCED, GRAMMAR)
+SPANS = ("forced", "inside", "outside")  # where a token was drafted under a constraint (``DraftToken.span``)
 
 ROUNDS = "rounds"  # a part: the rounds (timeline, round chart, acceptance by position, what-if)
 MARKS = "marks"  # a part: the output's marks (the text)
@@ -150,6 +156,9 @@ class SpeculativeState(Fold):
         self._fit = [0.0] * 5  # n, Σx, Σy, Σx², Σxy of (drafted, verify_ms) per round
         self._pending: dict[int, int] = {}  # step -> index of its mark, until its token event comes
         self._last_forced = False
+        self.constraint = ""  # the run's constraint kind ("" none)
+        # under a constraint: per span, [drafted, accepted, rejected by the grammar]
+        self.spans: dict[str, list[int]] = {span: [0, 0, 0] for span in SPANS}
 
     # --- folding events -------------------------------------------------------------------------------------
     def _fold(self, event: Event) -> set[str] | None:
@@ -157,6 +166,7 @@ class SpeculativeState(Fold):
             self.drafter, self.detail = event.drafter, event.detail
             self.draft_k, self.do_sample = event.draft_k, event.do_sample
             self.tree_width, self.tree_nodes = event.tree_width, event.tree_nodes
+            self.constraint = event.constraint
         elif isinstance(event, PrefillDone):
             self.prefill_passes = event.forward_passes
             self.prompt_passes = event.forward_passes + int(event.deferred_tokens > 0)
@@ -182,7 +192,14 @@ class SpeculativeState(Fold):
             self._pending[r.first_step + i] = len(self.marks)
             self.marks.append(Mark(ACCEPTED, d.text, index, i, r.first_step + i))
         for i in rejected_nodes(r):
-            self.marks.append(Mark(REJECTED, r.drafted[i].text, index, i, None, settled=True))
+            kind = GRAMMAR if r.drafted[i].grammar_rejected else REJECTED
+            self.marks.append(Mark(kind, r.drafted[i].text, index, i, None, settled=True))
+        for i, d in enumerate(r.drafted):
+            if d.span in self.spans:
+                counts = self.spans[d.span]
+                counts[0] += 1
+                counts[1] += i < r.accepted
+                counts[2] += d.grammar_rejected
         if r.target_kind != "none":
             step = r.first_step + r.accepted
             self._pending[step] = len(self.marks)
@@ -286,6 +303,20 @@ class SpeculativeState(Fold):
     @property
     def rejected(self) -> int:
         return self.drafted - self.accepted
+
+    @property
+    def grammar_rejected(self) -> int:
+        """Drafted tokens the constraint forbade (rejected before verification)."""
+        return sum(counts[2] for counts in self.spans.values())
+
+    def span_counts(self, span: str) -> tuple[int, int, int]:
+        """(drafted, accepted, rejected by the grammar) at ``span``: "forced", "inside", "outside", or "free" (the
+        steps that were not forced, inside or outside)."""
+        if span == "free":
+            inside, outside = self.spans["inside"], self.spans["outside"]
+            return inside[0] + outside[0], inside[1] + outside[1], inside[2] + outside[2]
+        drafted, accepted, rejected = self.spans[span]
+        return drafted, accepted, rejected
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -234,6 +234,14 @@ class Grammar(Sampler):
         self.matcher = matcher.deep_copy()
         self._moved_on()
 
+    def followed_by(self, token_id: int) -> Grammar:
+        """A copy of this constraint after ``token_id`` (a speculative draft's node): the mask this state computed is
+        shared with the copy, not recomputed, before it consumes the token (``broken`` when it is one it forbids)."""
+        twin = Grammar(self.matcher.deep_copy(), self.vocab, self.eos_ids, self.kind)
+        twin.broken, twin.last = self.broken, self.allowed()
+        twin.accept(token_id, 0.0)
+        return twin
+
     def clone(self) -> Sampler:
         twin = Grammar(self.matcher.deep_copy(), self.vocab, self.eos_ids, self.kind)
         twin.broken = self.broken

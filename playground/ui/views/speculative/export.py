@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from playground.state.speculative import ACCEPTED, REJECTED, TARGET, SpeculativeState
+from playground.state.speculative import ACCEPTED, GRAMMAR, REJECTED, TARGET, SpeculativeState
 
 CSV_COLUMNS = ("round", "position", "token_id", "token", "kind", "draft_q", "target_p", "draw", "accepted", "parent",
                "depth", "rank")
@@ -18,7 +18,8 @@ def write_rounds_csv(state: SpeculativeState, path: Path) -> None:
         for r in state.rounds:
             parents = r.parents or range(-1, len(r.drafted) - 1)
             for i, (d, parent, depth) in enumerate(zip(r.drafted, parents, r.depths(), strict=True)):
-                writer.writerow([r.round, i, d.token_id, d.text, ACCEPTED if d.accepted else REJECTED,
+                kind = ACCEPTED if d.accepted else GRAMMAR if d.grammar_rejected else REJECTED
+                writer.writerow([r.round, i, d.token_id, d.text, kind,
                                  repr(d.draft_prob), repr(d.target_prob),
                                  "" if d.draw is None else repr(d.draw), int(d.accepted), parent, depth, d.rank])
             if r.target_kind != "none":

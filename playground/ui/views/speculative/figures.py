@@ -32,6 +32,8 @@ def figures_html(s: SpeculativeState) -> str:
         f"Target calls saved: <b>{s.calls_saved}</b> = {s.plain_calls} plain ({s.emitted} tokens) − "
         f"{s.target_calls} speculative (one per round, the first reading the prompt too)",
     ]
+    if s.constraint:
+        rows.append(constraint_html(s))
     if s.speedup is not None and s.baseline_tokens_per_s:
         rows.append(f"Speed-up, measured: <b>{s.speedup:.2f}×</b> ({s.tokens_per_s:.1f} tokens/s vs "
                     f"{s.baseline_tokens_per_s:.1f} tokens/s decoding plainly on the same prompt)")
@@ -40,6 +42,18 @@ def figures_html(s: SpeculativeState) -> str:
     else:
         rows.append("Speed-up against plain decoding: <i>measured at the end</i> (a short plain run follows)")
     return "<br>".join(rows)
+
+
+def constraint_html(s: SpeculativeState) -> str:
+    """The acceptance under the constraint, split by where each token was drafted."""
+    def part(name: str, span: str) -> str:
+        drafted, accepted, _ = s.span_counts(span)
+        rate = f" ({format_percent(accepted / drafted)})" if drafted else ""
+        return f"{name} {accepted}/{drafted}{rate}"
+
+    return (f"Under the constraint: <b>{s.grammar_rejected}</b> drafts rejected by the grammar before verification · "
+            f"accepted at {part('forced steps', 'forced')}, {part('free steps', 'free')} · "
+            f"{part('inside constrained spans', 'inside')}, {part('outside', 'outside')}")
 
 
 class HeaderAndFigures(Panel):

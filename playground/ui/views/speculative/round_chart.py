@@ -17,7 +17,13 @@ from playground.ui.style import format_percent, rich_label
 from playground.ui.views.columns import Panel
 from playground.ui.views.drawing import TextsInside, set_ticks, set_title, static_plot
 from playground.ui.views.speculative.plots import PLOT_HEIGHT, TICK_CHARS, SpeculativeOwner
-from playground.ui.views.speculative.text import ACCEPTED_COLOR, DRAFT_Q_COLOR, REJECTED_COLOR, TARGET_COLOR
+from playground.ui.views.speculative.text import (
+    ACCEPTED_COLOR,
+    DRAFT_Q_COLOR,
+    GRAMMAR_COLOR,
+    REJECTED_COLOR,
+    TARGET_COLOR,
+)
 from playground.ui.views.speculative.tree import RoundTree
 from playground.ui.views.texts import short_label
 
@@ -125,6 +131,8 @@ class RoundChart(Panel):
         for i, d in enumerate(r.drafted):
             if i < r.accepted:
                 symbol, color, word = "✓", ACCEPTED_COLOR, "accepted"
+            elif d.grammar_rejected:  # the constraint forbade it: rejected before verification
+                symbol, color, word = "✗", GRAMMAR_COLOR, "grammar"
             elif i == r.accepted:
                 symbol, color, word = "✗", REJECTED_COLOR, "rejected"
             else:

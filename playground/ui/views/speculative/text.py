@@ -18,7 +18,7 @@ from PySide6.QtGui import QColor, QMouseEvent, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
 from playground.state import flowing_token_text, visible_token_text
-from playground.state.speculative import ACCEPTED, FORCED, REJECTED, TARGET, Mark, SpeculativeState
+from playground.state.speculative import ACCEPTED, FORCED, GRAMMAR, REJECTED, TARGET, Mark, SpeculativeState
 from playground.ui.marked_text import MarkedTextEdit
 from playground.ui.style import MARK_BAND_COLOR, MARK_COLOR, format_percent, mono_font
 
@@ -28,8 +28,13 @@ REJECTED_COLOR = "#CC3311"  # red: a drafted token the target threw away (also s
 TARGET_COLOR = "#0077BB"  # blue: the target's own token (correction or bonus), and the target's p
 DRAFT_Q_COLOR = "#999999"  # grey: the drafter's q
 FORCED_COLOR = "#777777"
-TINTS = {ACCEPTED: "#D5F0EC", REJECTED: "#F8DCD5", TARGET: "#D6E7F4", FORCED: "#EEEEEE"}
-KIND_COLORS = {ACCEPTED: ACCEPTED_COLOR, REJECTED: REJECTED_COLOR, TARGET: TARGET_COLOR, FORCED: FORCED_COLOR}
+GRAMMAR_COLOR = "#EE3377"  # magenta: a drafted token the constraint forbade (rejected before verification)
+TINTS = {ACCEPTED: "#D5F0EC", REJECTED: "#F8DCD5", TARGET: "#D6E7F4", FORCED: "#EEEEEE", GRAMMAR: "#FADCE8"}
+KIND_COLORS = {ACCEPTED: ACCEPTED_COLOR, REJECTED: REJECTED_COLOR, TARGET: TARGET_COLOR, FORCED: FORCED_COLOR,
+               GRAMMAR: GRAMMAR_COLOR}
+STRUCK = (REJECTED, GRAMMAR)  # not in the output: struck through
+SPAN_WORDS = {"forced": "a forced step (the grammar allowed one token)",
+              "inside": "inside a constrained span", "outside": "outside constrained spans (free text)"}
 
 
 def _pct(prob: float) -> str:
@@ -39,7 +44,7 @@ def _pct(prob: float) -> str:
 def swatch(kind: str, text: str) -> str:
     """A legend entry: ``text`` styled as a mark of ``kind``."""
     style = f"color:{KIND_COLORS[kind]};background:{TINTS[kind]};"
-    if kind == REJECTED:
+    if kind in STRUCK:
         return f"<span style='{style}'><s>&nbsp;{text}&nbsp;</s></span>"
     return f"<span style='{style}'>&nbsp;{text}&nbsp;</span>"
 
@@ -66,7 +71,7 @@ class MarkedText(MarkedTextEdit):
         fmt = QTextCharFormat()
         fmt.setForeground(QColor(KIND_COLORS[kind]))
         fmt.setBackground(QColor(TINTS[kind]))
-        fmt.setFontStrikeOut(kind == REJECTED)
+        fmt.setFontStrikeOut(kind in STRUCK)
         fmt.setFontItalic(kind == FORCED)
         if kind == TARGET:
             fmt.setFontWeight(700)
@@ -82,12 +87,12 @@ class MarkedText(MarkedTextEdit):
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         for mark in marks:
-            if mark.kind == REJECTED:  # not part of the output: kept on one line, line breaks shown as ↵
+            if mark.kind in STRUCK:  # not part of the output: kept on one line, line breaks shown as ↵
                 text = flowing_token_text(mark.text).replace("\n", "") if mark.text else "∅"
             else:
                 text = flowing_token_text(mark.text) if mark.text else "·"
             self.starts.append(cursor.position())
-            if mark.kind != REJECTED or self.show_rejected:
+            if mark.kind not in STRUCK or self.show_rejected:
                 cursor.insertText(text, self._formats[mark.kind])
             self.ends.append(cursor.position())
         self.split_paragraph()
@@ -147,6 +152,8 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
     position = cast(int, mark.position)  # a drafted token's
     d = r.drafted[position]
     verdict = "accepted" if mark.kind == ACCEPTED else "rejected: not in the output"
+    constraint = f"<br>constraint: {d.allowed:,} tokens allowed here, {SPAN_WORDS.get(d.span, d.span)}" \
+        if d.span else ""
     # What the draw was compared with: min(1, p'/q), p' the target's distribution left after earlier siblings'
     # rejections (a saved run from before it was recorded: min(1, p/q), right for chains and first children).
     threshold = d.accept_prob if d.accept_prob is not None else \
@@ -155,8 +162,12 @@ def mark_tooltip(state: SpeculativeState, index: int) -> str:
         else ""
     where = (f"depth {r.depths()[position]} · the drafter's choice #{d.rank + 1}" if r.is_tree else
              f"draft position {position + 1}")
+    if mark.kind == GRAMMAR:
+        return (f"{head} · {where} · <b>rejected by the grammar</b> before verification: the constraint forbids it "
+                f"here (the target's pass did not read it){constraint}<br>drafter's q {_pct(d.draft_prob)}<br>"
+                "<i>click: show the round</i>")
     if r.is_tree and mark.kind == REJECTED:
         verdict = "rejected: an alternative the target turned down where the accepted path stopped"
     return (f"{head} · {where} · {verdict}<br>drafter's q {_pct(d.draft_prob)} · "
-            f"target's p {_pct(d.target_prob)}{draw}<br><i>click: show the round</i>")
+            f"target's p {_pct(d.target_prob)}{draw}{constraint}<br><i>click: show the round</i>")
 

@@ -22,7 +22,7 @@ from PySide6.QtGui import QFont, QFontMetricsF
 
 from playground.events.speculative import SpeculativeRound
 from playground.state import visible_token_text
-from playground.state.speculative import ACCEPTED, REJECTED, TARGET, TreeWhatIf, rejected_nodes
+from playground.state.speculative import ACCEPTED, GRAMMAR, REJECTED, TARGET, TreeWhatIf, rejected_nodes
 from playground.ui.style import format_percent
 from playground.ui.views.speculative.text import KIND_COLORS, TINTS
 from playground.ui.views.texts import short_label
@@ -44,8 +44,8 @@ def node_kinds(r: SpeculativeRound) -> list[str]:
     rejected = set(rejected_nodes(r))
     # Sampled: a sibling tried and rejected before the one accepted was judged too.
     judged = {i for i, d in enumerate(r.drafted) if d.draw is not None}
-    return [ACCEPTED if i < r.accepted else REJECTED if i in rejected or i in judged else UNREACHED
-            for i in range(len(r.drafted))]
+    return [ACCEPTED if i < r.accepted else GRAMMAR if r.drafted[i].grammar_rejected else
+            REJECTED if i in rejected or i in judged else UNREACHED for i in range(len(r.drafted))]
 
 
 def tree_layout(r: SpeculativeRound) -> tuple[list[int], int | None, int]:
@@ -78,6 +78,7 @@ def node_tooltip(r: SpeculativeRound, i: int, kind: str, depth: int) -> str:
     rejected = "rejected: its draw was not below min(1, p′/q)" if d.draw is not None else \
         "rejected: the target's choice differed here"
     verdict = {ACCEPTED: "accepted: on the path", REJECTED: rejected,
+               GRAMMAR: "rejected by the grammar before verification: the constraint forbids it here",
                UNREACHED: "not reached: its parent was not accepted, or the path went another way"}[kind]
     draw = f" · draw u {d.draw:.3f}" if d.draw is not None else ""
     if d.draw is not None and d.accept_prob is not None:
@@ -210,7 +211,7 @@ class RoundTree:
         words = html.escape(short_label(text, limit)) or "∅"
         if self.crowded and kind == UNREACHED:
             words = "•"
-        if kind == REJECTED:
+        if kind in (REJECTED, GRAMMAR):
             words = f"<s>{words}</s>"
         if kind == TARGET:
             words = f"<b>{words}</b>"

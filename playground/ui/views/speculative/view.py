@@ -25,7 +25,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from playground.events.speculative import SpeculativeRound
-from playground.state.speculative import ACCEPTED, REJECTED, TARGET, SpeculativeState
+from playground.state.speculative import ACCEPTED, GRAMMAR, REJECTED, TARGET, SpeculativeState
 from playground.ui.style import rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
@@ -65,6 +65,7 @@ class SpeculativeView(ShortDock, FoldView):
             f"{swatch(ACCEPTED, 'accepted draft')} &nbsp; {swatch(REJECTED, 'rejected draft')} (not in the "
             "output; shown where it was rejected; hatched in the charts) &nbsp; "
             f"{swatch(TARGET, 'target’s own token')} (correction or bonus) &nbsp; "
+            f"{swatch(GRAMMAR, 'rejected by the grammar')} (a constraint's, before verification) &nbsp; "
             f"<span style='color:{DRAFT_Q_COLOR}'>■</span> drafter’s q &nbsp; "
             f"<span style='color:{TARGET_COLOR}'>■</span> target’s p &nbsp; "
             "<i>click a token or a round to inspect it</i>")
