@@ -18,7 +18,7 @@ import llguidance.hf
 import pytest
 import torch
 
-from playground.config import ConfigError, RunSettings
+from playground.config import RunSettings
 from playground.config.samplers.grammar import GrammarSettings
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, TokenStep, dumps_event, event_from_dict
@@ -257,10 +257,22 @@ def test_contrastive_decoding_scores_forbidden_tokens_minus_infinity(tiny_lm, ll
     assert any(t.grammar.top_forbidden for t in tokens)  # the mask overrode the expert somewhere
 
 
-def test_contrastive_refuses_a_constrained_greedy_baseline_by_name(tiny_lm):
-    with pytest.raises(ConfigError, match=r"greedy baseline \(--contrast-baseline\) does not take a constraint"):
-        run_strategy(tiny_lm, settings(GrammarSettings(regex=WORDS), strategy="contrastive", amateur="layer",
-                                       amateur_layer=1, contrast_baseline=4))
+def test_contrastives_greedy_baseline_keeps_to_the_constraint(tiny_lm):
+    """The baseline is constrained greedy: where the contrastive run parts from it equals where it parts from a
+    constrained greedy run made here."""
+    group = GrammarSettings(regex=WORDS)
+    done = run(tiny_lm, settings(group, strategy="contrastive", amateur="layer", amateur_layer=1,
+                                 contrast_baseline=6))[-1]
+    greedy = run(tiny_lm, settings(group, strategy="greedy"))[-1]
+    ours, theirs = list(done.token_ids[:6]), list(greedy.token_ids[:6])
+    parted = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    assert re.fullmatch(WORDS, greedy.text) and done.figures["greedy_tokens_per_s"] > 0
+    assert done.figures["first_divergence"] == parted
+    # One choice fixes every token: the contrastive run and a constrained baseline agree throughout (-1: never part;
+    # an unconstrained baseline parts at once).
+    done = run(tiny_lm, settings(GrammarSettings(choices=("rain and sun",)), strategy="contrastive", amateur="layer",
+                                 amateur_layer=1, contrast_baseline=6))[-1]
+    assert done.text == "rain and sun" and done.figures["first_divergence"] == -1
 
 
 # -- cascade ---------------------------------------------------------------------------------------------------------

@@ -58,9 +58,7 @@ def run_contrastive(lm: LoadedModel, settings: RunSettings, context: RunContext 
     if settings.group(GrammarSettings).active():
         constrained_chain(settings, sampling=False, tokenizer=lm.tokenizer, vocab_size=lm.model.config.vocab_size,
                           eos_ids=lm.eos_token_ids, part="penalties")  # a constraint it cannot build: refused here
-        if contrastive.contrast_baseline:
-            raise ConfigError("the greedy baseline (--contrast-baseline) does not take a constraint yet: set it to 0 "
-                              "or drop the constraint")
+        # The greedy baseline (--contrast-baseline) keeps to the constraint too (engine.baseline.plain_greedy).
     try:
         amateur = make_amateur(lm, contrastive, len(prompt_ids) + settings.max_new_tokens, context)
     except BuildStopped as stopped:
