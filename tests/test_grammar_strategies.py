@@ -265,7 +265,8 @@ def test_contrastives_greedy_baseline_keeps_to_the_constraint(tiny_lm):
                                  contrast_baseline=6))[-1]
     greedy = run(tiny_lm, settings(group, strategy="greedy"))[-1]
     ours, theirs = list(done.token_ids[:6]), list(greedy.token_ids[:6])
-    parted = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+    pairs = zip(ours, theirs, strict=False)
+    parted = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours), len(theirs)))
     assert re.fullmatch(WORDS, greedy.text) and done.figures["greedy_tokens_per_s"] > 0
     assert done.figures["first_divergence"] == parted
     # One choice fixes every token: the contrastive run and a constrained baseline agree throughout (-1: never part;
