@@ -1,10 +1,11 @@
 """Contrastive search equals transformers 4.46's ``generate(penalty_alpha=α, top_k=k)`` token for token: on the default
 model (three prompts and three (α, k) pairs recorded, 24 tokens each, no chat template; each prompt is compared with
-one pair over all 24 tokens; the other six pairs are recorded but not compared, to keep the suite's time) and on tiny Llama, Qwen2, Mistral (a window the text
-crosses) and Phi-3 models whose weights both versions fill from one seed (tests/support/seeded_weights.py). The
-outputs were recorded with transformers 4.46.3 by tests/support/record_contrastive_search_446.py (its docstring has
-the command) into tests/data/contrastive_search_4_46.json. Before comparing, each test checks that the model is the
-recorded one: 4.46's greedy tokens (default model) or the weights' fingerprint (tiny models)."""
+one pair over all 24 tokens; the other six pairs are recorded but not compared, to keep the suite's time) and on tiny
+Llama, Qwen2, Mistral (a window the text crosses) and Phi-3 models whose weights both versions fill from one seed
+(tests/support/seeded_weights.py). The outputs were recorded with transformers 4.46.3 by
+tests/support/record_contrastive_search_446.py (its docstring has the command) into
+tests/data/contrastive_search_4_46.json. Before comparing, each test checks that the model is the recorded one:
+4.46's greedy tokens (default model) or the weights' fingerprint (tiny models)."""
 
 from __future__ import annotations
 
