@@ -258,6 +258,9 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
+    if settings.group(BeamSettings).num_beam_groups > 1:  # diverse beam search: its own module, this driver
+        from playground.engine.beam_groups import GroupSearch
+        return _beam_search(lm, loop, GroupSearch(lm, loop, settings.group(BeamSettings), pipeline), kv)
     return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline), kv)
 
 
@@ -334,7 +337,7 @@ class Search:
                             self.lm.tokenizer)
 
 
-def _beam_search(lm: LoadedModel, loop: DecodeLoop, search: Search, kv: KVSettings) -> Iterator[Event]:
+def _beam_search(lm: LoadedModel, loop: DecodeLoop, search: Any, kv: KVSettings) -> Iterator[Event]:
     loop.rows = search.beam.num_beams  # the cache holds one sequence per beam (the KV measurements count them)
     loop.taken = len(search.forced)  # the forced prefix is read with the prompt and counts towards the budget
     yield loop.started()
