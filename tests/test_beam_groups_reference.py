@@ -4,7 +4,9 @@ outputs were recorded with transformers 4.46.3 by tests/support/record_group_bea
 command) into tests/data/group_beam_4_46.json: on tiny models of five families (weights filled from a seed in
 sorted-name order, tests/support/seeded_models.py, the same in both versions) with length penalties, early stopping
 true/never, a repetition penalty (after the diversity penalty, as 4.46 orders them), an n-gram ban and several
-returned sequences; and on the default model (no chat template)."""
+returned sequences; and on the default model (no chat template). Besides the returned sequences, the tokens each
+group's beams chose at every step are 4.46's (so the groups' order and labels are checked too: a search that decided
+the groups in reverse would return the same sequences under other labels)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from support.tiny_models import build_tokenizer
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
+from playground.events import BeamStep
 from playground.models.loaded import LoadedModel
 
 RECORD = json.loads((Path(__file__).parent / "data" / "group_beam_4_46.json").read_text())
@@ -48,6 +51,11 @@ def _settings(case: dict, prompt: str) -> RunSettings:
 
 def _check(events, case: dict) -> None:
     assert list(events[0].prompt_token_ids) == case["prompt_ids"]
+    # Which group chose what at each step: every group's beams' tokens, in row order (4.46's, logged as its next
+    # step's Hamming processor saw them; the last step's are seen by none).
+    steps = [e for e in events if isinstance(e, BeamStep)]
+    assert len(steps) == len(case["beam_tokens"]) + 1
+    assert [list(s.token_ids) for s in steps[:-1]] == case["beam_tokens"]
     returned = events[-1].sequences
     assert [list(s.token_ids) for s in returned] == case["sequences"], [s.text for s in returned]
     assert [s.score for s in returned] == pytest.approx(case["scores"], rel=1e-4, abs=1e-5)

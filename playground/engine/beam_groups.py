@@ -57,10 +57,12 @@ def diversity_penalties(chosen: torch.Tensor, vocab: int, penalty: float) -> tor
     return penalty * torch.bincount(chosen, minlength=vocab).to(torch.float32)
 
 
-def group_done(finished: Hypotheses, best_score: float, length: int, shape: SearchShape) -> bool:
+def group_done(finished: Hypotheses, best_score: torch.Tensor, length: int, shape: SearchShape) -> bool:
     """4.46's ``BeamHypotheses.is_done`` for one group: its ``size`` finished slots are full and the best
-    continuation of the step (``best_score``, cumulative, EOS ones included) cannot beat the worst of them;
-    ``length``: prompt plus generated tokens after this step."""
+    continuation of the step (``best_score`` [1], cumulative, EOS ones included) cannot beat the worst of them;
+    ``length``: prompt plus generated tokens after this step. Worst and best are normalised by the same float32
+    operation (``merge_finished``'s), so that a best continuation that just finished, and is the worst, ties with
+    itself and ends the group, as in 4.46 (which computes both sides in the same Python floats)."""
     if not bool(finished.done.all()):
         return False
     if shape.early_stopping is True:
@@ -68,7 +70,7 @@ def group_done(finished: Hypotheses, best_score: float, length: int, shape: Sear
     generated = length - shape.prompt_len
     if shape.early_stopping == "never" and shape.length_penalty > 0.0:
         generated = shape.max_length - shape.prompt_len
-    return float(finished.scores.min()) >= best_score / generated**shape.length_penalty
+    return bool(finished.scores.min() >= (best_score / generated**shape.length_penalty)[0])
 
 
 def admit_running(finished: Hypotheses, running: Hypotheses, cur_len: int, shape: SearchShape
@@ -170,7 +172,7 @@ class GroupSearch:
             survivors = choose_running(exp, size)
             sequences[rows], scores[rows] = extended[survivors], exp.scores[survivors]
             parents[rows], chosen[rows] = g * size + exp.parents[survivors], exp.tokens[survivors]
-            self.done[g] = group_done(finished, float(exp.scores[0]), cur_len + 1, self.group_shape)
+            self.done[g] = group_done(finished, exp.scores[:1], cur_len + 1, self.group_shape)
             if last and not self.done[g]:
                 now = Hypotheses(sequences[rows], scores[rows], scores[rows], running.lengths[rows],
                                  running.done[rows])

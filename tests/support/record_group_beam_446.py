@@ -13,10 +13,12 @@ with ``return_dict_in_generate=True, output_scores=True`` (so ``sequences_scores
 - tiny models of five families 4.46 has (tests/support/seeded_models.py: the config built by hand, every parameter
   filled from a seed in sorted-name order, so both venvs hold the same weights without a stored file). Their "EOS"
   is a token the model picks (greedy's token at ``EOS_AT``), so that hypotheses finish and groups may end before
-  the length limit; pad is 0 (a done group emits it, and it counts for later groups' penalty).
+  the length limit; pad is 0 or, in half the cases, EOS as in the default model (a done group emits it, and it
+  counts for the later groups' penalty).
 
 Each case stores the prompt's ids, the settings, the returned sequences (generated ids up to and including the
-first EOS; 4.46 pads the shorter ones) and their scores.
+first EOS; 4.46 pads the shorter ones), their scores, and the tokens every group's beams appended at each step but
+the last (logged from 4.46's Hamming processor, which sees them at the next step), in the beams' row order.
 """
 
 from __future__ import annotations
@@ -28,29 +30,47 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.generation.logits_process import HammingDiversityLogitsProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.seeded_models import PAD, seeded_model  # tests/ on the path first
 
 DEFAULT_PROMPTS = ("The capital of Australia is", "Three ideas for a birthday party:")
 # (num_beams, num_beam_groups, diversity_penalty, max_new_tokens, extra generate() arguments)
-DEFAULT_CASES = ((4, 2, 1.0, 16, {}), (6, 3, 0.5, 16, {"num_return_sequences": 3}))
+DEFAULT_CASES = ((4, 2, 2.0, 16, {}), (6, 3, 1.5, 16, {"num_return_sequences": 3}))
 # The tiny tokenizer's ids of "The capital of France is" and "Beam search keeps several" (the test checks them).
 TINY_PROMPTS = ((282, 279, 67, 82, 75, 86, 283, 301, 223, 40, 84, 262, 69, 71, 303),
                 (36, 274, 79, 264, 274, 84, 69, 74, 223, 261, 71, 82, 85, 264, 71, 297, 283))
 EOS_AT = 6
+# (family, seed, prompt, pad is EOS (as the default model's) or 0, case)
 TINY_CASES = (
-    ("llama", 0, 0, (4, 2, 1.0, 20, {})),
-    ("llama", 1, 1, (6, 3, 2.0, 20, {"num_return_sequences": 4, "length_penalty": 0.5})),
-    ("qwen2", 0, 0, (4, 4, 0.7, 20, {"repetition_penalty": 1.3})),
-    ("phi3", 0, 1, (6, 2, 1.5, 20, {"early_stopping": True, "num_return_sequences": 2})),
-    ("gpt2", 0, 0, (4, 2, 3.0, 20, {"early_stopping": "never", "length_penalty": 2.0})),
-    ("gpt_neox", 0, 1, (8, 4, 0.4, 18, {"no_repeat_ngram_size": 2, "num_return_sequences": 3})),
+    ("llama", 0, 0, False, (4, 2, 1.0, 20, {})),
+    ("llama", 1, 1, True, (6, 3, 2.0, 20, {"num_return_sequences": 4, "length_penalty": 0.5})),
+    ("qwen2", 0, 0, True, (4, 4, 0.7, 20, {"repetition_penalty": 1.3})),
+    ("phi3", 0, 1, False, (6, 2, 1.5, 20, {"early_stopping": True, "num_return_sequences": 2})),
+    ("gpt2", 0, 0, True, (4, 2, 3.0, 20, {"early_stopping": "never", "length_penalty": 2.0})),
+    ("gpt_neox", 0, 1, False, (8, 4, 0.4, 18, {"no_repeat_ngram_size": 2, "num_return_sequences": 3})),
 )
+
+
+def watch_groups(calls: list) -> None:
+    """Log what each group's beams chose at the step before: 4.46 calls the Hamming processor once per group and
+    step, in the groups' order, with the group's rows, whose last column holds the tokens its beams appended."""
+    original = HammingDiversityLogitsProcessor.__call__
+
+    def call(self, input_ids, scores, current_tokens, beam_group_idx):
+        calls.append((beam_group_idx, input_ids[:, -1].tolist()))
+        return original(self, input_ids, scores, current_tokens, beam_group_idx)
+
+    HammingDiversityLogitsProcessor.__call__ = call
+
+
+CALLS: list = []
 
 
 def group_beam(model, ids: torch.Tensor, eos: int, pad: int, case) -> dict:
     beams, groups, penalty, new, extra = case
+    CALLS.clear()
     with torch.no_grad():
         out = model.generate(ids, num_beams=beams, num_beam_groups=groups, diversity_penalty=penalty,
                              max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=pad,
@@ -59,12 +79,17 @@ def group_beam(model, ids: torch.Tensor, eos: int, pad: int, case) -> dict:
     sequences = []
     for row in out.sequences[:, ids.shape[1]:].tolist():
         sequences.append(row[: row.index(eos) + 1] if eos in row else row)
+    assert [g for g, _ in CALLS] == list(range(groups)) * (len(CALLS) // groups)  # each step: group 0, 1, ...
+    # the tokens each step's groups appended, in the beams' row order (steps 0 .. last-1; step 0's call sees the prompt)
+    steps = [[t for _, tokens in CALLS[i : i + groups] for t in tokens] for i in range(groups, len(CALLS), groups)]
     return {"num_beams": beams, "num_beam_groups": groups, "diversity_penalty": penalty, "max_new_tokens": new,
-            "settings": extra, "sequences": sequences, "scores": out.sequences_scores.tolist()}
+            "settings": extra, "sequences": sequences, "scores": out.sequences_scores.tolist(),
+            "beam_tokens": steps}
 
 
 def main(folder: str, out: str) -> None:
     torch.manual_seed(0)
+    watch_groups(CALLS)
     config = LlamaConfig.from_pretrained(folder)
     raw = json.loads((Path(folder) / "config.json").read_text())
     config.rope_theta = raw["rope_parameters"]["rope_theta"]
@@ -81,15 +106,16 @@ def main(folder: str, out: str) -> None:
         default.append(record)
         print(json.dumps(record, ensure_ascii=False), flush=True)
     tiny = []
-    for family, seed, prompt, case in TINY_CASES:
+    for family, seed, prompt, pad_is_eos, case in TINY_CASES:
         lm = seeded_model(family, seed)
         ids = torch.tensor([TINY_PROMPTS[prompt]])
         with torch.no_grad():
             greedy = lm.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=PAD,
                                  temperature=None, top_p=None, top_k=None)[0, ids.shape[1]:].tolist()
         eos_id = greedy[EOS_AT]
+        pad = eos_id if pad_is_eos else PAD
         record = {"family": family, "seed": seed, "prompt_ids": list(TINY_PROMPTS[prompt]), "eos": eos_id,
-                  "pad": PAD, **group_beam(lm, ids, eos_id, PAD, case)}
+                  "pad": pad, **group_beam(lm, ids, eos_id, pad, case)}
         tiny.append(record)
         print(json.dumps(record), flush=True)
     result = {"source": "transformers.generation.utils GenerationMixin._group_beam_search (transformers 4.46)",
