@@ -29,28 +29,14 @@ class BeamSettings(SettingsGroup):
         "no running beam can beat them; never = only when none could at the longest length", choices=EARLY_STOPPING)
     num_return_sequences: int = setting(1, "return sequences", "finished hypotheses returned, best first",
                                         minimum=1, maximum=16)
-    # Diverse (group) beam search (Vijayakumar et al. 2016): playground.engine.beam_groups.
-    num_beam_groups: int = setting(1, "beam groups", "diverse beam search: split the beams into this many groups, "
-                                   "decoded in turn at each step; 1 = plain beam search", minimum=1, maximum=16)
-    diversity_penalty: float = setting(
-        0.0, "diversity penalty", "subtracted from a group's log-prob of a token once for every beam of an earlier "
-        "group that chose it at this step (needs beam groups > 1)", minimum=0.0, maximum=100.0, step=0.1)
 
     def summary(self) -> str:
-        groups = (f" · {self.num_beam_groups} groups, diversity {self.diversity_penalty:g}"
-                  if self.num_beam_groups > 1 else "")
-        return f"{self.num_beams} beams · length penalty {self.length_penalty:g}{groups}"
+        return f"{self.num_beams} beams · length penalty {self.length_penalty:g}"
 
     def cross_checks(self) -> list[tuple[bool, str]]:
         return [(self.num_return_sequences <= self.num_beams,
                  f"num_return_sequences must be between 1 and num_beams={self.num_beams} "
-                 f"(got {self.num_return_sequences})"),
-                (self.num_beams % self.num_beam_groups == 0,
-                 f"num_beam_groups must divide num_beams: {self.num_beams} beams do not split into "
-                 f"{self.num_beam_groups} equal groups"),
-                (self.diversity_penalty == 0.0 or self.num_beam_groups > 1,
-                 f"diversity_penalty={self.diversity_penalty:g} needs num_beam_groups > 1 (the penalty counts the "
-                 "tokens earlier groups chose)")]
+                 f"(got {self.num_return_sequences})")]
 
 
 register_strategy(Strategy(

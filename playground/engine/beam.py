@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
+from playground.config.beam_groups import BeamGroupSettings
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
@@ -258,9 +259,9 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
-    if settings.group(BeamSettings).num_beam_groups > 1:  # diverse beam search: its own module, this driver
+    if settings.group(BeamGroupSettings).active():  # diverse beam search: its own module, this driver
         from playground.engine.beam_groups import GroupSearch
-        return _beam_search(lm, loop, GroupSearch(lm, loop, settings.group(BeamSettings), pipeline), kv)
+        return _beam_search(lm, loop, GroupSearch(lm, loop, settings, pipeline), kv)
     return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline), kv)
 
 

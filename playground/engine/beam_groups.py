@@ -28,7 +28,8 @@ import sys
 
 import torch
 
-from playground.config import BeamSettings
+from playground.config import BeamSettings, RunSettings
+from playground.config.beam_groups import BeamGroupSettings
 from playground.engine.beam import (
     MASKED,
     Expansion,
@@ -99,13 +100,14 @@ class GroupSearch:
     """Diverse beam search's state between steps, and its step for the decode loop (rows = all groups' beams,
     group ``g`` in rows ``g * size ... (g + 1) * size - 1``)."""
 
-    def __init__(self, lm: LoadedModel, loop: DecodeLoop, beam: BeamSettings,
+    def __init__(self, lm: LoadedModel, loop: DecodeLoop, settings: RunSettings,
                  pipeline: tuple[NamedTransform, ...]) -> None:
+        beam, groups = settings.group(BeamSettings), settings.group(BeamGroupSettings)
         self.lm, self.loop, self.beam, self.pipeline = lm, loop, beam, pipeline
         self.forced = list(loop.forced)
-        self.groups = beam.num_beam_groups
-        self.size = beam.num_beams // beam.num_beam_groups
-        self.penalty = beam.diversity_penalty
+        self.groups = groups.num_beam_groups
+        self.size = beam.num_beams // groups.num_beam_groups
+        self.penalty = groups.diversity_penalty
         keep = max(2, 1 + len(lm.eos_token_ids))
         prompt_len = len(loop.prompt_ids) + len(self.forced)  # the search starts after the forced prefix
         self.shape = SearchShape(
