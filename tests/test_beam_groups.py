@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.seeded_models import seeded_model
-from support.tiny_models import build_tokenizer
+from support.seeded_models import seeded_lm
 
 from playground.cli import build_parser, main
 from playground.cli_options import settings_from_args
@@ -31,14 +30,6 @@ CASE = next(c for c in RECORD["tiny"] if c["family"] == "gpt_neox")
 SAME_ENDS = next(c for c in RECORD["tiny"] if c["family"] == "llama" and c["num_beam_groups"] == 3)
 PROMPTS = {"The capital of France is", "Beam search keeps several"}
 SIZE = CASE["num_beams"] // CASE["num_beam_groups"]
-
-
-def seeded_lm(case: dict) -> LoadedModel:
-    model = seeded_model(case["family"], case["seed"])
-    model.generation_config.eos_token_id = case["eos"]
-    model.generation_config.pad_token_id = case["pad"]
-    return LoadedModel(model=model, tokenizer=build_tokenizer(), name=f"seeded-{case['family']}", path="<memory>",
-                       device=torch.device("cpu"), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

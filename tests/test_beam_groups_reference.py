@@ -11,18 +11,14 @@ the groups in reverse would return the same sequences under other labels)."""
 from __future__ import annotations
 
 import json
-from functools import cache
 from pathlib import Path
 
 import pytest
-import torch
-from support.seeded_models import seeded_model
-from support.tiny_models import build_tokenizer
+from support.seeded_models import seeded_lm
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep
-from playground.models.loaded import LoadedModel
 
 RECORD = json.loads((Path(__file__).parent / "data" / "group_beam_4_46.json").read_text())
 TINY_TEXTS = ("The capital of France is", "Beam search keeps several")
@@ -33,11 +29,6 @@ def test_the_record_is_transformers_4_46():
     assert RECORD["versions"]["transformers"].startswith("4.46.")
     assert len(RECORD["tiny"]) >= 5 and len(RECORD["default"]) >= 2
     assert {c["family"] for c in RECORD["tiny"]} >= {"llama", "qwen2", "phi3", "gpt2", "gpt_neox"}
-
-
-@cache
-def _tokenizer():
-    return build_tokenizer()
 
 
 def _settings(case: dict, prompt: str) -> RunSettings:
@@ -67,13 +58,8 @@ def _tiny_id(case: dict) -> str:
 
 @pytest.mark.parametrize("case", RECORD["tiny"], ids=_tiny_id)
 def test_group_beam_search_equals_4_46_on_tiny_models_of_five_families(case):
-    tokenizer = _tokenizer()
-    model = seeded_model(case["family"], case["seed"])
-    model.generation_config.eos_token_id = case["eos"]
-    model.generation_config.pad_token_id = case["pad"]
-    lm = LoadedModel(model=model, tokenizer=tokenizer, name=f"seeded-{case['family']}", path="<memory>",
-                     device=torch.device("cpu"), dtype=torch.float32)
-    prompt = next(t for t in TINY_TEXTS if tokenizer(t)["input_ids"] == case["prompt_ids"])
+    lm = seeded_lm(case)
+    prompt = next(t for t in TINY_TEXTS if lm.tokenizer(t)["input_ids"] == case["prompt_ids"])
     _check(list(run_strategy(lm, _settings(case, prompt))), case)
 
 

@@ -1,19 +1,22 @@
 """The beam tree of a diverse (group) beam search, offscreen: coloured by group with a legend, the diversity penalty
-in each candidate's tooltip, each group's hypotheses side by side; and the form's Generate refusing groups that do
-not divide the beams. Fed one decode of the recorded GPT-NeoX case (8 beams in 4 groups, D = 0.4)."""
+in each candidate's tooltip, each group's hypotheses side by side; and the form's settings refused when the groups
+do not divide the beams. Fed one decode of the recorded GPT-NeoX case (8 beams in 4 groups, D = 0.4)."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from test_beam_groups import CASE, SIZE, seeded_lm, settings
-from windows import open_window
+from support.seeded_models import seeded_lm
+from test_beam_groups import CASE, SIZE, settings
 
-from playground.config import RunSettings
+from playground.config import BeamSettings, ConfigError, RunSettings
+from playground.config.beam_groups import BeamGroupSettings
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, PrefillDone
 from playground.state.beam_tree import PRUNED, SURVIVING
+from playground.ui.controls import RunControls
+from playground.ui.model_sources import LocalModel
 from playground.ui.style import configure_pyqtgraph
 from playground.ui.views.beam_tree.items import GROUP_COLORS
 from playground.ui.views.beam_tree.panel import BeamTreePanel
@@ -107,11 +110,16 @@ def test_a_plain_beam_search_shows_no_groups(qtbot, lm):
     assert all(not chunk.group_edges for chunk in panel._chunks)
 
 
-def test_the_forms_generate_refuses_groups_that_do_not_divide_the_beams(qtbot, tmp_path, lm):
-    w = open_window(qtbot, tmp_path, lm=lm, size=(1200, 800))
-    w.controls.set_run_settings(RunSettings.from_flat(prompt="Beam search", strategy="beam", num_beams=4,
-                                                      num_beam_groups=3))
-    w.generate()
-    assert w.banner.isVisible() and w.banner.kind == "error"
-    assert "num_beam_groups must divide num_beams: 4 beams do not split into 3 equal groups" in w.banner.label.text()
-    assert not w.session.runs
+def test_the_forms_settings_are_refused_before_a_run_with_the_message(qtbot, lm):
+    """What the window's Generate does with the form (``MainWindow.generate``: the source's check, its message
+    in the banner), on the form widget itself."""
+    controls = RunControls()
+    qtbot.addWidget(controls)
+    controls.set_run_settings(RunSettings.from_flat(strategy="beam", num_beams=4, num_beam_groups=3))
+    form = controls.run_settings("Beam search")
+    assert (form.group(BeamSettings).num_beams, form.group(BeamGroupSettings).num_beam_groups) == (4, 3)
+    assert controls.boxes[BeamGroupSettings.name].isEnabled()  # beam search takes the groups: its box is on
+    with pytest.raises(ConfigError, match="num_beam_groups must divide num_beams: 4 beams do not split into 3"):
+        LocalModel(lm).check(form)
+    controls.set_run_settings(RunSettings.from_flat(strategy="greedy"))
+    assert not controls.boxes[BeamGroupSettings.name].isEnabled()

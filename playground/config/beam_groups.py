@@ -1,7 +1,8 @@
 """Diverse (group) beam search's settings (names as in transformers' generate): beam search's beams split into
 groups that are decided one after another, each paying a diversity penalty for the tokens earlier groups chose
-(``playground.engine.beam_groups``). Beam search takes them (a shared group with beam search as its one taker, so
-beam search's own entry is not edited); the check that the groups divide the beams reads beam search's settings."""
+(``playground.engine.beam_groups``). Beam search takes them (a shared group with beam search as its one taker and
+a wrapper that runs the group search in its place, so beam search's own entry is not edited); the check that the
+groups divide the beams reads beam search's settings."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class BeamGroupSettings(SettingsGroup):
                  "equal groups")]
 
 
+# Before --quant's (order 20): this wrapper runs the quantized copy itself when both are on.
 register_shared_group(SharedGroup(
     BeamGroupSettings, "--num-beam-groups splits beam search's beams into groups (diverse beam search)",
-    "is not beam search", takers=("beam",), order=30))
+    "is not beam search", takers=("beam",), wrapper="playground.engine.beam_groups:run_group_beam_search", order=15))

@@ -24,14 +24,13 @@ step supplied to the decode loop (``Search.step``: rows = beams), so Stop, timin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from playground.config import BeamSettings, ConfigError, KVSettings, RunSettings
-from playground.config.beam_groups import BeamGroupSettings
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv.decode import new_cache
 from playground.engine.kv_cache import kv_cache_bytes
@@ -232,15 +231,16 @@ def to_sequences(hyps: Hypotheses, count: int, prompt_len: int, forced: list[int
     return tuple(result)
 
 
-def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
-                    ) -> Iterator[Event]:
+def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None,
+                    search: Callable[..., Any] | None = None) -> Iterator[Event]:
     """Beam search as a generator of events: RunStarted, PrefillDone, BeamStep..., RunFinished.
 
     Stop (the context's) is polled before each step; a stopped run still reports its best hypotheses so far
     (finished ones, and running beams scored as if they ended there). Forced tokens (branching) are a fixed prefix
     that every beam starts from: they go through the prefill with the prompt, count towards ``max_new_tokens``,
     start every returned sequence, and are not part of the scores. Settings and prompt are checked before the
-    generator is returned (``ConfigError``).
+    generator is returned (``ConfigError``). ``search(lm, loop, settings, pipeline)``: another search over the beams
+    for this driver (diverse beam search's, ``playground.engine.beam_groups``); plain beam search by default.
     """
     settings.validate()
     if settings.stop_strings:
@@ -259,10 +259,8 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     # Built here, so a sampler the search refuses (guidance, a logit bias on no token) fails before the first event.
     pipeline = build_pipeline(settings, sampling=False, tokenizer=lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
-    if settings.group(BeamGroupSettings).active():  # diverse beam search: its own module, this driver
-        from playground.engine.beam_groups import GroupSearch
-        return _beam_search(lm, loop, GroupSearch(lm, loop, settings, pipeline), kv)
-    return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline), kv)
+    found = search(lm, loop, settings, pipeline) if search else Search(lm, loop, settings.group(BeamSettings), pipeline)
+    return _beam_search(lm, loop, found, kv)
 
 
 class Search:

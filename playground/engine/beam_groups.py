@@ -16,19 +16,21 @@ beams are expanded in one batched forward pass, then the groups are decided one 
 4. the search ends when every group is done or at the length limit, where each group that is not done adds its
    running beams to its finished ones (4.46's ``finalize``); the result is the best hypotheses across all groups.
 
-The search is one step of the shared decode loop (``playground.engine.beam._beam_search`` drives it, as it drives
-plain beam search), so Stop, the budget, timing and the observers are the loop's. Each candidate of a step event
-carries its group and the diversity penalty it paid.
+The search is one step of the shared decode loop (``playground.engine.beam.run_beam_search`` drives it, as it
+drives plain beam search), so Stop, the budget, timing and the observers are the loop's. Each candidate of a step
+event carries its group and the diversity penalty it paid. ``run_group_beam_search`` is the wrapper the settings
+group declares (``playground.config.beam_groups``): it runs in beam search's place when the groups are on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterator
 
 import torch
 
-from playground.config import BeamSettings, RunSettings
+from playground.config import BeamSettings, QuantSettings, RunSettings
 from playground.config.beam_groups import BeamGroupSettings
 from playground.engine.beam import (
     MASKED,
@@ -42,14 +44,33 @@ from playground.engine.beam import (
     initial_state,
     merge_finished,
     parse_early_stopping,
+    run_beam_search,
     to_sequences,
 )
 from playground.engine.decode import DecodeLoop, Picked
 from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, run_pipeline
+from playground.engine.run_context import RunContext
 from playground.engine.token_text import TokenTextCache
 from playground.events import BeamCandidate, BeamSequence, BeamStep, Event
 from playground.models.loaded import LoadedModel
+
+
+def run_group_beam_search(runner: object, lm: LoadedModel, settings: RunSettings, context: RunContext
+                          ) -> Iterator[Event]:
+    """Beam search's run when ``--num-beam-groups`` / ``--diversity-penalty`` are set (``runner``, beam search's
+    own, is replaced); with ``--quant`` too, the quantized copy runs this search (the wrappers compose here)."""
+    if settings.group(QuantSettings).active():
+        from playground.engine.quantized.compare import run_quant_wrapper
+
+        return run_quant_wrapper(run_diverse_beam_search, lm, settings, context)
+    return run_diverse_beam_search(lm, settings, context)
+
+
+def run_diverse_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | None = None
+                            ) -> Iterator[Event]:
+    """Diverse beam search as a generator of events (beam search's, with each candidate's group and penalty)."""
+    return run_beam_search(lm, settings, context, search=GroupSearch)
 
 
 def diversity_penalties(chosen: torch.Tensor, vocab: int, penalty: float) -> torch.Tensor:

@@ -6,6 +6,7 @@ its own venv, tests/support/record_group_beam_446.py) without storing weights. I
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -66,3 +67,22 @@ def seeded_model(family: str, seed: int):
 
 def parameter_table(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     return sorted((RENAMED.get(name, name), tuple(p.shape)) for name, p in model.named_parameters())
+
+
+@functools.cache
+def _tokenizer():
+    from support.tiny_models import build_tokenizer
+
+    return build_tokenizer()
+
+
+def seeded_lm(case: dict):
+    """A recorded case's seeded model as the engine loads a model (the tiny tokenizer, the case's EOS and pad); for
+    the project's tests only (it imports the package)."""
+    from playground.models.loaded import LoadedModel
+
+    model = seeded_model(case["family"], case["seed"])
+    model.generation_config.eos_token_id = case["eos"]
+    model.generation_config.pad_token_id = case["pad"]
+    return LoadedModel(model=model, tokenizer=_tokenizer(), name=f"seeded-{case['family']}", path="<memory>",
+                       device=torch.device("cpu"), dtype=torch.float32)
