@@ -19,6 +19,7 @@ from playground.config import BeamSettings, ConfigError, RunSettings
 from playground.config.beam_groups import BeamGroupSettings
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished
+from playground.events.beam_groups import DiverseBeamStep
 from playground.models.loaded import LoadedModel
 from playground.state.beam_tree import FINISHED, BeamTree
 from playground.traces import read_trace, write_trace
@@ -93,6 +94,7 @@ def test_a_strategy_other_than_beam_search_refuses_groups(lm):
 def test_each_candidate_paid_d_times_the_earlier_groups_beams_that_chose_its_token(events):
     """Against 4.46's own tokens of each group at each step (the record), the last step's aside."""
     steps = [e for e in events if isinstance(e, BeamStep)]
+    assert all(type(s) is DiverseBeamStep for s in steps)  # read as beam search's steps wherever those are read
     d = CASE["diversity_penalty"]
     paid = 0
     for step, chosen in zip(steps, CASE["beam_tokens"], strict=False):

@@ -52,7 +52,8 @@ from playground.engine.kv_cache import kv_cache_bytes
 from playground.engine.processors import NamedTransform, run_pipeline
 from playground.engine.run_context import RunContext
 from playground.engine.token_text import TokenTextCache
-from playground.events import BeamCandidate, BeamSequence, BeamStep, Event
+from playground.events import BeamSequence, Event
+from playground.events.beam_groups import DiverseBeamCandidate, DiverseBeamStep
 from playground.models.loaded import LoadedModel
 
 
@@ -216,11 +217,11 @@ class GroupSearch:
 
         def events(_texts: list[str], step_ms: float) -> list[Event]:
             gen_len = cur_len - self.shape.prompt_len
-            candidates: list[BeamCandidate] = []
+            candidates: list[DiverseBeamCandidate] = []
             for decision in decisions:
                 candidates.extend(self._candidates(decision, gen_len, continues=not last))
             continuing = () if last else tuple(range(n))
-            return [BeamStep(
+            return [DiverseBeamStep(
                 step=gen_len - 1,
                 parents=tuple(parents.tolist()[i] for i in continuing),
                 token_ids=tuple(chosen.tolist()[i] for i in continuing),
@@ -234,7 +235,7 @@ class GroupSearch:
         return Picked([], events, logits=logits[best_row : best_row + 1], seen=((best_row, -1),), rows=True,
                       ended=ended)
 
-    def _candidates(self, decision: GroupDecision, gen_len: int, continues: bool) -> list[BeamCandidate]:
+    def _candidates(self, decision: GroupDecision, gen_len: int, continues: bool) -> list[DiverseBeamCandidate]:
         exp, g = decision.expansion, decision.group
         survived = torch.zeros_like(decision.entered)
         if continues:
@@ -243,7 +244,7 @@ class GroupSearch:
         normalised = (exp.scores / gen_len**self.shape.length_penalty).tolist()
         rows = zip(exp.parents.tolist(), exp.tokens.tolist(), exp.token_logprobs.tolist(), exp.scores.tolist(),
                    survived.tolist(), decision.entered.tolist(), normalised, paid, strict=True)
-        return [BeamCandidate(beam=g * self.size + parent, token_id=token, text=self.text(token),
+        return [DiverseBeamCandidate(beam=g * self.size + parent, token_id=token, text=self.text(token),
                               token_logprob=logprob, score=score, survived=alive, finished=fin,
                               finished_score=norm if fin else None, group=g, diversity_penalty=penalty)
                 for parent, token, logprob, score, alive, fin, norm, penalty in rows]

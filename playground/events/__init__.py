@@ -17,6 +17,7 @@ from typing import Any, TypeAlias, cast
 from playground.events.attention import AttentionRow, AttentionStarted
 from playground.events.bans import Rollback
 from playground.events.beam import BeamCandidate, BeamStep
+from playground.events.beam_groups import DiverseBeamStep
 from playground.events.cascade import CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
 from playground.events.codec import event_from_dict as _event_from_dict
@@ -67,7 +68,7 @@ Event: TypeAlias = (
     RunStarted | PrefillProgress | PrefillDone | TokenStep | RunFinished
     | RemoteStarted | RemoteTokenStep
     | AttentionStarted | AttentionRow
-    | BeamStep
+    | BeamStep | DiverseBeamStep
     | Rollback
     | CascadeStarted | CascadeStep | CascadeResponse
     | ContrastiveStarted | ContrastStep

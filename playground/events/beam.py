@@ -18,11 +18,6 @@ class BeamCandidate:
     survived: bool  # became one of the next step's running beams
     finished: bool  # ended with EOS (or reached max length) and became a finished hypothesis
     finished_score: float | None  # length-normalised score if finished
-    # Diverse beam search (playground.engine.beam_groups): the group of its beam, and what the diversity penalty took
-    # off its log-prob (``token_logprob`` and ``score`` are after it): D x the beams of earlier groups that chose
-    # this token at this step. Plain beam search: group 0, no penalty.
-    group: int = 0
-    diversity_penalty: float = 0.0
 
 
 @dataclass(frozen=True)

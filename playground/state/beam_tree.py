@@ -27,6 +27,7 @@ from typing import cast
 from playground.config import BeamSettings, RunSettings
 from playground.config.beam_groups import BeamGroupSettings
 from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
+from playground.events.beam_groups import DiverseBeamCandidate
 from playground.state.fold import STATUS, Fold
 
 TREE = "tree"  # a part: the tree, its best path and the re-ranking pool
@@ -148,11 +149,12 @@ class BeamTree(Fold):
         for c in event.candidates:
             parent = self._beam_nodes[c.beam] if c.beam < len(self._beam_nodes) else 0
             state = FINISHED if c.finished else SURVIVING if c.survived else PRUNED
-            rank = ranks[c.group] = ranks.get(c.group, 0) + 1
+            group, paid = (c.group, c.diversity_penalty) if isinstance(c, DiverseBeamCandidate) else (0, 0.0)
+            rank = ranks[group] = ranks.get(group, 0) + 1
             node = TreeNode(id=len(self.nodes), step=event.step, token_id=c.token_id, text=c.text,
                             token_logprob=c.token_logprob, cum_logprob=c.score, state=state, parent=parent,
-                            rank=rank, x=float(event.step), finished_score=c.finished_score, group=c.group,
-                            diversity_penalty=c.diversity_penalty)
+                            rank=rank, x=float(event.step), finished_score=c.finished_score, group=group,
+                            diversity_penalty=paid)
             self.nodes.append(node)
             self._counts[state] += 1
             if state == FINISHED:
