@@ -58,7 +58,7 @@ PENALTY_RANGE = (-5.0, 5.0)  # the controls' range (widened when a run used a pe
 REDRAW_MS = 30
 RANKING_ROWS = 5
 GROUP_ROWS = 4  # hypotheses listed per beam group
-GROUP_TEXT_CHARS = 70
+GROUP_TEXT_CHARS = 90
 
 
 def format_mb(n_bytes: float) -> str:
