@@ -42,7 +42,7 @@ DEFAULT_CASES = ((4, 2, 2.0, 16, {}), (6, 3, 1.5, 16, {"num_return_sequences": 3
 TINY_PROMPTS = ((282, 279, 67, 82, 75, 86, 283, 301, 223, 40, 84, 262, 69, 71, 303),
                 (36, 274, 79, 264, 274, 84, 69, 74, 223, 261, 71, 82, 85, 264, 71, 297, 283))
 EOS_AT = 6
-# (family, seed, prompt, pad is EOS (as the default model's) or 0, case)
+# (family, seed, prompt, pad is EOS (as the default model's) or 0, case[, EOS id instead of greedy's token])
 TINY_CASES = (
     ("llama", 0, 0, False, (4, 2, 1.0, 20, {})),
     ("llama", 1, 1, True, (6, 3, 2.0, 20, {"num_return_sequences": 4, "length_penalty": 0.5})),
@@ -50,6 +50,8 @@ TINY_CASES = (
     ("phi3", 0, 1, False, (6, 2, 1.5, 20, {"early_stopping": True, "num_return_sequences": 2})),
     ("gpt2", 0, 0, True, (4, 2, 3.0, 20, {"early_stopping": "never", "length_penalty": 2.0})),
     ("gpt_neox", 0, 1, False, (8, 4, 0.4, 18, {"no_repeat_ngram_size": 2, "num_return_sequences": 3})),
+    # a repetition penalty after the diversity penalty: the order of the two decides the beams here
+    ("gpt2", 0, 0, False, (6, 3, 1.0, 16, {"repetition_penalty": 1.3, "num_return_sequences": 3}), 2),
 )
 
 
@@ -106,13 +108,13 @@ def main(folder: str, out: str) -> None:
         default.append(record)
         print(json.dumps(record, ensure_ascii=False), flush=True)
     tiny = []
-    for family, seed, prompt, pad_is_eos, case in TINY_CASES:
+    for family, seed, prompt, pad_is_eos, case, *eos in TINY_CASES:
         lm = seeded_model(family, seed)
         ids = torch.tensor([TINY_PROMPTS[prompt]])
         with torch.no_grad():
             greedy = lm.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=PAD,
                                  temperature=None, top_p=None, top_k=None)[0, ids.shape[1]:].tolist()
-        eos_id = greedy[EOS_AT]
+        eos_id = eos[0] if eos else greedy[EOS_AT]
         pad = eos_id if pad_is_eos else PAD
         record = {"family": family, "seed": seed, "prompt_ids": list(TINY_PROMPTS[prompt]), "eos": eos_id,
                   "pad": pad, **group_beam(lm, ids, eos_id, pad, case)}
