@@ -177,3 +177,11 @@ def test_equal_sequences_that_several_groups_returned_each_keep_their_rank():
     assert [tokens for _, _, tokens in ranked] == returned
     assert len({g for _, g, tokens in ranked if tokens == returned[0]}) == returned.count(returned[0])
     assert tree.nodes[tree.best_path[-1]].returned_rank == 1
+
+
+def test_with_quant_the_quantized_copy_runs_the_group_search(tiny_lm):
+    events = list(run_strategy(tiny_lm, RunSettings.from_flat(strategy="beam", max_new_tokens=3, num_beams=4,
+                                                              num_beam_groups=2, diversity_penalty=1.0,
+                                                              quant="rtn-int8")))
+    kinds = {type(e).__name__ for e in events}
+    assert {"QuantReady", "DiverseBeamStep"} <= kinds and "BeamStep" not in kinds
