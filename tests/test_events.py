@@ -68,6 +68,8 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
         (tiny_lm, RunSettings.from_flat(strategy="beam", max_new_tokens=4, num_beams=3, num_return_sequences=2)),
         (tiny_lm_eos, RunSettings.from_flat(strategy="beam", max_new_tokens=8, num_beams=4, num_return_sequences=3)),
         (tiny_lm, RunSettings.from_flat(strategy="beam", max_new_tokens=4, num_beams=2, force_words=(" is| or",))),
+        (tiny_lm, RunSettings.from_flat(strategy="beam", max_new_tokens=3, num_beams=4, num_beam_groups=2,
+                                        diversity_penalty=0.5)),
         (long_lm, RunSettings(strategy="greedy", chat=False, prompt="The capital of France is Paris. " * 27,
                               max_new_tokens=2)),
         (tiny_lm, RunSettings.from_flat(strategy="speculative", draft="jacobi", max_new_tokens=6, baseline_tokens=2)),

@@ -42,6 +42,7 @@ STOP_CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "greedy": ("greedy", (), 1),
     "sample": ("sample --temperature 0.8", (), 1),
     "beam": ("beam --num-beams 3", (), 1),
+    "diverse beam": ("beam --num-beams 4 --num-beam-groups 2 --diversity-penalty 1.5", (), 1),
     "speculative": ("speculative --draft prompt-lookup --draft-k 10 --prompt-lookup-ngram 1 --baseline-tokens 8",
                     ("baseline",), 11),
     # A tree drafted depth by depth by the target's first layer, verified in one pass.

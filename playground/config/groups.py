@@ -39,6 +39,10 @@ class SettingsGroup:
         """Rules that involve several fields: (holds, message)."""
         return []
 
+    def settings_checks(self, settings: Any) -> list[tuple[bool, str]]:
+        """Rules that involve another group of the run's ``settings`` (a ``RunSettings``): (holds, message)."""
+        return []
+
     def active(self) -> bool:
         """Whether these settings switch their capability on for a run (for the capabilities that apply across
         strategies, ``playground.config.catalog.SharedGroup``: the lens recording, a quantized copy)."""

@@ -196,6 +196,9 @@ class RunSettings:
         check_sampler_chain(self)
         for group in self.groups:
             group.validate()
+            for ok, message in group.settings_checks(self):
+                if not ok:
+                    raise ConfigError(message)
         return self
 
     def replace(self, **changes: Any) -> RunSettings:

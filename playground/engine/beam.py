@@ -32,7 +32,7 @@ complete one; each ``BeamStep.grammar`` records what the mask did to every beam 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,15 +258,16 @@ def to_sequences(hyps: Hypotheses, count: int, prompt_len: int, forced: list[int
     return tuple(result)
 
 
-def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None
-                    ) -> Iterator[Event]:
+def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext | StopCheck | None = None,
+                    search: Callable[..., Any] | None = None) -> Iterator[Event]:
     """Beam search as a generator of events: RunStarted, PrefillDone, BeamStep..., RunFinished.
 
     Stop (the context's) is polled before each step; a stopped run still reports its best hypotheses so far
     (finished ones, and running beams scored as if they ended there). Forced tokens (branching) are a fixed prefix
     that every beam starts from: they go through the prefill with the prompt, count towards ``max_new_tokens``,
     start every returned sequence, and are not part of the scores. Settings and prompt are checked before the
-    generator is returned (``ConfigError``).
+    generator is returned (``ConfigError``). ``search(lm, loop, settings, pipeline)``: another search over the beams
+    for this driver (diverse beam search's, ``playground.engine.beam_groups``); plain beam search by default.
     """
     settings.validate()
     if settings.group(ForcedWordsSettings).active():  # run_strategy hands these to playground.engine.beam_forced
@@ -290,7 +291,14 @@ def run_beam_search(lm: LoadedModel, settings: RunSettings, context: RunContext 
     pipeline = build_pipeline(plain, sampling=False, tokenizer=lm.tokenizer)
     loop = DecodeLoop(lm, settings, record, prompt_ids, prompt_text)
     masks = BeamMasks(grammar) if grammar is not None else None
-    return _beam_search(lm, loop, Search(lm, loop, settings.group(BeamSettings), pipeline, masks), kv)
+    if search is None:
+        found = Search(lm, loop, settings.group(BeamSettings), pipeline, masks)
+    elif masks is not None:
+        raise ConfigError("diverse beam search (--num-beam-groups) does not take a constraint yet (its groups have "
+                          "no per-beam matcher): set --num-beam-groups 1, or drop the constraint")
+    else:
+        found = search(lm, loop, settings, pipeline)
+    return _beam_search(lm, loop, found, kv)
 
 
 class Search:
@@ -382,7 +390,7 @@ class Search:
                             self.lm.tokenizer)
 
 
-def _beam_search(lm: LoadedModel, loop: DecodeLoop, search: Search, kv: KVSettings) -> Iterator[Event]:
+def _beam_search(lm: LoadedModel, loop: DecodeLoop, search: Any, kv: KVSettings) -> Iterator[Event]:
     loop.rows = search.beam.num_beams  # the cache holds one sequence per beam (the KV measurements count them)
     loop.taken = len(search.forced)  # the forced prefix is read with the prompt and counts towards the budget
     yield loop.started()

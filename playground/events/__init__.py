@@ -18,6 +18,7 @@ from playground.events.attention import AttentionRow, AttentionStarted
 from playground.events.bans import Rollback
 from playground.events.beam import BeamCandidate, BeamStep
 from playground.events.beam_forced import BeamBanks, ForcedWordsDone, ForcedWordsStarted
+from playground.events.beam_groups import DiverseBeamStep
 from playground.events.cascade import CascadeResponse, CascadeStarted, CascadeStep
 from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
 from playground.events.codec import event_from_dict as _event_from_dict
@@ -69,7 +70,7 @@ Event: TypeAlias = (
     RunStarted | PrefillProgress | PrefillDone | TokenStep | RunFinished
     | RemoteStarted | RemoteTokenStep
     | AttentionStarted | AttentionRow
-    | BeamStep | BeamBanks | ForcedWordsStarted | ForcedWordsDone
+    | BeamStep | DiverseBeamStep | BeamBanks | ForcedWordsStarted | ForcedWordsDone
     | Rollback
     | CascadeStarted | CascadeStep | CascadeResponse
     | ContrastiveStarted | ContrastStep

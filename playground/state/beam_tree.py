@@ -10,6 +10,10 @@ length; nothing is regenerated (a new run with that penalty could also have kept
 returns running beams scored as if they ended there; those join the re-ranking pool, so re-ranking with the run's own
 penalty reproduces what the run returned.
 
+Diverse (group) beam search: each node keeps its beam's group and the diversity penalty it paid; ranks count within
+a group, a column lists the groups one after another (group 0 on top), and ``group_hypotheses`` gives each group's
+own finished hypotheses (the run returns the best across the groups; the view shows them per group side by side).
+
 Folding a step costs time proportional to that step's candidates (counts are kept, not recounted), so a view can
 refresh often while the tree grows.
 """
@@ -21,7 +25,9 @@ from dataclasses import dataclass
 from typing import cast
 
 from playground.config import BeamSettings, RunSettings
+from playground.config.beam_groups import BeamGroupSettings
 from playground.events import BeamStep, Event, PrefillDone, RunFinished, RunStarted
+from playground.events.beam_groups import DiverseBeamCandidate
 from playground.state.fold import STATUS, Fold
 
 TREE = "tree"  # a part: the tree, its best path and the re-ranking pool
@@ -32,6 +38,7 @@ FINISHED = "finished"
 ROOT = "prompt"
 
 GROUP_GAP = 0.6  # extra vertical space between sibling groups of different parents, in rows
+BEAM_GROUP_GAP = 1.2  # extra vertical space between the beam groups of a diverse beam search, in rows
 
 
 @dataclass
@@ -44,15 +51,18 @@ class TreeNode:
     cum_logprob: float  # sum of token log-probs from the first generated token to this one
     state: str  # "surviving" | "pruned" | "finished" | "prompt"
     parent: int | None
-    rank: int  # 1 = best-scoring continuation of its step
+    rank: int  # 1 = best-scoring continuation of its step (of its beam group's, in a diverse beam search)
     x: float = 0.0
     y: float = 0.0
     finished_score: float | None = None  # length-normalised score the run gave it (finished, or returned when stopped)
     returned_rank: int | None = None  # 1 = the run's best returned sequence
+    group: int = 0  # its beam's group (diverse beam search; 0 otherwise)
+    diversity_penalty: float = 0.0  # what the diversity penalty took off its log-prob (token_logprob is after it)
 
     @property
     def prob(self) -> float:
-        return math.exp(self.token_logprob)
+        """The token's probability given its beam, before the diversity penalty (after any repetition penalty)."""
+        return math.exp(self.token_logprob + self.diversity_penalty)
 
     @property
     def length(self) -> int:
@@ -86,6 +96,8 @@ class BeamTree(Fold):
         self.columns: list[list[int]] = []  # node ids of each step, top to bottom
         self.width = 0
         self.length_penalty = 1.0
+        self.groups = 1  # beam groups (diverse beam search); 1 = plain beam search
+        self.diversity_penalty = 0.0
         self.processed = False  # penalties changed the log-probs (so they are not the raw model's)
         self.forced_token_ids: tuple[int, ...] = ()
         self.best_path: list[int] = []
@@ -113,6 +125,8 @@ class BeamTree(Fold):
         beam = settings.group(BeamSettings)
         self.width = beam.num_beams
         self.length_penalty = beam.length_penalty
+        groups = settings.group(BeamGroupSettings)
+        self.groups, self.diversity_penalty = groups.num_beam_groups, groups.diversity_penalty
         self.processed = settings.repetition_penalty != 1.0 or settings.no_repeat_ngram_size > 0
         self.forced_token_ids = tuple(event.forced_token_ids)
         self.prompt_tokens = len(event.prompt_token_ids)
@@ -131,12 +145,16 @@ class BeamTree(Fold):
         self.kv_cache_bytes = event.kv_cache_bytes
         column: list[int] = []
         survivors: dict[tuple[int, int], int] = {}
-        for rank, c in enumerate(event.candidates, start=1):
+        ranks: dict[int, int] = {}  # group -> candidates of it so far (candidates come best first per group)
+        for c in event.candidates:
             parent = self._beam_nodes[c.beam] if c.beam < len(self._beam_nodes) else 0
             state = FINISHED if c.finished else SURVIVING if c.survived else PRUNED
+            group, paid = (c.group, c.diversity_penalty) if isinstance(c, DiverseBeamCandidate) else (0, 0.0)
+            rank = ranks[group] = ranks.get(group, 0) + 1
             node = TreeNode(id=len(self.nodes), step=event.step, token_id=c.token_id, text=c.text,
                             token_logprob=c.token_logprob, cum_logprob=c.score, state=state, parent=parent,
-                            rank=rank, x=float(event.step), finished_score=c.finished_score)
+                            rank=rank, x=float(event.step), finished_score=c.finished_score, group=group,
+                            diversity_penalty=paid)
             self.nodes.append(node)
             self._counts[state] += 1
             if state == FINISHED:
@@ -147,26 +165,34 @@ class BeamTree(Fold):
         self._layout_column(column)
         self.columns.append(column)
         if event.parents:
-            self._beam_nodes = [survivors[(p, t)] for p, t in zip(event.parents, event.token_ids, strict=True)]
+            # A done group of a diverse beam search continues no candidate (its beams repeat the pad token): its
+            # rows stay where they were.
+            old = self._beam_nodes
+            self._beam_nodes = [survivors.get((p, t), old[p] if p < len(old) else 0)
+                                for p, t in zip(event.parents, event.token_ids, strict=True)]
 
     def _layout_column(self, column: list[int]) -> None:
-        """Order a new column by (parent's y, rank) and space sibling groups apart."""
+        """Order a new column by (beam group, parent's y, rank) and space sibling groups (and beam groups) apart."""
         nodes = self.nodes
-        column.sort(key=lambda i: (nodes[cast(int, nodes[i].parent)].y, nodes[i].rank))  # a column's have parents
-        y, previous_parent = 0.0, None
+        # a column's nodes have parents
+        column.sort(key=lambda i: (nodes[i].group, nodes[cast(int, nodes[i].parent)].y, nodes[i].rank))
+        y, previous_parent, previous_group = 0.0, None, 0
         for i in column:
             node = nodes[i]
             if previous_parent is not None and node.parent != previous_parent:
                 y += GROUP_GAP
+            if node.group != previous_group:
+                y += BEAM_GROUP_GAP
             node.y = y
             y += 1.0
-            previous_parent = node.parent
+            previous_parent, previous_group = node.parent, node.group
         if len(self.columns) == 0:  # centre the prompt on the first column
             nodes[0].y = (y - 1.0) / 2 if column else 0.0
 
     def _finished(self, event: RunFinished) -> set[str]:
         forced = len(self.forced_token_ids)
         for rank, seq in enumerate(event.sequences, start=1):
+            # (several returned sequences may be equal: a diverse beam search's groups can finish the same one)
             node_id = self._find_sequence(tuple(seq.token_ids[forced:]), prefer_finished=event.stop_reason != "stopped")
             if node_id is None:
                 continue
@@ -184,7 +210,8 @@ class BeamTree(Fold):
         step = len(token_ids) - 1
         if not 0 <= step < len(self.columns):
             return None
-        matches = [i for i in self.columns[step] if self.path_tokens(i) == token_ids]
+        matches = [i for i in self.columns[step]
+                   if self.nodes[i].returned_rank is None and self.path_tokens(i) == token_ids]
         finished = [i for i in matches if self.nodes[i].state == FINISHED]
         pool = finished if prefer_finished and finished else matches
         return pool[0] if pool else None
@@ -220,6 +247,26 @@ class BeamTree(Fold):
     def rerank_pool(self) -> list[TreeNode]:
         """What re-ranking scores: the finished hypotheses, plus the running beams a stopped run returned."""
         return self.finished_nodes() + [self.nodes[i] for i in self.returned_running]
+
+    def group_hypotheses(self) -> list[list[RankedHypothesis]]:
+        """Each beam group's hypotheses at the run's length penalty, best first: the finished ones it kept (its best
+        ``width / groups``: a later, better one pushed the worst out) and the running beams a stopped run returned
+        from it."""
+        penalty = self.length_penalty
+        size = max(1, self.width // max(1, self.groups))
+        per_group: list[list[RankedHypothesis]] = [[] for _ in range(self.groups)]
+        for node in self.rerank_pool():
+            if node.group < self.groups:
+                per_group[node.group].append(RankedHypothesis(
+                    node_id=node.id, text=self._pool_text(node.id), length=node.length,
+                    sum_logprobs=node.cum_logprob, score=node.normalised_score(penalty), run_rank=node.returned_rank))
+        kept = []
+        for hyps in per_group:
+            hyps.sort(key=lambda h: (-h.score, h.node_id))
+            finished = [h for h in hyps if self.nodes[h.node_id].state == FINISHED][:size]
+            returned_running = [h for h in hyps if self.nodes[h.node_id].state != FINISHED]
+            kept.append(sorted(finished + returned_running, key=lambda h: (-h.score, h.node_id)))
+        return kept
 
     def count(self, state: str) -> int:
         return self._counts.get(state, 0)

@@ -23,6 +23,10 @@ PRUNED_COLOR = "#BBBBBB"
 PRUNED_LABEL_COLOR = "#999999"
 SURVIVOR_EDGE = "#555555"
 
+# Diverse beam search: one colour per beam group (Paul Tol's palettes, away from the red, teal and cyan above);
+# more groups than colours reuse them in turn.
+GROUP_COLORS = ("#0077BB", "#EE7733", "#AA4499", "#117733", "#332288", "#999933", "#882255", "#DDAA33")
+
 CHUNK_STEPS = 16  # steps per set of plot items
 
 NODE_SIZE = {ROOT: 12, SURVIVING: 10, PRUNED: 6, FINISHED: 12}
@@ -177,10 +181,19 @@ class NodeScatter(pg.ScatterPlotItem):
             self._shared.owner = None
 
 
-class StepChunk:
-    """The nodes and edges of ``CHUNK_STEPS`` consecutive steps, in their own plot items."""
+def group_color(group: int) -> str:
+    return GROUP_COLORS[group % len(GROUP_COLORS)]
 
-    def __init__(self, view: pg.ViewBox, tip, hover: HoverTip, beam_pen: QPen, pruned_pen: QPen) -> None:
+
+class StepChunk:
+    """The nodes and edges of ``CHUNK_STEPS`` consecutive steps, in their own plot items (a diverse beam search's
+    beams' edges: one item per beam group, in its colour)."""
+
+    def __init__(self, view: pg.ViewBox, tip, hover: HoverTip, beam_pen: QPen, pruned_pen: QPen,
+                 group_pens: dict[int, QPen] | None = None) -> None:
+        self._view = view
+        self._group_pens = group_pens if group_pens is not None else {}
+        self.group_edges: dict[int, tuple[pg.PlotCurveItem, list[float]]] = {}
         self.nodes = NodeScatter(tip, hover)
         self.beam_edges = pg.PlotCurveItem(pen=beam_pen, connect="pairs")
         # Separate lines, not one path: Qt strokes a wide antialiased path of fanning, overlapping segments ~6x
@@ -195,10 +208,24 @@ class StepChunk:
             view.addItem(item)
 
     def items(self) -> tuple[pg.GraphicsObject, ...]:
-        return self.pruned_edges, self.beam_edges, self.nodes
+        return self.pruned_edges, self.beam_edges, self.nodes, *(curve for curve, _ in self.group_edges.values())
+
+    def group_xy(self, group: int) -> list[float]:
+        """The segments of a beam group's edges (its plot item is made on first use)."""
+        if group not in self.group_edges:
+            pen = self._group_pens.get(group)
+            if pen is None:
+                pen = self._group_pens[group] = pg.mkPen(group_color(group), width=2)
+            curve = pg.PlotCurveItem(pen=pen, connect="pairs")
+            curve.setSegmentedLineMode("on")
+            curve.setZValue(Z_BEAM_EDGES)
+            self._view.addItem(curve)
+            self.group_edges[group] = (curve, [])
+        return self.group_edges[group][1]
 
     def set_edges(self) -> None:
-        for curve, xy in ((self.beam_edges, self.beam_xy), (self.pruned_edges, self.pruned_xy)):
+        for curve, xy in ((self.beam_edges, self.beam_xy), (self.pruned_edges, self.pruned_xy),
+                          *self.group_edges.values()):
             pairs = np.array(xy, dtype=float).reshape(-1, 2)
             curve.setData(pairs[:, 0], pairs[:, 1], connect="pairs")
 

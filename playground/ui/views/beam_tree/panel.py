@@ -3,7 +3,9 @@
 Surviving beams are drawn bold, pruned candidates faint, finished hypotheses as diamonds with their score; the run's
 best sequence is emphasised when it ends. Hover a node for its numbers; wheel/drag to zoom and pan. A length-penalty
 slider re-ranks the recorded finished hypotheses without regenerating (and says so), and a label shows what the
-beams cost in KV cache.
+beams cost in KV cache. A diverse (group) beam search colours each beam group's edges, beams and labels (with a
+legend), says in a node's tooltip what the diversity penalty took off it, and lists each group's hypotheses side by
+side (the run itself returns the best across the groups).
 
 Events are folded into a Qt-free ``BeamTree`` at once and drawn at most once per frame. Drawing costs what the new
 nodes cost, not what the whole tree costs: nodes and edges live in one set of plot items per ``CHUNK_STEPS`` steps
@@ -45,6 +47,7 @@ from playground.ui.views.beam_tree.items import (
     ProbabilityRamp,
     StepChunk,
     TokenLabels,
+    group_color,
 )
 from playground.ui.views.drawing import set_ticks
 from playground.ui.views.texts import short_middle
@@ -55,6 +58,8 @@ SLIDER_SCALE = 10  # slider units per 1.0 of length penalty
 PENALTY_RANGE = (-5.0, 5.0)  # the controls' range (widened when a run used a penalty outside it)
 REDRAW_MS = 30
 RANKING_ROWS = 5
+GROUP_ROWS = 4  # hypotheses listed per beam group
+GROUP_TEXT_CHARS = 90
 
 
 def format_mb(n_bytes: float) -> str:
@@ -96,6 +101,8 @@ class BeamTreePanel(QWidget):
             f"<span style='color:{RERANK_COLOR}'>┅</span> best after re-ranking &nbsp; "
             "<i>hover a node for details · wheel to zoom, drag to pan</i>")
         self.ramp = ProbabilityRamp(self)
+        self.group_legend = rich_label(self)  # diverse beam search: which colour is which beam group
+        self.groups_label = rich_label(self)  # diverse beam search: each group's hypotheses, side by side
 
         self.plot = pg.PlotWidget(self)
         item = self.plot.getPlotItem()
@@ -122,6 +129,8 @@ class BeamTreePanel(QWidget):
         self._label_colors = {SURVIVING: QColor(CHOSEN_COLOR), FINISHED: QColor(FINISHED_COLOR),
                               ROOT: QColor(CHOSEN_COLOR), PRUNED: QColor(PRUNED_LABEL_COLOR)}
         self._best_label_color = QColor(BEST_COLOR)
+        self._group_edge_pens: dict[int, QPen] = {}  # shared by the chunks' group edge items
+        self._group_node_pens: dict[int, QPen] = {}
 
         self._chunks: list[StepChunk] = []
         self._hover = HoverTip()
@@ -165,8 +174,10 @@ class BeamTreePanel(QWidget):
         layout.addLayout(legend_row)
         layout.addWidget(self.forced.label)
         layout.addLayout(slider_row)
+        layout.addWidget(self.group_legend)
         layout.addWidget(self.penalty_label)
         layout.addWidget(self.ranking_label)
+        layout.addWidget(self.groups_label)
         layout.addWidget(self.kv_label)
 
         self._timer = QTimer(self)
@@ -204,6 +215,10 @@ class BeamTreePanel(QWidget):
         self.penalty_label.setText("")
         self.ranking_label.setText("")
         self.kv_label.setText("")
+        self.group_legend.setText("")
+        self.group_legend.hide()
+        self.groups_label.setText("")
+        self.groups_label.hide()
         self._set_slider(1.0)
         self.penalty_slider.setEnabled(False)  # re-ranking needs a finished run
 
@@ -216,6 +231,7 @@ class BeamTreePanel(QWidget):
             return
         if isinstance(event, RunStarted):
             self._set_slider(self.tree.length_penalty)
+            self._show_group_legend()
         if isinstance(event, RunFinished):
             self._rerank_penalty = self.tree.length_penalty
             self.penalty_slider.setEnabled(True)
@@ -279,7 +295,7 @@ class BeamTreePanel(QWidget):
     def _chunk(self, index: int) -> StepChunk:
         while len(self._chunks) <= index:
             self._chunks.append(StepChunk(self.view, self._tip, self._hover, self._beam_edge_pen,
-                                          self._pruned_edge_pen))
+                                          self._pruned_edge_pen, self._group_edge_pens))
         return self._chunks[index]
 
     def _draw_in_chunk(self, chunk: StepChunk, new: list[TreeNode]) -> None:
@@ -290,7 +306,8 @@ class BeamTreePanel(QWidget):
         for node in new:
             if node.parent is not None:
                 parent = nodes[node.parent]
-                target = chunk.pruned_xy if node.state == PRUNED else chunk.beam_xy
+                target = (chunk.pruned_xy if node.state == PRUNED else chunk.group_xy(node.group)
+                          if self.tree.groups > 1 else chunk.beam_xy)
                 target.extend((parent.x, parent.y, node.x, node.y))
         chunk.set_edges()
 
@@ -304,10 +321,17 @@ class BeamTreePanel(QWidget):
         return brush
 
     def _pen(self, node: TreeNode) -> QPen:
+        if self.tree.groups > 1 and node.state in (SURVIVING, FINISHED):  # outlined in its beam group's colour
+            pen = self._group_node_pens.get(node.group)
+            if pen is None:
+                pen = self._group_node_pens[node.group] = pg.mkPen(group_color(node.group), width=2)
+            return pen
         return self._node_pen if node.state in (SURVIVING, ROOT) else self._no_pen
 
     def _label_style(self, node: TreeNode) -> tuple[int, QColor, bool]:
         """(tier, colour, bold) of a node's label off the best path."""
+        if self.tree.groups > 1 and node.state == SURVIVING:
+            return 1, QColor(group_color(node.group)), False
         return (2 if node.state == PRUNED else 1), self._label_colors[node.state], False
 
     def _label_text(self, node: TreeNode, penalty: float | None = None) -> str:
@@ -421,7 +445,9 @@ class BeamTreePanel(QWidget):
         if not tree.nodes:
             self.header.setText(f"<b>Beam search</b> · {state} before its first step")
         else:
-            head = (f"<b>Beam search</b> · {tree.width} beams · {tree.steps} steps · {tree.count(FINISHED)} "
+            beams = (f"{tree.width} beams in {tree.groups} groups (diversity penalty {tree.diversity_penalty:g})"
+                     if tree.groups > 1 else f"{tree.width} beams")
+            head = (f"<b>Beam search</b> · {beams} · {tree.steps} steps · {tree.count(FINISHED)} "
                     f"finished hypotheses · {state}")
             if tree.best_path:
                 best = tree.nodes[tree.best_path[-1]]
@@ -433,6 +459,43 @@ class BeamTreePanel(QWidget):
             self.header.setText(head)
         self._update_kv_label()
         self._update_ranking_texts()
+        self._update_group_texts()
+
+    def _show_group_legend(self) -> None:
+        tree = self.tree
+        if tree.groups <= 1:
+            return
+        swatches = " &nbsp; ".join(f"<b style='color:{group_color(g)}'>━●</b> group {g + 1}"
+                                   for g in range(tree.groups))
+        self.group_legend.setText(
+            f"<b>Diverse beam search</b>, {tree.groups} groups of {tree.width // tree.groups} beams: {swatches} "
+            f"&nbsp; <i>each step decides the groups in order; a group's log-prob of a token loses "
+            f"{tree.diversity_penalty:g} for every beam of an earlier group that chose it (hover a node)</i>")
+        self.group_legend.show()
+
+    def _update_group_texts(self) -> None:
+        """Each beam group's hypotheses, side by side (the run returned the best across the groups)."""
+        tree = self.tree
+        if tree.groups <= 1 or not tree.rerank_pool():
+            self.groups_label.setText("")
+            self.groups_label.hide()
+            return
+        cells = []
+        for g, hyps in enumerate(tree.group_hypotheses()):
+            rows = [f"<b style='color:{group_color(g)}'>Group {g + 1}</b>"]
+            for hyp in hyps[:GROUP_ROWS]:
+                text = html.escape(short_middle(sequence_text(hyp.text), GROUP_TEXT_CHARS))
+                run = f" · <b>returned #{hyp.run_rank}</b>" if hyp.run_rank else ""
+                rows.append(f"<b>{hyp.score:.3f}</b> · {hyp.length} tokens{run}<br><code>{text}</code>")
+            if len(hyps) > GROUP_ROWS:
+                rows.append(f"<i>… {len(hyps) - GROUP_ROWS} more</i>")
+            if not hyps:
+                rows.append("<i>no hypothesis finished</i>")
+            cells.append(f"<td width='{100 // tree.groups}%' valign='top'>{'<br>'.join(rows)}</td>")
+        self.groups_label.setText(
+            "Each group's hypotheses at the run's length penalty (the run returns the best across the groups):"
+            f"<table width='100%' cellspacing='6'><tr>{''.join(cells)}</tr></table>")
+        self.groups_label.show()
 
     def _update_kv_label(self) -> None:
         tree = self.tree
@@ -509,6 +572,10 @@ class BeamTreePanel(QWidget):
     def _tip(self, x: float, y: float, data) -> str:
         return self.tooltip_for(int(data))
 
+    def _group_count(self, node: TreeNode) -> int:
+        nodes = self.tree.nodes
+        return sum(1 for i in self.tree.columns[node.step] if nodes[i].group == node.group)
+
     def tooltip_for(self, node_id: int) -> str:
         tree = self.tree
         node = tree.nodes[node_id]
@@ -519,12 +586,20 @@ class BeamTreePanel(QWidget):
         state = {SURVIVING: "surviving beam", PRUNED: "pruned candidate", FINISHED: "finished hypothesis"}[node.state]
         lines = [
             f"token: '{visible_token_text(node.text)}' (id {node.token_id})",
-            f"step {node.step} · {state} · rank {node.rank} of {len(tree.columns[node.step])} candidates",
-            f"probability: {format_percent(node.prob)} ({source}, given its beam)",
+            f"step {node.step} · {state} · rank {node.rank} of "
+            + (f"its group's {self._group_count(node)} candidates" if tree.groups > 1
+               else f"{len(tree.columns[node.step])} candidates"),
+            f"probability: {format_percent(node.prob)} ({source}, given its beam"
+            + (", before the diversity penalty)" if tree.groups > 1 else ")"),
             f"cumulative log-prob: {node.cum_logprob:.3f}",
             f"length-normalised score: {node.normalised_score(penalty):.3f} "
             f"(= {node.cum_logprob:.3f} / {node.length}^{penalty:g})",
         ]
+        if tree.groups > 1:
+            chose = round(node.diversity_penalty / tree.diversity_penalty) if tree.diversity_penalty else 0
+            lines.insert(2, f"beam group {node.group + 1} of {tree.groups} · diversity penalty paid: "
+                            f"{node.diversity_penalty:.3f} (= {tree.diversity_penalty:g} × {chose} beams of earlier "
+                            "groups that chose this token at this step; in the cumulative log-prob)")
         if node.state == FINISHED and node.finished_score is not None:
             lines.append(f"final score: {node.finished_score:.3f}"
                          + (f" · returned as #{node.returned_rank}" if node.returned_rank else ""))
