@@ -126,6 +126,7 @@ class GroupSearch:
                  pipeline: tuple[NamedTransform, ...]) -> None:
         beam, groups = settings.group(BeamSettings), settings.group(BeamGroupSettings)
         self.lm, self.loop, self.beam, self.pipeline = lm, loop, beam, pipeline
+        self.masks = None  # no constraint (beam search refuses one with groups): the driver's ending reads it
         self.forced = list(loop.forced)
         self.groups = groups.num_beam_groups
         self.size = beam.num_beams // groups.num_beam_groups
