@@ -233,6 +233,7 @@ EXPECTED.update({"xtc-cliche", "dry-loop"})  # the samplers' presets (below)
 EXPECTED.update({"ban-cliches"})  # phrase bans with backtracking (tests/test_bans_default.py)
 EXPECTED.update({"contrastive-search-loop"})  # contrastive search (tests/test_contrastive_search.py)
 EXPECTED.update({"beam-forced-words"})  # constrained beam search (tests/test_forced_beam_reference.py)
+EXPECTED.update({"beam-diverse-groups"})  # diverse beam search (tests/test_beam_groups_reference.py)
 CLICHE = "In the heart of"
 
 
