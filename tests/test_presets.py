@@ -57,7 +57,7 @@ def test_every_preset_loads_and_names_a_view():
 def test_unknown_preset_names_the_known_ones():
     from playground.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"no preset named 'nope' \(known: ban-cliches, beam-forced-words, "):
+    with pytest.raises(ConfigError, match=r"no preset named 'nope' \(known: ban-cliches, beam-diverse-groups, "):
         load_preset("nope")
 
 
