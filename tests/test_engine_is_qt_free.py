@@ -45,10 +45,12 @@ def test_engine_imports_no_qt_even_while_running_every_strategy():
 from playground.config import RunSettings
 from playground.config.catalog import STRATEGIES
 from playground.engine.strategies import run_strategy
+from support.strategy_needs import NEEDS
 from support.tiny_models import build_tiny_lm
 lm = build_tiny_lm(seed=0)
 for name in STRATEGIES:
-    events = list(run_strategy(lm, RunSettings(strategy=name, prompt="Hello", max_new_tokens=3)))
+    settings = RunSettings.from_flat(strategy=name, prompt="Hello", max_new_tokens=3, **NEEDS.get(name, {}))
+    events = list(run_strategy(lm, settings))
     assert events[-1].type == "done", name
 """
     loaded = _loaded_after("\n".join(f"import {m}" for m in QT_FREE_MODULES) + run_all)

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from support.strategy_needs import NEEDS
 
 from playground.config import ConfigError, QuantSettings, RunSettings
 from playground.config.catalog import STRATEGIES
@@ -122,7 +123,7 @@ def test_beam_equals_transformers_generate_on_a_copy_quantized_here(tiny_lm):
 @pytest.mark.parametrize("name", [n for n, s in STRATEGIES.items() if QuantSettings in s.groups])
 def test_every_strategy_that_takes_quant_runs_on_the_copy(tiny_lm, name):
     events = list(run_strategy(tiny_lm, RunSettings.from_flat(strategy=name, prompt="Hello", max_new_tokens=3,
-                                                              quant="rtn-int8")))
+                                                              quant="rtn-int8", **NEEDS.get(name, {}))))
     assert isinstance(events[0], RunStarted) and isinstance(events[1], QuantReady)
     assert sum(isinstance(e, QuantReady) for e in events) == 1
     assert isinstance(events[-1], RunFinished) and len(events[-1].token_ids) == 3

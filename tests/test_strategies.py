@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from support.strategy_needs import NEEDS
 
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import STRATEGIES, get_strategy
@@ -63,8 +64,6 @@ def test_window_offers_exactly_the_registry(qapp):
     assert [combo.itemText(i) for i in range(combo.count())] == list(STRATEGIES)
 
 
-# What a strategy cannot run without: contrastive search's k is --top-k, whose default 0 is the top-k sampler's "off"
-NEEDS = {"contrastive-search": {"top_k": 4}}
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
