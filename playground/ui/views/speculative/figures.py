@@ -8,10 +8,11 @@ import html
 from PySide6.QtWidgets import QWidget
 
 from playground.state.fold import STATUS
-from playground.state.speculative import ROUNDS, SpeculativeState
+from playground.state.speculative import ACCEPTED, GRAMMAR, REJECTED, ROUNDS, TARGET, SpeculativeState
 from playground.ui.style import format_percent, rich_label
 from playground.ui.views.columns import Panel
 from playground.ui.views.speculative.plots import SpeculativeOwner
+from playground.ui.views.speculative.text import DRAFT_Q_COLOR, TARGET_COLOR, swatch
 from playground.ui.views.texts import status_html
 
 
@@ -56,6 +57,18 @@ def constraint_html(s: SpeculativeState) -> str:
             f"{part('inside constrained spans', 'inside')}, {part('outside', 'outside')}")
 
 
+def legend_html(constrained: bool) -> str:
+    """The marks' legend; the grammar's mark only for a run with a constraint (a line less for the others)."""
+    grammar = (f"{swatch(GRAMMAR, 'rejected by the grammar')} (a constraint's, before verification) &nbsp; "
+               if constrained else "")
+    return (f"{swatch(ACCEPTED, 'accepted draft')} &nbsp; {swatch(REJECTED, 'rejected draft')} (not in the "
+            "output; shown where it was rejected; hatched in the charts) &nbsp; "
+            f"{swatch(TARGET, 'target’s own token')} (correction or bonus) &nbsp; {grammar}"
+            f"<span style='color:{DRAFT_Q_COLOR}'>■</span> drafter’s q &nbsp; "
+            f"<span style='color:{TARGET_COLOR}'>■</span> target’s p &nbsp; "
+            "<i>click a token or a round to inspect it</i>")
+
+
 class HeaderAndFigures(Panel):
     shows = frozenset({STATUS, ROUNDS})
 
@@ -64,9 +77,15 @@ class HeaderAndFigures(Panel):
         self.header = rich_label(parent)
         self.figures = rich_label(parent)
         self.figures.setMinimumWidth(300)
+        self.legend = rich_label(parent)
+        self.legend.setText(legend_html(False))
+        self._constrained = False
 
     def draw(self) -> None:
         state = self.view.state
+        if bool(state.constraint) != self._constrained:
+            self._constrained = bool(state.constraint)
+            self.legend.setText(legend_html(self._constrained))
         if not state.rounds and not state.emitted:
             status = "waiting for the first round…" if not state.ended else "ended before any round"
             drafter = f" · {html.escape(state.drafter)} drafts {state.draft_k}" if state.drafter else ""

@@ -25,8 +25,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from playground.events.speculative import SpeculativeRound
-from playground.state.speculative import ACCEPTED, GRAMMAR, REJECTED, TARGET, SpeculativeState
-from playground.ui.style import rich_label
+from playground.state.speculative import SpeculativeState
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
 from playground.ui.views.columns import ShortDock
@@ -36,7 +35,7 @@ from playground.ui.views.speculative.figures import HeaderAndFigures
 from playground.ui.views.speculative.positions import PositionsPlot
 from playground.ui.views.speculative.round_chart import RoundChart
 from playground.ui.views.speculative.rounds import TIMELINE_AXIS, RoundsTimeline
-from playground.ui.views.speculative.text import DRAFT_Q_COLOR, TARGET_COLOR, MarkedText, swatch
+from playground.ui.views.speculative.text import MarkedText
 from playground.ui.views.speculative.what_if import WhatIfPlot
 
 LIVE_PLOTS_MS = 200  # while streaming, the plots redraw at most this often (the text follows every batch)
@@ -60,15 +59,7 @@ class SpeculativeView(ShortDock, FoldView):
 
         self.top = HeaderAndFigures(self, self)
         self.header, self.figures = self.top.header, self.top.figures
-        self.legend = rich_label(self)
-        self.legend.setText(
-            f"{swatch(ACCEPTED, 'accepted draft')} &nbsp; {swatch(REJECTED, 'rejected draft')} (not in the "
-            "output; shown where it was rejected; hatched in the charts) &nbsp; "
-            f"{swatch(TARGET, 'target’s own token')} (correction or bonus) &nbsp; "
-            f"{swatch(GRAMMAR, 'rejected by the grammar')} (a constraint's, before verification) &nbsp; "
-            f"<span style='color:{DRAFT_Q_COLOR}'>■</span> drafter’s q &nbsp; "
-            f"<span style='color:{TARGET_COLOR}'>■</span> target’s p &nbsp; "
-            "<i>click a token or a round to inspect it</i>")
+        self.legend = self.top.legend
         self.text = MarkedText(self.state, self)
         self.text.mark_clicked.connect(self._mark_clicked)
         self.show_rejected = QCheckBox("show rejected drafts", self)
