@@ -129,7 +129,7 @@ class OneLineEdit(QPlainTextEdit):
         self.setTabChangesFocus(True)
         self.textChanged.connect(self._one_line)
 
-    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt's name)
+    def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
             event.ignore()
             return
@@ -193,7 +193,7 @@ class ConstraintEditor(QWidget):
     def text(self) -> str:
         return self.edit.toPlainText()
 
-    def setText(self, text: str) -> None:  # noqa: N802 (as a QLineEdit's, which the field was)
+    def setText(self, text: str) -> None:  # as a QLineEdit's (which the field was)
         if text != self.text():
             self.edit.setPlainText(text)
         self.check()  # a value put in (a preset, a saved run) is checked at once
@@ -212,9 +212,13 @@ class ConstraintEditor(QWidget):
             self._say("", OK_FG)
         else:
             path = _as_path(text) if self.kind != "regex" else None
-            from_file = path is not None and path.is_file()
             try:
-                settings = GrammarSettings(**{self.kind: text})
+                from_file = path is not None and path.is_file()
+            except OSError:  # a one-line schema too long for a file's name
+                from_file = False
+            try:
+                settings = (GrammarSettings(json_schema=text) if self.kind == "json_schema" else
+                            GrammarSettings(regex=text) if self.kind == "regex" else GrammarSettings(grammar=text))
                 settings.validate()
             except ConfigError as error:
                 self.error = str(error)
