@@ -23,19 +23,27 @@ BROKEN_SCHEMA = '{\n  "type": "object",\n  "properties": "name": {"type": "strin
 GOOD_SCHEMA = '{\n  "type": "object",\n  "properties": {"name": {"type": "string"}},\n  "required": ["name"]\n}'
 
 
+def _quick(form: RunControls) -> RunControls:
+    """The editors' pause made short (the suite's wall time): the schema's test keeps the real one."""
+    for name in ("json_schema", "regex", "grammar"):
+        form.widgets[name].timer.setInterval(30)
+    return form
+
+
 @pytest.fixture
 def controls(qtbot):
     form = RunControls(RunSettings(strategy="greedy"))
     qtbot.addWidget(form)
-    return form
+    return _quick(form)
 
 
 def _type(qtbot, editor: ConstraintEditor, text: str) -> None:
     """Replace the editor's text as a user's edit does (select all, type), then wait for the debounced check."""
     editor.edit.selectAll()
-    with qtbot.waitSignal(editor.checked, timeout=5 * DEBOUNCE_MS):
+    before = editor.message.text()
+    with qtbot.waitSignal(editor.checked, timeout=10 * DEBOUNCE_MS):
         editor.edit.insertPlainText(text)
-        assert editor.timer.isActive()  # not checked at once: after the pause
+        assert editor.timer.isActive() and editor.message.text() == before  # not checked at once: after the pause
 
 
 def _selections(editor: ConstraintEditor) -> tuple[int | None, tuple[int, int] | None]:
@@ -54,6 +62,7 @@ def _selections(editor: ConstraintEditor) -> tuple[int | None, tuple[int, int] |
 def test_a_broken_schema_is_marked_where_json_loads_puts_it_and_a_valid_one_clears_it(qtbot, controls):
     editor = controls.widgets["json_schema"]
     assert isinstance(editor, ConstraintEditor)
+    editor.timer.setInterval(DEBOUNCE_MS)  # the real pause, here
     with pytest.raises(json.JSONDecodeError) as caught:
         json.loads(BROKEN_SCHEMA)
     line, column = caught.value.lineno, caught.value.colno
@@ -125,6 +134,7 @@ def test_generate_refuses_a_bad_schema_keeps_it_and_a_typed_regex_constrains_the
 
     settings = RunSettings.from_flat(prompt="Answer:", chat=False, strategy="greedy", max_new_tokens=8)
     w = open_window(qtbot, tmp_path, _tiny_on(smol_tokenizer), settings)
+    _quick(w.controls)
     try:
         schema = w.controls.widgets["json_schema"]
         _type(qtbot, schema, BROKEN_SCHEMA)
