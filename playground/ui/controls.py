@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
+    QLabel,
     QLineEdit,
     QSpinBox,
     QVBoxLayout,
@@ -31,6 +32,7 @@ from playground.config import GROUPS, Row, RunSettings, SettingsGroup, rows
 from playground.config.catalog import STRATEGIES
 from playground.config.samplers import SAMPLER_GROUPS
 from playground.ui.ban_form import BanLines
+from playground.ui.constraint_editor import ConstraintEditor
 from playground.ui.sampler_form import LogitBiasEditor, SamplerChainList
 
 STOP_SEPARATOR = "|"
@@ -88,17 +90,26 @@ def _lines_binding(row: Row) -> Binding:
     return Binding(row, edit, edit.entries, lambda v: edit.set_entries(tuple(v)))
 
 
-# Settings whose widget is more than a table row makes (the chain's order, entries whose spaces matter).
+def _constraint_binding(row: Row) -> Binding:
+    editor = ConstraintEditor(row.name, row.spec.help)
+    return Binding(row, editor, editor.text, editor.setText)
+
+
+# Settings whose widget is more than a table row makes (the chain's order, entries whose spaces matter, the
+# constraint's editors that check it as it is typed).
 CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_binding, "logit_bias": _bias_binding,
                                                          "ban": _lines_binding, "ban_regex": _lines_binding,
-                                                         "force_words": _lines_binding}  # "a|b" is one entry
+                                                         "force_words": _lines_binding,  # "a|b" is one entry
+                                                         "json_schema": _constraint_binding,
+                                                         "regex": _constraint_binding,
+                                                         "grammar": _constraint_binding}
 
 
 def _change_signal(widget: QWidget) -> Any:
     """The signal a binding's widget sends when the user changes its value."""
     if isinstance(widget, SamplerChainList):
         return widget.order_changed
-    if isinstance(widget, LogitBiasEditor):
+    if isinstance(widget, (LogitBiasEditor, ConstraintEditor)):
         return widget.changed
     if isinstance(widget, QCheckBox):
         return widget.toggled
@@ -215,9 +226,12 @@ class RunControls(QWidget):
             if isinstance(b.widget, SamplerChainList):
                 form.addRow(b.widget)  # the box's title names it; the list wants the width
                 continue
-            if not isinstance(b.widget, LogitBiasEditor):  # its editor has its own tooltip
+            if not isinstance(b.widget, (LogitBiasEditor, ConstraintEditor)):  # these have their own tooltip
                 b.widget.setToolTip(b.row.spec.help)
             if isinstance(b.widget, QCheckBox):
+                form.addRow(b.widget)
+            elif isinstance(b.widget, ConstraintEditor) and b.row.name != "regex":
+                form.addRow(QLabel(b.row.spec.label))  # a schema or a grammar wants the box's width
                 form.addRow(b.widget)
             else:
                 form.addRow(b.row.spec.label, b.widget)

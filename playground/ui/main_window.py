@@ -16,6 +16,7 @@ the selected run), ``model_choice`` (loading, fetching, connecting a server) and
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -171,8 +172,10 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         assert self.source is not None  # has_model
         try:
             self.source.check(settings)
-        except ConfigError as error:
-            self.banner.show_error(str(error))
+        except ConfigError as error:  # a message over lines (a constraint's, with its caret) keeps its layout
+            message = str(error)
+            self.banner.show_error(message if "\n" not in message else
+                                   f"<pre style='margin:0'>{html.escape(message)}</pre>")
             return
         self.start_run(settings)
 

@@ -12,6 +12,7 @@ constraint is on.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,14 @@ def constraint_grammar(settings: GrammarSettings) -> tuple[str, str]:
     return kind, LLMatcher.grammar_from_lark(text)
 
 
+def _regex_message(message: str) -> str:
+    """The regex crate's own message (the pattern, a caret under the span, the error) without the place in the
+    grammar llguidance wraps the pattern in (``at 1(8): ...`` and its ``1 | start: /.../`` snippet)."""
+    lines = re.sub(r"^at \d+\(\d+\): ", "", message).split("\n")
+    cut = next((i for i, line in enumerate(lines) if re.match(r"^\s*\d+ \| ", line)), len(lines))
+    return "\n".join(lines[:cut]) if cut else message
+
+
 def check_constraint(settings: GrammarSettings, tokenizer: Any = None) -> str:
     """The constraint's llguidance grammar, or ``ConfigError`` with the library's message (it says where:
     line and column, with a caret); ``tokenizer`` (an ``LLTokenizer``) checks it against a vocabulary too."""
@@ -153,6 +162,8 @@ def check_constraint(settings: GrammarSettings, tokenizer: Any = None) -> str:
 
     kind, grammar = constraint_grammar(settings)
     message = LLMatcher.validate_grammar(grammar, tokenizer)
+    if message and kind == "regex":
+        message = _regex_message(message)
     if message:
         flag = "--" + kind.replace("_", "-")
         raise ConfigError(f"{flag}: {message.rstrip()}")
