@@ -1,0 +1,127 @@
+"""Engine modules where mutation testing (issue 28, point 4; round 4's run, notes/mutation_table_round4.md) found no
+test looking: DoLa's contrast and its amateur (``engine/contrastive/dola.py``), the n-gram ban, the grammar
+constraint, banned strings and the run context. Each test names what it pins down and fails on the survivors listed
+with it in the table; the references are written here (log-softmaxes in float64, sets by hand)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from playground.config import ConfigError
+from playground.engine.contrastive.dola import DolaAmateur, reference_contrast, relative_top_filter
+from playground.engine.layers.lens import LayerStack
+
+NEG_INF = -math.inf
+
+
+# ---- DoLa ----------------------------------------------------------------------------------------------------------
+
+def test_the_reference_contrast_divides_the_premature_logits_by_the_amateur_temperature_and_cuts_at_alpha():
+    """The reference variant at α = 0.25 and amateur temperature 2: kept = {log p_N ≥ max log p_N + log α}, the
+    score there log p_N − log softmax(premature / T), −∞ elsewhere; the cut is recorded."""
+    g = torch.Generator().manual_seed(1)
+    expert, premature = torch.randn(40, generator=g) * 2, torch.randn(40, generator=g) * 2
+    alpha, temperature = 0.25, 2.0
+    contrast = reference_contrast(expert, premature, alpha, temperature)
+    expert_lp = expert.double().log_softmax(-1)
+    amateur_lp = (premature.double() / temperature).log_softmax(-1)
+    cut = float(expert_lp.max()) + math.log(alpha)
+    keep = expert_lp >= cut
+    assert 2 <= int(keep.sum()) < int((expert_lp >= float(expert_lp.max()) + math.log(0.1)).sum()), \
+        "precondition: α = 0.25 keeps more than one token and fewer than 4.46's default 0.1"
+    assert torch.equal(contrast.plausible, keep)
+    torch.testing.assert_close(contrast.scores[keep].double(), (expert_lp - amateur_lp)[keep], atol=1e-5, rtol=0)
+    assert bool((contrast.scores[~keep] == NEG_INF).all())
+    assert math.isclose(contrast.cut_logprob, cut, abs_tol=1e-5)
+    torch.testing.assert_close(contrast.amateur_logprobs.double(), amateur_lp, atol=1e-5, rtol=0)
+
+
+def test_the_relative_top_filter_keeps_every_token_at_zero_and_defaults_to_a_tenth():
+    """α = 0 (the setting's minimum) filters nothing and its threshold is −∞ (no log 0); without ``relative_top``
+    the filter is 4.46's default 0.1."""
+    g = torch.Generator().manual_seed(2)
+    scores, baseline = torch.randn(2, 30, generator=g), torch.randn(2, 30, generator=g)
+    final, base, threshold = relative_top_filter(scores.clone(), baseline.clone(), 0.0)
+    assert torch.isfinite(final).all()
+    torch.testing.assert_close(base, baseline.log_softmax(-1))
+    assert bool((threshold == NEG_INF).all())
+    tenth = relative_top_filter(scores.clone(), baseline.clone(), 0.1)
+    assert all(1 < int(torch.isfinite(row).sum()) < 30 for row in tenth[0]), "precondition: 0.1 cuts some, not all"
+    for default, given in zip(relative_top_filter(scores.clone(), baseline.clone()), tenth, strict=True):
+        assert torch.equal(default, given)
+
+
+def test_a_dola_amateur_is_the_reference_variant_by_default_describes_its_variant_and_refuses_another(tiny_lm):
+    """The detail is the contrastive view's and the run's description of what ran."""
+    stack = LayerStack.of(tiny_lm.model)
+    amateur = DolaAmateur(stack, (0, 1))
+    assert amateur.variant == "reference"
+    assert amateur.detail == (
+        "DoLa, reference variant (the authors' code, as transformers 4.46 ran it): per token, the layer of {0, 1} "
+        f"(of {stack.count}) whose LM head on its un-normalised output differs most from the last layer by "
+        "½[KL(M‖P) + KL(M‖Q)], then the relative-top filter")
+    assert DolaAmateur(stack, (0, 1), "formula").detail == (
+        f"DoLa, formula variant (the paper's text): per token, the layer of {{0, 1}} (of {stack.count}) whose logit "
+        "lens (final norm + LM head) differs most from the last layer (Jensen-Shannon divergence ½[KL(P‖M) + "
+        "KL(Q‖M)])")
+    with pytest.raises(ConfigError, match=r"^dola_variant must be reference or formula \(got 'paper'\)$"):
+        DolaAmateur(stack, (0, 1), "paper")
+
+
+def test_a_dola_amateur_asked_without_the_experts_logits_or_pass_says_what_is_missing(tiny_lm):
+    amateur = DolaAmateur(LayerStack.of(tiny_lm.model), (0, 1))
+    ids = torch.tensor([[1, 2]])
+    with pytest.raises(AssertionError, match=r"^DoLa compares with the expert's own logits$"):
+        amateur.next_logits(ids, None)
+    with pytest.raises(AssertionError, match=r"^the expert's pass did not reach layers \[0, 1\]$"):
+        amateur.next_logits(ids, torch.zeros(amateur.stack.count))
+
+
+def test_the_layer_taps_keep_the_newest_position_of_layers_called_by_keyword_that_return_tuples():
+    """transformers 4.x's decoder layers (4.46 included) take ``hidden_states`` by keyword from some callers and
+    return a tuple (hidden, attention, cache); 5.x's take it by position and return the tensor (the tiny models).
+    Layer 0 is the first layer's input, layer j the output of layer j, each at the newest of three positions."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    class Layer(nn.Module):
+        def forward(self, hidden_states=None):
+            return hidden_states * 2 + 1, None
+
+    layers = nn.ModuleList([Layer(), Layer()])
+    amateur = DolaAmateur(SimpleNamespace(layers=layers, count=3), (0, 1, 2))  # type: ignore[arg-type]
+    x = torch.arange(12.0).reshape(1, 3, 4)
+    with amateur.expert_pass():
+        h = x
+        for layer in layers:
+            h = layer(hidden_states=h)[0]
+    assert sorted(amateur.hidden) == [0, 1, 2]
+    assert torch.equal(amateur.hidden[0], x[0, -1:])
+    assert torch.equal(amateur.hidden[1], x[0, -1:] * 2 + 1)
+    assert torch.equal(amateur.hidden[2], (x[0, -1:] * 2 + 1) * 2 + 1)
+    assert not layers[0]._forward_pre_hooks and not layers[1]._forward_hooks  # the taps are gone after the pass
+
+
+def test_dolas_repetition_penalty_divides_positive_scores_and_multiplies_negative_ones():
+    from playground.engine.contrastive.dola import penalise_repeats
+
+    scores = torch.tensor([2.0, -1.0, 4.0, 3.0])
+    out = penalise_repeats(scores, torch.tensor([[0, 1, 1]]), 2.0)
+    assert out.tolist() == [1.0, -2.0, 4.0, 3.0]
+    assert scores.tolist() == [2.0, -1.0, 4.0, 3.0]  # a new tensor
+    assert penalise_repeats(scores, torch.tensor([[0]]), 1.0) is scores
+
+
+def test_dola_layer_lists_that_are_no_numbers_or_past_the_model_are_refused_by_name():
+    from playground.engine.contrastive.dola import candidate_layers
+
+    with pytest.raises(ConfigError, match=r"^dola_layers must be low, high or layer numbers such as 2,6,10 "
+                                          r"\(got '2,x'\)$"):
+        candidate_layers("2,x", 12, False)
+    with pytest.raises(ConfigError, match=r"^dola_layers '0,2': each layer must be between 0 \(the embeddings\) "
+                                          r"and 1 for this 2-layer model \(the last layer is the expert itself\)$"):
+        candidate_layers("0,2", 2, False)
