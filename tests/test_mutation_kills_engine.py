@@ -125,3 +125,57 @@ def test_dola_layer_lists_that_are_no_numbers_or_past_the_model_are_refused_by_n
     with pytest.raises(ConfigError, match=r"^dola_layers '0,2': each layer must be between 0 \(the embeddings\) "
                                           r"and 1 for this 2-layer model \(the last layer is the expert itself\)$"):
         candidate_layers("0,2", 2, False)
+
+
+# ---- the n-gram ban ------------------------------------------------------------------------------------------------
+
+def _transformers_ban(ids: torch.Tensor, logits: torch.Tensor, n: int) -> torch.Tensor:
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    return NoRepeatNGramLogitsProcessor(n)(ids, logits.clone())
+
+
+def _counting(sampler):
+    """The sampler with its index's whole-text reading (``NgramBans.banned``) counted."""
+    calls: list[int] = []
+    banned = sampler.bans.banned
+
+    def counted(rows):
+        calls.append(len(rows))
+        return banned(rows)
+
+    sampler.bans.banned = counted
+    return calls
+
+
+def test_the_ngram_ban_continues_its_index_for_beams_that_extend_the_last_calls_texts():
+    """Beams, each a text of the last call plus one token (two continuing the first, the second dropped): every call
+    bans exactly what transformers' processor does, and only the first reads the texts whole; the others match the
+    beams to the last call's texts on the tensors and read their new tokens alone."""
+    import random
+
+    from playground.engine.samplers.no_repeat_ngram import NoRepeatNgram
+
+    sampler = NoRepeatNgram(2)
+    calls = _counting(sampler)
+    rng = random.Random(0)
+    rows = [[rng.randrange(6) for _ in range(8)] for _ in range(3)]
+    for _ in range(4):
+        ids, logits = torch.tensor(rows), torch.zeros(3, 6)
+        assert torch.equal(sampler.apply(ids, logits), _transformers_ban(ids, logits, 2))
+        rows = [rows[parent] + [rng.randrange(6)] for parent in (0, 0, 2)]
+    assert calls == [3]
+
+
+def test_the_ngram_ban_matches_beams_past_its_first_1024_fingerprint_weights():
+    """Texts longer than the 1024 weights made first (a beam search past 1024 tokens): the weights grow with them."""
+    from playground.engine.samplers.no_repeat_ngram import NoRepeatNgram
+
+    g = torch.Generator().manual_seed(4)
+    full = torch.randint(0, 40, (2, 1101), generator=g)
+    sampler = NoRepeatNgram(3)
+    calls = _counting(sampler)
+    for width in (10, 11, 1100, 1101):
+        ids, logits = full[:, :width], torch.zeros(2, 40)
+        assert torch.equal(sampler.apply(ids, logits), _transformers_ban(ids, logits, 3)), width
+    assert calls == [2]
