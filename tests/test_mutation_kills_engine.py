@@ -149,9 +149,9 @@ def _counting(sampler):
 
 
 def test_the_ngram_ban_continues_its_index_for_beams_that_extend_the_last_calls_texts():
-    """Beams, each a text of the last call plus one token (two continuing the first, the second dropped): every call
-    bans exactly what transformers' processor does, and only the first reads the texts whole; the others match the
-    beams to the last call's texts on the tensors and read their new tokens alone."""
+    """Beams, each a text of the last call plus one token (two continuing the first, the second dropped), then a
+    single text: every call bans exactly what transformers' processor does, and only the first reads the texts
+    whole; the others match the texts to the last call's on the tensors and read their new tokens alone."""
     import random
 
     from playground.engine.samplers.no_repeat_ngram import NoRepeatNgram
@@ -165,6 +165,15 @@ def test_the_ngram_ban_continues_its_index_for_beams_that_extend_the_last_calls_
         assert torch.equal(sampler.apply(ids, logits), _transformers_ban(ids, logits, 2))
         rows = [rows[parent] + [rng.randrange(6)] for parent in (0, 0, 2)]
     assert calls == [3]
+    # one text (a greedy or sampled run): the same, matched on the tensors without fingerprints
+    sampler = NoRepeatNgram(2)
+    calls = _counting(sampler)
+    row = rows[0]
+    for _ in range(3):
+        ids, logits = torch.tensor([row]), torch.zeros(1, 6)
+        assert torch.equal(sampler.apply(ids, logits), _transformers_ban(ids, logits, 2))
+        row = row + [rng.randrange(6)]
+    assert calls == [1]
 
 
 def test_the_ngram_ban_matches_beams_past_its_first_1024_fingerprint_weights():
