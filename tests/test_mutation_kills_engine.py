@@ -172,7 +172,7 @@ def test_the_ngram_ban_continues_its_index_for_beams_that_extend_the_last_calls_
     for _ in range(3):
         ids, logits = torch.tensor([row]), torch.zeros(1, 6)
         assert torch.equal(sampler.apply(ids, logits), _transformers_ban(ids, logits, 2))
-        row = row + [rng.randrange(6)]
+        row = [*row, rng.randrange(6)]
     assert calls == [1]
 
 
@@ -188,3 +188,17 @@ def test_the_ngram_ban_matches_beams_past_its_first_1024_fingerprint_weights():
         ids, logits = full[:, :width], torch.zeros(2, 40)
         assert torch.equal(sampler.apply(ids, logits), _transformers_ban(ids, logits, 3)), width
     assert calls == [2]
+
+
+def test_masking_banned_tokens_works_on_logits_of_any_layout():
+    """A dense but non-contiguous batch (a transposed one) is masked as its contiguous copy would be."""
+    from playground.engine.samplers.no_repeat_ngram import mask_banned
+
+    logits = torch.arange(12.0).reshape(6, 2).t()  # [2, 6], strides (1, 2)
+    assert not logits.is_contiguous()
+    expected = logits.contiguous().clone()
+    expected[0, 3] = expected[1, 1] = expected[1, 4] = NEG_INF
+    assert torch.equal(mask_banned(logits, [{3}, {1, 4}]), expected)
+    one = logits.contiguous().clone()
+    one[1, 5] = NEG_INF
+    assert torch.equal(mask_banned(logits, [set(), {5}]), one)
