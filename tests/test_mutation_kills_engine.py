@@ -93,7 +93,7 @@ def test_the_layer_taps_keep_the_newest_position_of_layers_called_by_keyword_tha
             return hidden_states * 2 + 1, None
 
     layers = nn.ModuleList([Layer(), Layer()])
-    amateur = DolaAmateur(SimpleNamespace(layers=layers, count=3), (0, 1, 2))  # type: ignore[arg-type]
+    amateur = DolaAmateur(SimpleNamespace(layers=layers, count=3), (0, 1, 2))
     x = torch.arange(12.0).reshape(1, 3, 4)
     with amateur.expert_pass():
         h = x
