@@ -202,3 +202,61 @@ def test_masking_banned_tokens_works_on_logits_of_any_layout():
     one = logits.contiguous().clone()
     one[1, 5] = NEG_INF
     assert torch.equal(mask_banned(logits, [set(), {5}]), one)
+
+
+# ---- the grammar constraint ----------------------------------------------------------------------------------------
+
+class _Matcher:
+    """llguidance's matcher as Grammar uses it, fixed: tokens 1 and 3 allowed, no fast-forward tokens."""
+
+    def __init__(self, stopped: bool = False) -> None:
+        self.stopped = stopped
+
+    def compute_bitmask(self) -> bytes:
+        return bytes([0b1010, 0, 0, 0])  # one 32-bit word, little-endian bits: tokens 1 and 3
+
+    def compute_ff_tokens(self) -> list[int]:
+        return []
+
+    def is_stopped(self) -> bool:
+        return self.stopped
+
+    def is_accepting(self) -> bool:
+        return self.stopped
+
+    def reset(self) -> None:
+        pass
+
+    def deep_copy(self) -> _Matcher:
+        return _Matcher(self.stopped)
+
+
+def test_the_grammar_mask_is_padded_or_cut_to_logits_wider_or_narrower_than_the_vocabulary():
+    """A model whose logits have padding rows past its vocabulary (5 tokens here, 7 logits): the rows past it are
+    forbidden, in the mask applied and in the step's record; narrower logits take the mask's first columns."""
+    from playground.engine.samplers.grammar import Grammar
+
+    grammar = Grammar(_Matcher(), 5, (), "regex")
+    wide = torch.isfinite(grammar.apply(None, torch.zeros(1, 7)))[0].tolist()
+    assert wide == [False, True, False, True, False, False, False]
+    assert torch.isfinite(grammar.apply(None, torch.zeros(1, 3)))[0].tolist() == [False, True, False]
+    probs = torch.tensor([[0.1, 0.2, 0.05, 0.3, 0.05, 0.1, 0.2]])
+    record = grammar.step_record(probs, 6)
+    assert record.allowed == 2 and record.top_forbidden
+    assert math.isclose(record.removed_mass, 0.5, abs_tol=1e-6)
+    record = grammar.step_record(probs.reshape(-1), 3)  # a [vocab] distribution: the same
+    assert record.allowed == 2 and not record.top_forbidden
+
+
+def test_a_grammars_twin_and_reset_keep_or_clear_why_it_broke():
+    from playground.engine.samplers.grammar import Grammar
+
+    grammar = Grammar(_Matcher(), 5, (), "json_schema")
+    grammar.broken = "token 2 is not one the json schema allows here"
+    twin = grammar.clone()
+    assert twin.finished() == ("grammar_blocked", "the constraint cannot follow: token 2 is not one the json schema "
+                                                  "allows here")
+    grammar.reset()
+    assert grammar.finished() is None and grammar.incomplete() == "the budget ended before the json schema was complete"
+    done = Grammar(_Matcher(stopped=True), 5, (), "json_schema").clone()
+    assert done.finished() == ("grammar", "the json schema is complete: nothing more can follow")
