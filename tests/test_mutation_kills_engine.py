@@ -207,16 +207,16 @@ def test_masking_banned_tokens_works_on_logits_of_any_layout():
 # ---- the grammar constraint ----------------------------------------------------------------------------------------
 
 class _Matcher:
-    """llguidance's matcher as Grammar uses it, fixed: tokens 1 and 3 allowed, no fast-forward tokens."""
+    """llguidance's matcher as Grammar uses it, fixed: tokens 1 and 3 allowed, the fast-forward tokens given."""
 
-    def __init__(self, stopped: bool = False) -> None:
-        self.stopped = stopped
+    def __init__(self, stopped: bool = False, ff: tuple[int, ...] = ()) -> None:
+        self.stopped, self.ff = stopped, ff
 
     def compute_bitmask(self) -> bytes:
         return bytes([0b1010, 0, 0, 0])  # one 32-bit word, little-endian bits: tokens 1 and 3
 
     def compute_ff_tokens(self) -> list[int]:
-        return []
+        return list(self.ff)
 
     def is_stopped(self) -> bool:
         return self.stopped
@@ -228,7 +228,7 @@ class _Matcher:
         pass
 
     def deep_copy(self) -> _Matcher:
-        return _Matcher(self.stopped)
+        return _Matcher(self.stopped, self.ff)
 
 
 def test_the_grammar_mask_is_padded_or_cut_to_logits_wider_or_narrower_than_the_vocabulary():
@@ -245,7 +245,8 @@ def test_the_grammar_mask_is_padded_or_cut_to_logits_wider_or_narrower_than_the_
     assert record.allowed == 2 and record.top_forbidden
     assert math.isclose(record.removed_mass, 0.5, abs_tol=1e-6)
     record = grammar.step_record(probs.reshape(-1), 3)  # a [vocab] distribution: the same
-    assert record.allowed == 2 and not record.top_forbidden
+    assert record.allowed == 2 and not record.top_forbidden and record.ff_tokens == ()
+    assert Grammar(_Matcher(ff=(3,)), 5, (), "regex").step_record(probs, 3).ff_tokens == (3,)
 
 
 def test_a_grammars_twin_and_reset_keep_or_clear_why_it_broke():
@@ -256,7 +257,10 @@ def test_a_grammars_twin_and_reset_keep_or_clear_why_it_broke():
     twin = grammar.clone()
     assert twin.finished() == ("grammar_blocked", "the constraint cannot follow: token 2 is not one the json schema "
                                                   "allows here")
+    grammar.accept(4, 0.5)  # a later token leaves the first reason as it was
+    assert grammar.broken == "token 2 is not one the json schema allows here"
     grammar.reset()
+    grammar.accept(-1, 0.0)  # no token (nothing to follow)
     assert grammar.finished() is None and grammar.incomplete() == "the budget ended before the json schema was complete"
     done = Grammar(_Matcher(stopped=True), 5, (), "json_schema").clone()
     assert done.finished() == ("grammar", "the json schema is complete: nothing more can follow")
