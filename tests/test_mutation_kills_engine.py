@@ -209,11 +209,18 @@ def test_masking_banned_tokens_works_on_logits_of_any_layout():
 class _Matcher:
     """llguidance's matcher as Grammar uses it, fixed: tokens 1 and 3 allowed, the fast-forward tokens given."""
 
-    def __init__(self, stopped: bool = False, ff: tuple[int, ...] = ()) -> None:
-        self.stopped, self.ff = stopped, ff
+    def __init__(self, stopped: bool = False, ff: tuple[int, ...] = (), bits: int = 0b1010) -> None:
+        self.stopped, self.ff, self.bits, self.consumed = stopped, ff, bits, []
 
     def compute_bitmask(self) -> bytes:
-        return bytes([0b1010, 0, 0, 0])  # one 32-bit word, little-endian bits: tokens 1 and 3
+        return bytes([self.bits, 0, 0, 0])  # one 32-bit word, little-endian bits (0b1010: tokens 1 and 3)
+
+    def consume_token(self, token: int) -> bool:
+        self.consumed.append(token)
+        return True
+
+    def get_error(self) -> str:
+        return ""
 
     def compute_ff_tokens(self) -> list[int]:
         return list(self.ff)
@@ -264,3 +271,23 @@ def test_a_grammars_twin_and_reset_keep_or_clear_why_it_broke():
     assert grammar.finished() is None and grammar.incomplete() == "the budget ended before the json schema was complete"
     done = Grammar(_Matcher(stopped=True), 5, (), "json_schema").clone()
     assert done.finished() == ("grammar", "the json schema is complete: nothing more can follow")
+
+
+def test_a_grammar_follows_the_tokens_it_allows_and_breaks_on_the_others_or_an_early_end():
+    """Tokens 0, 1 and 3 allowed, 4 the end token: 0 is followed; 4 before the grammar is complete, and 5 (past the
+    vocabulary), break it; after a complete grammar the end token is nothing to consume, another token breaks it."""
+    from playground.engine.samplers.grammar import Grammar
+
+    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "regex")
+    grammar.accept(0, 0.5)
+    assert grammar.broken == "" and grammar.matcher.consumed == [0]
+    grammar.accept(4, 0.5)
+    assert grammar.broken == "token 4 is not one the regex allows here"
+    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "regex")
+    grammar.accept(5, 0.5)
+    assert grammar.broken == "token 5 is not one the regex allows here"
+    done = Grammar(_Matcher(stopped=True, bits=0b1011), 5, (4,), "regex")
+    done.accept(4, 0.9)
+    assert done.broken == "" and done.matcher.consumed == []
+    done.accept(2, 0.1)
+    assert done.broken == "token 2 is not one the regex allows here"
