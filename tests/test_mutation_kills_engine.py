@@ -278,16 +278,16 @@ def test_a_grammar_follows_the_tokens_it_allows_and_breaks_on_the_others_or_an_e
     vocabulary), break it; after a complete grammar the end token is nothing to consume, another token breaks it."""
     from playground.engine.samplers.grammar import Grammar
 
-    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "regex")
+    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "json_schema")
     grammar.accept(0, 0.5)
     assert grammar.broken == "" and grammar.matcher.consumed == [0]
     grammar.accept(4, 0.5)
-    assert grammar.broken == "token 4 is not one the regex allows here"
-    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "regex")
+    assert grammar.broken == "token 4 is not one the json schema allows here"
+    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "json_schema")
     grammar.accept(5, 0.5)
-    assert grammar.broken == "token 5 is not one the regex allows here"
-    done = Grammar(_Matcher(stopped=True, bits=0b1011), 5, (4,), "regex")
+    assert grammar.broken == "token 5 is not one the json schema allows here"
+    done = Grammar(_Matcher(stopped=True, bits=0b1011), 5, (4,), "json_schema")
     done.accept(4, 0.9)
     assert done.broken == "" and done.matcher.consumed == []
     done.accept(2, 0.1)
-    assert done.broken == "token 2 is not one the regex allows here"
+    assert done.broken == "token 2 is not one the json schema allows here"
