@@ -291,3 +291,25 @@ def test_a_grammar_follows_the_tokens_it_allows_and_breaks_on_the_others_or_an_e
     assert done.broken == "" and done.matcher.consumed == []
     done.accept(2, 0.1)
     assert done.broken == "token 2 is not one the json schema allows here"
+
+
+def test_a_token_the_matcher_refuses_breaks_the_grammar_with_the_matchers_first_error_line():
+    from playground.engine.samplers.grammar import Grammar
+
+    class Refusing(_Matcher):
+        def __init__(self, error: str) -> None:
+            super().__init__()
+            self.error = error
+
+        def consume_token(self, token: int) -> bool:
+            return False
+
+        def get_error(self) -> str:
+            return self.error
+
+    grammar = Grammar(Refusing("  lexer error: no match\nat byte 3\n"), 5, (), "regex")
+    grammar.accept(1, 0.5)
+    assert grammar.finished() == ("grammar_blocked", "the constraint cannot follow: lexer error: no match")
+    grammar = Grammar(Refusing(""), 5, (), "regex")
+    grammar.accept(3, 0.5)
+    assert grammar.broken == "the matcher refused token 3"
