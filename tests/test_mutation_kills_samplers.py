@@ -406,3 +406,72 @@ def test_dry_built_from_the_settings_reads_its_breakers_through_the_tokenizer():
     assert out[0].tolist() == [0.0] * 5 + [-(1.0 * 2.0 ** (2 - 1))] + [0.0] * 4
     with pytest.raises(ConfigError, match=r"^DRY's sequence breakers are words, which the sample strategy cannot"):
         ENGINE_SAMPLERS["dry"].build(settings.replace(strategy="sample"), BuildContext())
+
+
+# ---- round 4: top-p's safety margin, the compact set's dtype, guidance's and logit bias's messages --------------
+
+def test_top_p_on_a_large_vocabulary_keeps_the_tail_token_that_reaches_past_one_minus_p():
+    """2048 tokens: the likeliest 256 hold 0.89995, the 1792 others 0.10005, just above 1 − top_p = 0.1. Over the
+    whole vocabulary the largest of those (2e-4) then has cumulative mass 0.10005 > 0.1 and stays; the fast path
+    among the likeliest 256 would drop it, so a tail within the safety margin of 1 − p (or above) goes to the full
+    sort."""
+    p = np.empty(2048)
+    p[:256] = np.linspace(1.2, 0.8, 256) * (0.89995 / 256) / np.linspace(1.2, 0.8, 256).mean()
+    p[256] = 2e-4
+    p[257:] = (0.10005 - 2e-4) / 1791
+    row = np.log(p)
+    assert p[:256].min() > p[256] > p[257], "precondition: the 256 likeliest are the first"
+    got = torch.isfinite(keep_top_p(None, torch.tensor(row[None, :]), 0.9))[0].numpy()
+    assert np.array_equal(got, _top_p_reference(row, 0.9))
+    assert got[:257].all() and not got[257:].any()
+
+
+def test_the_compact_set_spread_over_the_vocabulary_keeps_the_values_dtype():
+    from playground.engine.samplers.chain import CompactLogits, Kept
+
+    values = torch.tensor([[0.25, -1.5]], dtype=torch.float64)
+    full = CompactLogits(Kept.of(torch.tensor([1, 3]), 5), values).full()
+    assert full.dtype == torch.float64
+    assert full.tolist() == [[NEG_INF, 0.25, NEG_INF, -1.5, NEG_INF]]
+
+
+def test_guidance_run_by_a_strategy_without_the_negative_prompts_pass_says_so():
+    from types import SimpleNamespace
+
+    from playground.engine.samplers.guidance import Guidance
+
+    guidance = Guidance(1.5, SimpleNamespace(negative_logits=None))
+    with pytest.raises(AssertionError, match=r"^the strategy runs the negative prompt before the pipeline$"):
+        guidance.apply(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 4))
+
+
+def _bos_tokenizer():
+    """A word-level tokenizer whose post-processor puts a BOS token before every text it encodes with special
+    tokens (as Llama's and Gemma's do); the tiny models' BPE tokenizer adds none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({"<s>": 0, "hello": 1, "world": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", unk_token="[UNK]")
+
+
+def test_logit_bias_on_a_word_biases_its_own_tokens_not_the_tokenizers_bos():
+    from playground.engine.samplers.logit_bias import resolve_logit_bias
+
+    tokenizer = _bos_tokenizer()
+    assert tokenizer.encode("hello world") == [0, 1, 2], "precondition: encoding adds a BOS by default"
+    assert resolve_logit_bias(("hello=+2", "hello world=-1"), tokenizer, 4) == (((1,), 2.0), ((1, 2), -1.0))
+
+
+def test_logit_bias_on_a_word_of_no_tokens_says_so():
+    from playground.config.errors import ConfigError
+    from playground.engine.samplers.logit_bias import resolve_logit_bias
+
+    class Tokenizer:  # every word encodes to nothing (a tokenizer that drops what it cannot read)
+        def encode(self, text, add_special_tokens=True):
+            return []
+
+    with pytest.raises(ConfigError, match=r"^logit bias 'hello': the word is no token at all$"):
+        resolve_logit_bias(("hello=+1",), Tokenizer(), 10)

@@ -509,3 +509,68 @@ def test_a_run_with_no_steps_re_derives_to_nothing_with_mirostat_on():
                         encode=lambda word: [WORD], breaker_ids=frozenset())
     assert what_if.probs.shape[0] == 0 and what_if.exact.shape == (0,) and what_if.reasons == ()
     assert what_if.mirostat_mu is not None and what_if.mirostat_mu.shape == (0,)
+
+
+# --- mirostat's passes: when they stop ----------------------------------------------------------------------------
+
+def _flat_steps(seed: int, count: int, unrecorded: tuple[int, ...] = ()) -> tuple[list[TokenStep], np.ndarray]:
+    """Steps packed as the engine packs them but flat (the top token only 1 above the others): mirostat's cut, and
+    so the chosen token's final probability, depends on each step's mu, so mu takes a pass per step to settle.
+    The steps in ``unrecorded`` keep no raw candidates (not exact in the what-if)."""
+    rng = np.random.default_rng(seed)
+    full = rng.normal(0.0, 1.0, size=(count, VOCAB))
+    for row in range(count):
+        full[row, 3 * row + 1] += 1.0
+    steps = []
+    for row in range(count):
+        logits = torch.tensor(full[row])
+        logprobs = logits.log_softmax(-1)
+        top = torch.topk(logits, RECORD).indices
+        chosen = int(top[0])
+        steps.append(TokenStep(step=row, token_id=chosen, text="", prob=0.0, raw_prob=float(logprobs[chosen].exp()),
+                               logprob=float(logprobs[chosen]), raw_rank=1, entropy=0.0, processed_entropy=0.0,
+                               candidates=(), shown_raw_mass=0.0, effects=(), forced=False, step_ms=0.0,
+                               kv_cache_bytes=0,
+                               raw_top=None if row in unrecorded else pack_raw_candidates(top, logprobs, logits)))
+    return steps, full
+
+
+def _counted_re_derive(monkeypatch, steps: list[TokenStep]):
+    """re_derive with top-k then mirostat, and the number of chain passes it ran (``_chain_once`` calls)."""
+    calls = []
+    chain_once = derive_module._chain_once
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return chain_once(*args, **kwargs)
+
+    monkeypatch.setattr(derive_module, "_chain_once", counting)
+    what_if = re_derive(RecordedRun.of(steps, [VOCAB + 5]), _settings("top_k;mirostat"), sampling=True)
+    return what_if, len(calls)
+
+
+def test_mirostats_passes_stop_as_soon_as_no_mu_moves(monkeypatch):
+    """Five exact steps: mu settles one step per pass, so the fifth pass sees nothing move and the what-if stops
+    there (not after all of MIROSTAT_PASSES and one more), with every mu the sequential one computed here."""
+    steps, full = _flat_steps(3, 5)
+    what_if, passes = _counted_re_derive(monkeypatch, steps)
+    mus, _ = _mirostat_reference(full, TOP_K, TAU, ETA)
+    assert what_if.exact.all(), what_if.reasons
+    assert what_if.mirostat_mu is not None
+    np.testing.assert_allclose(what_if.mirostat_mu, mus, atol=5e-3)
+    assert len({round(m, 2) for m in mus}) == 5, "precondition: every step's mu is another"
+    assert passes <= 5 < derive_module.MIROSTAT_PASSES + 1
+
+
+def test_past_the_first_inexact_step_mirostats_passes_stop_once_its_own_mu_has_settled(monkeypatch):
+    """Step 2 recorded nothing (not exact), steps 0 and 1 are exact: step 2's own mu still follows from exact
+    probabilities, so it is the sequential one; once it has settled only later (estimated anyway) states move, and
+    the passes stop (3 here, not MIROSTAT_PASSES): the later steps stay marked as estimates."""
+    steps, full = _flat_steps(3, 10, unrecorded=(2,))
+    what_if, passes = _counted_re_derive(monkeypatch, steps)
+    mus, _ = _mirostat_reference(full, TOP_K, TAU, ETA)
+    assert what_if.exact[:2].all() and not what_if.exact[2:].any(), what_if.reasons
+    assert what_if.mirostat_mu is not None
+    np.testing.assert_allclose(what_if.mirostat_mu[:3], mus[:3], atol=5e-3)
+    assert abs(mus[2] - mus[1]) > 0.1 and abs(mus[2] - 2 * TAU) > 0.1, "precondition: step 2's mu moved twice"
+    assert passes <= 4
