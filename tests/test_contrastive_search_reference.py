@@ -2,7 +2,7 @@
 model (three prompts and three (α, k) pairs recorded, 24 tokens each, no chat template; each prompt is compared with
 one pair over all 24 tokens; the other six pairs are recorded but not compared, to keep the suite's time) and on tiny
 Llama, Qwen2, Mistral (a window the text crosses) and Phi-3 models whose weights both versions fill from one seed
-(tests/support/seeded_weights.py). The outputs were recorded with transformers 4.46.3 by
+(tests/support/seeded_models.py). The outputs were recorded with transformers 4.46.3 by
 tests/support/record_contrastive_search_446.py (its docstring has the command) into
 tests/data/contrastive_search_4_46.json. Before comparing, each test checks that the model is the recorded one:
 4.46's greedy tokens (default model) or the weights' fingerprint (tiny models)."""
@@ -13,13 +13,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from support.seeded_weights import build_seeded, fingerprint
-from support.tiny_models import build_tokenizer
+from support.seeded_models import fingerprint, seeded_lm
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
-from playground.models.loaded import LoadedModel
 
 RECORD = json.loads((Path(__file__).parent / "data" / "contrastive_search_4_46.json").read_text())
 CHECKED = 24  # tokens compared per default-model case: all that were recorded (~0.1 s a step here)
@@ -63,18 +60,10 @@ def test_the_tokens_equal_4_46s(default_lm, case, setting):
     assert ids == want, (default_lm.tokenizer.decode(ids), setting["text"])
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
 @pytest.mark.parametrize("case", RECORD["tiny"], ids=[t["family"] for t in RECORD["tiny"]])
-def test_tiny_models_of_four_families_equal_4_46(tokenizer, case):
-    model = build_seeded(case["family"], case["seed"])
-    assert fingerprint(model) == case["fingerprint"]  # the same weights as 4.46 had
-    model.generation_config.eos_token_id = None  # 4.46 ran them to the length (eos 2 is an ordinary id here)
-    lm = LoadedModel(model=model, tokenizer=tokenizer, name=f"seeded-{case['family']}", path="<memory>",
-                     device=torch.device("cpu"), dtype=torch.float32)
+def test_tiny_models_of_four_families_equal_4_46(case):
+    lm = seeded_lm({**case, "eos": None, "pad": 0})  # 4.46 ran them to the length (eos 2 is an ordinary id here)
+    assert fingerprint(lm.model) == case["fingerprint"]  # the same weights as 4.46 had
     tokens = RECORD["tiny_max_new_tokens"]
     prompt_ids, greedy = run(lm, case["prompt"], tokens)
     assert prompt_ids == case["prompt_ids"] and greedy == case["greedy_ids"]
