@@ -4,8 +4,8 @@ outputs were recorded with transformers 4.46.3 by tests/support/record_group_bea
 command) into tests/data/group_beam_4_46.json: on tiny models of the seven families of the project's nine that 4.46
 has, Mistral and Gemma 2 with windows the text crosses (weights filled from a seed in sorted-name order,
 tests/support/seeded_models.py, the same in both versions, as each case's recorded fingerprint checks; Qwen3 and
-Gemma 3 are checked against a search written in tests/test_beam_groups_families.py) with length penalties, early stopping
-true/never, a repetition penalty (after the diversity penalty, as 4.46 orders them), an n-gram ban and several
+Gemma 3 are checked against a search written in tests/test_beam_groups_families.py) with length penalties, early
+stopping true/never, a repetition penalty (after the diversity penalty, as 4.46 orders them), an n-gram ban and several
 returned sequences; and on the default model (no chat template). Besides the returned sequences, the tokens each
 group's beams chose at every step are 4.46's (so the groups' order and labels are checked too: a search that decided
 the groups in reverse would return the same sequences under other labels)."""

@@ -11,12 +11,11 @@ The default model (float32, no chat template): for each prompt its token ids, gr
 checks that our greedy equals them, so the load is right) and contrastive search's for each (α, k). 4.46 does not
 read a 5.x ``config.json``'s ``rope_parameters``: ``rope_theta`` is set from it by hand (else 4.46 would use 10,000).
 
-Tiny models of the families 4.46 runs it on (``TINY_FAMILIES``: all it has of the project's nine but Gemma 2, whose hybrid cache it refuses, as the record's
-``refused`` says; Mistral with a window the text crosses): built
-from the same config in both versions and filled from a seed (tests/support/seeded_models.py), so nothing big is
-stored; their prompts are ids of tests/support/tiny_models' tokenizer (the test checks that it encodes the texts to
-them); no EOS (they run to the length). Each tiny case records the weights' fingerprint, which the test checks
-first.
+Tiny models of the families 4.46 runs it on (``TINY_FAMILIES``: all it has of the project's nine but Gemma 2, whose
+hybrid cache it refuses, as the record's ``refused`` says; Mistral with a window the text crosses): built from the
+same config in both versions and filled from a seed (tests/support/seeded_models.py), so nothing big is stored;
+their prompts are ids of tests/support/tiny_models' tokenizer (the test checks that it encodes the texts to them);
+no EOS (they run to the length). Each tiny case records the weights' fingerprint, which the test checks first.
 """
 
 from __future__ import annotations
@@ -102,7 +101,7 @@ def refusals() -> dict[str, str]:
     for family in REFUSED:
         try:
             generate(seeded_model(family, SEED), torch.tensor([[282, 279]]), 2, PAD, penalty_alpha=0.6, top_k=4)
-        except Exception as error:  # noqa: BLE001 - the message is what is recorded
+        except Exception as error:  # the message is what is recorded
             said[family] = f"{type(error).__name__}: {error}"
         else:
             raise AssertionError(f"4.46 ran contrastive search on {family}: record it in TINY_FAMILIES")
