@@ -1,7 +1,8 @@
 """Records transformers 4.46's constrained beam search (``generate(num_beams=N, force_words_ids=...)``, the
 ``ConstrainedBeamSearchScorer`` transformers shipped before moving it to the Hub) for
 tests/test_forced_beam_reference.py, on the default model and on tiny models of the seven families of the
-project's nine that 4.46 has. Run with the separate venv holding transformers 4.46 (see tests/support/record_dola_446.py for how it was made):
+project's nine that 4.46 has. Run with the separate venv holding transformers 4.46 (see
+tests/support/record_dola_446.py for how it was made):
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONPATH=.:tests /work/venv446/bin/python \\
         tests/support/record_forced_beam_446.py ~/.cache/decoding-playground/models/SmolLM2-135M-Instruct \\

@@ -21,7 +21,8 @@ with ``return_dict_in_generate=True, output_scores=True`` (so ``sequences_scores
 
 Each case stores the weights' fingerprint (tiny models), the prompt's ids, the settings, the returned sequences
 (generated ids up to and including the first EOS; 4.46 pads the shorter ones), their scores, and the tokens every
-group's beams appended at each step but the last (logged from 4.46's Hamming processor, which sees them at the next step), in the beams' row order.
+group's beams appended at each step but the last (logged from 4.46's Hamming processor, which sees them at the
+next step), in the beams' row order.
 """
 
 from __future__ import annotations
