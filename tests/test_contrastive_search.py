@@ -1,13 +1,18 @@
-"""Contrastive search on tiny models of several families, against references computed here: a search that re-reads
-the whole text every step (no cache, no batching) and takes ``output_hidden_states``' last entry; every candidate's
+"""Contrastive search on tiny models of several families (Gemma 2, Gemma 3 and Qwen3 among them, which 4.46 refuses or
+lacks), against references computed here: a search that re-reads the whole text every step (no cache, no batching)
+and takes ``output_hidden_states``' last entry (itself first checked against 4.46's recorded tokens); every candidate's
 confidence, degeneration penalty, most similar position and score recomputed by hand from those hidden states. Also
 its settings' checks (CLI words and the settings), Stop, and a saved run read back."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from runs import Run
+from support.seeded_models import seeded_lm
 from support.tiny_models import build_tiny_lm
 
 from playground.config import ConfigError, RunSettings
@@ -50,7 +55,22 @@ def hand_search(lm, prompt_ids: list[int], tokens: int, alpha: float, k: int) ->
     return ids[len(prompt_ids):]
 
 
-FAMILIES = ("llama", "gemma2", "gpt_neox")  # 4.46 refuses Gemma 2's hybrid cache: this is its reference
+# 4.46 refuses Gemma 2's hybrid cache and has no Qwen3 or Gemma 3: this is their reference (the others' is 4.46's,
+# tests/test_contrastive_search_reference.py)
+FAMILIES = ("llama", "gemma2", "gemma3", "qwen3", "gpt_neox")
+
+
+RECORD_4_46 = json.loads((Path(__file__).parent / "data" / "contrastive_search_4_46.json").read_text())
+
+
+@pytest.mark.parametrize("case", [t for t in RECORD_4_46["tiny"] if t["family"] in ("llama", "gpt2")],
+                         ids=lambda t: t["family"])
+def test_the_search_written_here_equals_4_46s_record(case):
+    """The reference is proven: on two families 4.46 has, it returns 4.46's recorded tokens."""
+    lm = seeded_lm({**case, "eos": None, "pad": 0})
+    setting = case["search"][0]
+    ids = hand_search(lm, case["prompt_ids"], len(setting["ids"]), setting["penalty_alpha"], setting["top_k"])
+    assert ids == setting["ids"] != case["greedy_ids"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -1,10 +1,12 @@
-"""Constrained beam search (``--force-words``) equals transformers 4.46's ``generate(num_beams=N,
-force_words_ids=...)`` token for token: on the default model (phrases, two words at once, a disjunctive set) and on
-tiny models of four families 4.46 has. The outputs were recorded with transformers 4.46.3 by
-tests/support/record_forced_beam_446.py (its docstring has the command) into tests/data/forced_beam_4_46.json; the
-tiny models are rebuilt here with the same weights (tests/support/forced_beam_cases.py), which the record's
-fingerprint checks. Every returned sequence holds its forced words, as the test reads them from the ids itself (but
-in 4.46's fill-in, which the test names). The constraint states and banks equal 4.46's on made-up ids."""
+"""Constrained beam search (``--force-words``) equals transformers 4.46's ``generate(num_beams=N, force_words_ids=...)``
+token for token: on the default model (phrases, two words at once, a disjunctive set) and on tiny models of the seven
+families of the project's nine that 4.46 has (Mistral and Gemma 2 with windows the text crosses; Qwen3 and Gemma 3
+are checked against a search written in tests/test_forced_beam_families.py). The outputs were recorded with
+transformers 4.46.3 by tests/support/record_forced_beam_446.py (its docstring has the command) into
+tests/data/forced_beam_4_46.json; the tiny models are rebuilt here with the same weights
+(tests/support/forced_beam_cases.py), which the record's fingerprint checks. Every returned sequence holds its forced
+words, as the test reads them from the ids itself (but in 4.46's fill-in, which the test names). The constraint
+states and banks equal 4.46's on made-up ids."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.forced_beam_cases import FILL_IN, TINY_FAMILIES, build_tiny, fingerprint
+from support.seeded_models import FAMILIES_4_46
 from support.tiny_models import build_tokenizer
 
 from playground.config import ConfigError, RunSettings
@@ -77,6 +80,7 @@ def test_the_record_is_transformers_4_46_with_a_disjunctive_set():
     assert RECORD["versions"]["transformers"].startswith("4.46.")
     assert any(isinstance(w[0], list) for c in RECORD["default"] for w in c["force_words_ids"])
     assert any(len(c["force_words"]) > 1 for c in RECORD["default"])
+    assert set(RECORD["tiny"]) == set(TINY_FAMILIES) == set(FAMILIES_4_46)
 
 
 @pytest.mark.model

@@ -1,9 +1,10 @@
 """What tests/support/record_forced_beam_446.py records and tests/test_forced_beam_reference.py replays: the cases
 (prompts, forced words, beams) and the tiny models both venvs can build with the same weights.
 
-A tiny model here is its family's real class from a small config, every parameter then filled from one
-``torch.Generator``, the output head first and then in sorted-name order (so transformers 4.46 and 5.x, whose
-initialisers and head names differ, hold the same weights without a weights file). The tokenizer is
+A tiny model here is its family's real class from tests/support/seeded_models.py's config (128 positions), every
+parameter then filled from one ``torch.Generator``, the output head first and then in sorted-name order (so
+transformers 4.46 and 5.x, whose initialisers and head names differ, hold the same weights without a weights file;
+this fill, not seeded_models', is the one the forced-word cases were recorded with). The tokenizer is
 tests/support/tiny_models.py's (it trains to the same vocabulary under both venvs' ``tokenizers``; the record keeps
 the ids, and the test checks them).
 """
@@ -11,6 +12,8 @@ the ids, and the test checks them).
 from __future__ import annotations
 
 import torch
+
+from support.seeded_models import seeded_config
 
 # (prompt, forced words as --force-words writes them, beams, new tokens, sequences returned): phrases, two words at
 # once, a disjunctive set; the weather case is 4.46's fill-in (too few hypotheses meet both words: it returns the
@@ -22,35 +25,13 @@ DEFAULT_CASES = (
     ("The weather today is", (" sunny", " cold"), 3, 18, 2),
 )
 FILL_IN = "The weather today is"
-TINY_FAMILIES = ("llama", "qwen2", "gpt2", "gpt_neox")
+TINY_FAMILIES = ("llama", "qwen2", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox")  # all 4.46 has of the nine
 TINY_CASES = (
     ("The capital of France is", (" tea",), 4, 12, 2),
     ("Beam search keeps", (" water| or",), 3, 12, 2),
     ("Language models", (" the", " token"), 4, 12, 1),
 )
 SEED = 30
-
-
-def tiny_config(family: str, tokenizer):
-    """Two layers, 32 wide, in the keyword arguments both 4.46 and 5.x read."""
-    import transformers as tf
-
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id, "vocab_size": len(tokenizer)}
-    llama_like = {**ids, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-                  "tie_word_embeddings": False}
-    if family == "llama":
-        return tf.LlamaConfig(**llama_like), tf.LlamaForCausalLM
-    if family == "qwen2":
-        return tf.Qwen2Config(**llama_like), tf.Qwen2ForCausalLM
-    if family == "gpt2":
-        return tf.GPT2Config(**ids, n_embd=32, n_layer=2, n_head=4, n_positions=128), tf.GPT2LMHeadModel
-    if family == "gpt_neox":
-        return (tf.GPTNeoXConfig(**ids, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, max_position_embeddings=128, tie_word_embeddings=False),
-                tf.GPTNeoXForCausalLM)
-    raise ValueError(family)
 
 
 def fill_weights(model: torch.nn.Module, seed: int = SEED) -> None:
@@ -67,7 +48,10 @@ def fill_weights(model: torch.nn.Module, seed: int = SEED) -> None:
 
 
 def build_tiny(family: str, tokenizer):
-    config, model_class = tiny_config(family, tokenizer)
+    config, model_class = seeded_config(family, max_positions=128)  # the tiny tokenizer's ids and vocabulary
+    assert config.vocab_size == len(tokenizer) and config.eos_token_id == tokenizer.eos_token_id
+    if family == "gemma2":
+        config._attn_implementation = "eager"  # its attention soft-caps the scores (5.x refuses SDPA)
     model = model_class(config).eval()
     fill_weights(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -3,16 +3,19 @@ moved to the Hub) for tests/test_contrastive_search_reference.py. Run with the s
 (tests/support/record_dola_446.py says how it was made):
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 /work/venv446/bin/python tests/support/record_contrastive_search_446.py \\
-        ~/.cache/decoding-playground/models/SmolLM2-135M-Instruct tests/data/contrastive_search_4_46.json
+        ~/.cache/decoding-playground/models/SmolLM2-135M-Instruct tests/data/contrastive_search_4_46.json [--tiny-only]
+
+(``--tiny-only`` keeps the file's default-model cases and re-records only the tiny models'.)
 
 The default model (float32, no chat template): for each prompt its token ids, greedy's tokens (the test first
 checks that our greedy equals them, so the load is right) and contrastive search's for each (α, k). 4.46 does not
 read a 5.x ``config.json``'s ``rope_parameters``: ``rope_theta`` is set from it by hand (else 4.46 would use 10,000).
 
-Tiny models of the families 4.46 runs it on (Llama, Qwen2, Mistral with a window the text crosses, Phi-3): built
-from the same config in both versions and filled from a seed (tests/support/seeded_weights.py), so nothing big is
-stored; their prompts are ids of tests/support/tiny_models' tokenizer (the test checks that it encodes the texts to
-them). Each tiny case records the weights' fingerprint, which the test checks first.
+Tiny models of the families 4.46 runs it on (``TINY_FAMILIES``: all it has of the project's nine but Gemma 2, whose
+hybrid cache it refuses, as the record's ``refused`` says; Mistral with a window the text crosses): built from the
+same config in both versions and filled from a seed (tests/support/seeded_models.py), so nothing big is stored;
+their prompts are ids of tests/support/tiny_models' tokenizer (the test checks that it encodes the texts to them);
+no EOS (they run to the length). Each tiny case records the weights' fingerprint, which the test checks first.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-sys.path.insert(0, str(Path(__file__).parent))
-import seeded_weights  # beside this file; it imports no playground, so it runs under 4.46
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.seeded_models import PAD, fingerprint, seeded_model  # tests/ on the path first; no playground import
 
 PROMPTS = (
     "The capital of Australia is",
@@ -43,6 +46,8 @@ TINY_PROMPTS = {
 TINY_SETTINGS = ((0.6, 4), (0.3, 5))
 TINY_NEW_TOKENS = 20
 SEED = 0
+TINY_FAMILIES = ("llama", "qwen2", "mistral", "phi3", "gpt2", "gpt_neox")
+REFUSED = ("gemma2",)  # tried: 4.46 refuses them; the record keeps its message (the tests compare them by hand)
 
 
 def generate(model, ids: torch.Tensor, tokens: int, pad: int, **extra) -> list[int]:
@@ -75,31 +80,52 @@ def default_cases(folder: str) -> tuple[list[dict], float]:
 
 def tiny_cases() -> list[dict]:
     cases = []
-    for family in seeded_weights.FAMILIES:
-        model = seeded_weights.build_seeded(family, SEED)
+    for family in TINY_FAMILIES:
+        model = seeded_model(family, SEED)
+        model.generation_config.eos_token_id = None  # run to the length
         for text, prompt_ids in TINY_PROMPTS.items():
             ids = torch.tensor([prompt_ids])
-            case = {"family": family, "seed": SEED, "fingerprint": seeded_weights.fingerprint(model), "prompt": text,
-                    "prompt_ids": prompt_ids, "greedy_ids": generate(model, ids, TINY_NEW_TOKENS, 0, top_k=None),
+            case = {"family": family, "seed": SEED, "fingerprint": fingerprint(model), "prompt": text,
+                    "prompt_ids": prompt_ids, "greedy_ids": generate(model, ids, TINY_NEW_TOKENS, PAD, top_k=None),
                     "search": [{"penalty_alpha": a, "top_k": k,
-                                "ids": generate(model, ids, TINY_NEW_TOKENS, 0, penalty_alpha=a, top_k=k)}
+                                "ids": generate(model, ids, TINY_NEW_TOKENS, PAD, penalty_alpha=a, top_k=k)}
                                for a, k in TINY_SETTINGS]}
             cases.append(case)
             print(family, case["search"], flush=True)
     return cases
 
 
-def main(folder: str, out: str) -> None:
+def refusals() -> dict[str, str]:
+    """What 4.46 says when asked for contrastive search on ``REFUSED``'s families (Gemma 2: its hybrid cache)."""
+    said = {}
+    for family in REFUSED:
+        try:
+            generate(seeded_model(family, SEED), torch.tensor([[282, 279]]), 2, PAD, penalty_alpha=0.6, top_k=4)
+        except Exception as error:  # the message is what is recorded
+            said[family] = f"{type(error).__name__}: {error}"
+        else:
+            raise AssertionError(f"4.46 ran contrastive search on {family}: record it in TINY_FAMILIES")
+    return said
+
+
+def main(folder: str, out: str, *flags: str) -> None:
     torch.manual_seed(0)
+    if "--tiny-only" in flags:  # keep the record's default-model cases, re-record the tiny ones
+        record = json.loads(Path(out).read_text())
+        record.update(command=" ".join(["python", *sys.argv]), tiny_max_new_tokens=TINY_NEW_TOKENS, tiny=tiny_cases(),
+                      refused=refusals())
+        Path(out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+        return
     cases, rope_theta = default_cases(folder)
     record = {"source": "transformers.generation.utils GenerationMixin._contrastive_search (transformers 4.46)",
               "command": " ".join(["python", *sys.argv]),
               "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
               "model": Path(folder).name, "rope_theta": rope_theta, "chat": False, "max_new_tokens": NEW_TOKENS,
-              "cases": cases, "tiny_max_new_tokens": TINY_NEW_TOKENS, "tiny": tiny_cases()}
+              "cases": cases, "tiny_max_new_tokens": TINY_NEW_TOKENS, "tiny": tiny_cases(),
+              "refused": refusals()}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

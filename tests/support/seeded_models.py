@@ -1,7 +1,12 @@
 """Tiny causal LMs whose weights are the same under any transformers version: the config is built by hand from the
 family's class, then every parameter is filled from one ``torch.Generator`` seed in sorted-name order (the names
-and shapes of these families did not change between 4.46 and 5.x). Used to compare with transformers 4.46 (run in
-its own venv, tests/support/record_group_beam_446.py) without storing weights. Imports only torch and transformers.
+and shapes of these families did not change between 4.46 and 5.x but GPT-NeoX's head, mapped by ``RENAMED``). Used to
+compare with transformers 4.46 (run in its own venv: tests/support/record_contrastive_search_446.py,
+record_group_beam_446.py) without storing weights; ``fingerprint`` (names, shapes, a checksum) is recorded with the
+outputs and checked by the tests first. Imports only torch and transformers, except ``seeded_lm`` (the project's).
+
+Families: the nine of tests/support/tiny_models.py. Qwen3 and Gemma 3 came after 4.46 (their tests compare with a
+reference written in the test); Gemma 2's windowed layers alternate with full ones in both versions (layer 0 slides).
 """
 
 from __future__ import annotations
@@ -11,24 +16,39 @@ import math
 
 import torch
 
-FAMILIES = ("llama", "qwen2", "phi3", "gpt2", "gpt_neox")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", "gpt_neox")
+FAMILIES_4_46 = ("llama", "qwen2", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox")  # the classes 4.46 has
 # Names a later version gave a parameter: the fill follows the newest name, so both versions fill alike.
 RENAMED = {"embed_out.weight": "lm_head.weight"}  # GPT-NeoX's head, 4.46
 VOCAB = 320  # tests/support/tiny_models.py's tokenizer
 BOS, EOS, PAD = 1, 2, 0
+WINDOW = 12  # Mistral's and the Gemmas' sliding window: the tiny prompts plus their outputs cross it
 
 
 def seeded_config(family: str, *, layers: int = 2, max_positions: int = 256):
+    """The family's tiny config (32 wide, 4 heads, 2 KV heads where it has grouped-query attention) and model class,
+    in keyword arguments both versions read alike."""
     import transformers as tf
 
     ids = {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "vocab_size": VOCAB}
     llama_like = {**ids, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": layers,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": max_positions,
                   "tie_word_embeddings": False}
+    gemma = {"head_dim": 8, "sliding_window": WINDOW, "query_pre_attn_scalar": 8,
+             "hidden_activation": "gelu_pytorch_tanh"}
     if family == "llama":
         return tf.LlamaConfig(**llama_like), tf.LlamaForCausalLM
     if family == "qwen2":
         return tf.Qwen2Config(**llama_like), tf.Qwen2ForCausalLM
+    if family == "qwen3":
+        return tf.Qwen3Config(**llama_like, head_dim=8), tf.Qwen3ForCausalLM
+    if family == "mistral":
+        return tf.MistralConfig(**llama_like, sliding_window=WINDOW), tf.MistralForCausalLM
+    if family == "gemma2":
+        return (tf.Gemma2Config(**llama_like, **gemma, final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
+                tf.Gemma2ForCausalLM)
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(**llama_like, **gemma), tf.Gemma3ForCausalLM
     if family == "phi3":
         return tf.Phi3Config(**llama_like), tf.Phi3ForCausalLM
     if family == "gpt2":
@@ -58,8 +78,9 @@ def fill_from_seed(model: torch.nn.Module, seed: int, gain: float = 2.0) -> None
 
 
 def seeded_model(family: str, seed: int):
+    """The family's tiny model (float32, eval, eager attention: one kernel in both versions) filled from ``seed``."""
     config, model_class = seeded_config(family)
-    config._attn_implementation = "eager"  # the same attention code path in both versions
+    config._attn_implementation = "eager"
     model = model_class(config).eval()
     fill_from_seed(model, seed)
     return model
@@ -67,6 +88,12 @@ def seeded_model(family: str, seed: int):
 
 def parameter_table(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     return sorted((RENAMED.get(name, name), tuple(p.shape)) for name, p in model.named_parameters())
+
+
+def fingerprint(model: torch.nn.Module) -> dict:
+    """What identifies the weights: the parameters' (newest) names and shapes, and the sum of |values| (float64)."""
+    return {"parameters": [f"{name} {list(shape)}" for name, shape in parameter_table(model)],
+            "abs_sum": round(sum(float(p.detach().double().abs().sum()) for p in model.parameters()), 6)}
 
 
 @functools.cache
@@ -77,8 +104,8 @@ def _tokenizer():
 
 
 def seeded_lm(case: dict):
-    """A recorded case's seeded model as the engine loads a model (the tiny tokenizer, the case's EOS and pad); for
-    the project's tests only (it imports the package)."""
+    """A recorded case's seeded model as the engine loads a model (the tiny tokenizer, the case's EOS and pad: an
+    EOS of None runs to the length); for the project's tests only (it imports the package)."""
     from playground.models.loaded import LoadedModel
 
     model = seeded_model(case["family"], case["seed"])
