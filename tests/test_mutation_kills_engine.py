@@ -5,6 +5,7 @@ with it in the table; the references are written here (log-softmaxes in float64,
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -205,111 +206,136 @@ def test_masking_banned_tokens_works_on_logits_of_any_layout():
 
 
 # ---- the grammar constraint ----------------------------------------------------------------------------------------
+# A real llguidance matcher on the tiny models' real 320-token tokenizer, the Grammar built by its own build path
+# (the engine's). Token ids come from the tokenizer; ``<|endoftext|>`` (id 0 here, as in SmolLM2) and ``<|im_end|>``
+# are the model's end tokens, so the end token at id 0 also pins the lower bound of the vocabulary check.
 
-class _Matcher:
-    """llguidance's matcher as Grammar uses it, fixed: tokens 1 and 3 allowed, the fast-forward tokens given."""
-
-    def __init__(self, stopped: bool = False, ff: tuple[int, ...] = (), bits: int = 0b1010) -> None:
-        self.stopped, self.ff, self.bits, self.consumed = stopped, ff, bits, []
-
-    def compute_bitmask(self) -> bytes:
-        return bytes([self.bits, 0, 0, 0])  # one 32-bit word, little-endian bits (0b1010: tokens 1 and 3)
-
-    def consume_token(self, token: int) -> bool:
-        self.consumed.append(token)
-        return True
-
-    def get_error(self) -> str:
-        return ""
-
-    def compute_ff_tokens(self) -> list[int]:
-        return list(self.ff)
-
-    def is_stopped(self) -> bool:
-        return self.stopped
-
-    def is_accepting(self) -> bool:
-        return self.stopped
-
-    def reset(self) -> None:
-        pass
-
-    def deep_copy(self) -> _Matcher:
-        return _Matcher(self.stopped, self.ff)
+INTEGER = json.dumps({"type": "integer"})  # accepts after one digit and can go on: accepting, never stopped
+ONLY_AB = json.dumps({"enum": ["ab"]})  # stopped after '"ab"': nothing more can follow
 
 
-def test_the_grammar_mask_is_padded_or_cut_to_logits_wider_or_narrower_than_the_vocabulary():
-    """A model whose logits have padding rows past its vocabulary (5 tokens here, 7 logits): the rows past it are
-    forbidden, in the mask applied and in the step's record; narrower logits take the mask's first columns."""
+def _grammar(tokenizer, eos_ids: tuple[int, ...], **group):
+    from playground.config import RunSettings
+    from playground.config.samplers.grammar import GrammarSettings
+    from playground.engine.samplers.base import BuildContext
     from playground.engine.samplers.grammar import Grammar
 
-    grammar = Grammar(_Matcher(), 5, (), "regex")
-    wide = torch.isfinite(grammar.apply(None, torch.zeros(1, 7)))[0].tolist()
-    assert wide == [False, True, False, True, False, False, False]
-    assert torch.isfinite(grammar.apply(None, torch.zeros(1, 3)))[0].tolist() == [False, True, False]
-    probs = torch.tensor([[0.1, 0.2, 0.05, 0.3, 0.05, 0.1, 0.2]])
-    record = grammar.step_record(probs, 6)
-    assert record.allowed == 2 and record.top_forbidden
-    assert math.isclose(record.removed_mass, 0.5, abs_tol=1e-6)
-    record = grammar.step_record(probs.reshape(-1), 3)  # a [vocab] distribution: the same
-    assert record.allowed == 2 and not record.top_forbidden and record.ff_tokens == ()
-    assert Grammar(_Matcher(ff=(3,)), 5, (), "regex").step_record(probs, 3).ff_tokens == (3,)
+    settings = RunSettings.from_flat(strategy="sample").with_group(GrammarSettings(**group))
+    grammar = Grammar.build(settings, BuildContext(tokenizer=tokenizer, vocab_size=len(tokenizer), eos_ids=eos_ids,
+                                                   strategy="sample"))
+    assert isinstance(grammar, Grammar)
+    return grammar
 
 
-def test_a_grammars_twin_and_reset_keep_or_clear_why_it_broke():
-    from playground.engine.samplers.grammar import Grammar
+def _ends(tokenizer) -> tuple[int, int]:
+    return tokenizer.convert_tokens_to_ids("<|endoftext|>"), tokenizer.convert_tokens_to_ids("<|im_end|>")
 
-    grammar = Grammar(_Matcher(), 5, (), "json_schema")
-    grammar.broken = "token 2 is not one the json schema allows here"
+
+def _token(tokenizer, text: str) -> int:
+    (token,) = tokenizer.encode(text)
+    return token
+
+
+def test_the_grammar_mask_is_padded_or_cut_to_logits_wider_or_narrower_than_the_vocabulary(tiny_lm):
+    """A model whose logits have padding rows past its vocabulary (320 tokens, 322 logits): the rows past it are
+    forbidden, in the mask applied and in the step's record; narrower logits take the mask's first columns. The
+    allowed set is read from the tokenizer: the tokens whose text starts one of the choices."""
+    tok = tiny_lm.tokenizer
+    vocab = len(tok)
+    choices = ("Paris", "water")
+    grammar = _grammar(tok, _ends(tok), choices=(",".join(choices),))
+    expected = torch.tensor([any(c.startswith(tok.decode([t])) for c in choices) and tok.decode([t]) != ""
+                             for t in range(vocab)])
+    assert 2 <= int(expected.sum()) < vocab
+    wide = torch.isfinite(grammar.apply(None, torch.zeros(1, vocab + 2)))[0]
+    assert torch.equal(wide, torch.cat([expected, torch.tensor([False, False])]))
+    width = int(expected.nonzero()[0]) + 1  # the cut ends on the first allowed token
+    assert torch.equal(torch.isfinite(grammar.apply(None, torch.zeros(1, width)))[0], expected[:width])
+    probs = torch.softmax(torch.randn(1, vocab + 2, generator=torch.Generator().manual_seed(0)), -1)
+    probs[0, vocab + 1] += 1.0  # the raw top token is a padding row
+    probs /= probs.sum()
+    padded = torch.cat([expected, torch.tensor([False, False])])
+    removed = float(probs[0, ~padded].double().sum())
+    record = grammar.step_record(probs, vocab + 1)
+    assert record.allowed == int(expected.sum()) and record.top_forbidden
+    assert math.isclose(record.removed_mass, removed, rel_tol=1e-5)
+    allowed_top = int(expected.nonzero()[-1])
+    record = grammar.step_record(probs.reshape(-1), allowed_top)  # a [vocab] distribution: the same
+    assert record.allowed == int(expected.sum()) and not record.top_forbidden and record.ff_tokens == ()
+    assert math.isclose(record.removed_mass, removed, rel_tol=1e-5)
+    one_choice = _grammar(tok, _ends(tok), choices=("Paris",))  # fixes the next tokens: the choice's own
+    assert one_choice.step_record(probs, allowed_top).ff_tokens == tuple(tok.encode("Paris"))
+
+
+def test_a_grammars_twin_and_reset_keep_or_clear_why_it_broke(tiny_lm):
+    tok = tiny_lm.tokenizer
+    letter, other = _token(tok, "a"), _token(tok, "b")
+    grammar = _grammar(tok, _ends(tok), json_schema=INTEGER)
+    grammar.accept(letter, 0.5)  # not an integer's
+    reason = f"token {letter} is not one the json schema allows here"
     twin = grammar.clone()
-    assert twin.finished() == ("grammar_blocked", "the constraint cannot follow: token 2 is not one the json schema "
-                                                  "allows here")
-    grammar.accept(4, 0.5)  # a later token leaves the first reason as it was
-    assert grammar.broken == "token 2 is not one the json schema allows here"
+    assert twin.finished() == ("grammar_blocked", f"the constraint cannot follow: {reason}")
+    grammar.accept(other, 0.5)  # a later (also forbidden) token leaves the first reason as it was
+    assert grammar.broken == reason
     grammar.reset()
     grammar.accept(-1, 0.0)  # no token (nothing to follow)
     assert grammar.finished() is None and grammar.incomplete() == "the budget ended before the json schema was complete"
-    done = Grammar(_Matcher(stopped=True), 5, (), "json_schema").clone()
-    assert done.finished() == ("grammar", "the json schema is complete: nothing more can follow")
+    done = _grammar(tok, _ends(tok), json_schema=ONLY_AB)
+    for token in tok.encode('"ab"'):
+        done.accept(token, 1.0)
+    assert done.broken == "" and done.clone().finished() == ("grammar", "the json schema is complete: nothing more "
+                                                                        "can follow")
 
 
-def test_a_grammar_follows_the_tokens_it_allows_and_breaks_on_the_others_or_an_early_end():
-    """Tokens 0, 1 and 3 allowed, 4 the end token: 0 is followed; 4 before the grammar is complete, and 5 (past the
-    vocabulary), break it; after a complete grammar the end token is nothing to consume, another token breaks it."""
-    from playground.engine.samplers.grammar import Grammar
+def test_a_grammar_follows_the_tokens_it_allows_and_breaks_on_the_others_or_an_early_end(tiny_lm):
+    """A digit is followed (the integer then accepts), and an end token where it accepts (id 0) leaves it whole; an
+    end token before the grammar accepts, and a token past the vocabulary, break it; after a complete grammar the
+    end token is nothing to consume, another token breaks it."""
+    tok = tiny_lm.tokenizer
+    endoftext, im_end = _ends(tok)
+    assert endoftext == 0
+    digit = _token(tok, "1")
+    grammar = _grammar(tok, (endoftext, im_end), json_schema=INTEGER)
+    assert grammar.incomplete() != ""
+    grammar.accept(digit, 0.5)
+    assert grammar.broken == "" and grammar.incomplete() == "" and grammar.finished() is None
+    grammar.accept(endoftext, 0.5)
+    assert grammar.broken == "" and grammar.finished() is None
+    grammar = _grammar(tok, (endoftext, im_end), json_schema=INTEGER)
+    grammar.accept(im_end, 0.5)
+    assert grammar.broken == f"token {im_end} is not one the json schema allows here"
+    grammar = _grammar(tok, (endoftext, im_end), json_schema=INTEGER)
+    grammar.accept(len(tok), 0.5)
+    assert grammar.broken == f"token {len(tok)} is not one the json schema allows here"
+    done = _grammar(tok, (endoftext, im_end), json_schema=ONLY_AB)
+    for token in tok.encode('"ab"'):
+        done.accept(token, 1.0)
+    done.accept(im_end, 0.9)
+    assert done.broken == "" and done.finished() == ("grammar", "the json schema is complete: nothing more can "
+                                                                "follow")
+    done.accept(digit, 0.1)
+    assert done.broken == f"token {digit} is not one the json schema allows here"
 
-    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "json_schema")
-    grammar.accept(0, 0.5)
-    assert grammar.broken == "" and grammar.matcher.consumed == [0]
-    grammar.accept(4, 0.5)
-    assert grammar.broken == "token 4 is not one the json schema allows here"
-    grammar = Grammar(_Matcher(bits=0b1011), 5, (4,), "json_schema")
-    grammar.accept(5, 0.5)
-    assert grammar.broken == "token 5 is not one the json schema allows here"
-    done = Grammar(_Matcher(stopped=True, bits=0b1011), 5, (4,), "json_schema")
-    done.accept(4, 0.9)
-    assert done.broken == "" and done.matcher.consumed == []
-    done.accept(2, 0.1)
-    assert done.broken == "token 2 is not one the json schema allows here"
 
+def test_a_token_the_matcher_refuses_breaks_the_grammar_with_the_matchers_first_error_line(tiny_lm):
+    """A model that also ends on a text token ("1"): where the grammar allows that token as text, Grammar's mask
+    allows every end token, and the matcher refuses ``<|im_end|>`` as the integer has no digit yet. The reason is the
+    first line of the matcher's own (many-line) error, read here from a fresh matcher fed the same token. (A real
+    matcher that refuses a token always says why, so the fallback message for an empty error is not reached here.)"""
+    import llguidance
 
-def test_a_token_the_matcher_refuses_breaks_the_grammar_with_the_matchers_first_error_line():
-    from playground.engine.samplers.grammar import Grammar
+    from playground.config.samplers.grammar import GrammarSettings, check_constraint
+    from playground.engine.samplers.grammar import ll_tokenizer
 
-    class Refusing(_Matcher):
-        def __init__(self, error: str) -> None:
-            super().__init__()
-            self.error = error
-
-        def consume_token(self, token: int) -> bool:
-            return False
-
-        def get_error(self) -> str:
-            return self.error
-
-    grammar = Grammar(Refusing("  lexer error: no match\nat byte 3\n"), 5, (), "regex")
-    grammar.accept(1, 0.5)
-    assert grammar.finished() == ("grammar_blocked", "the constraint cannot follow: lexer error: no match")
-    grammar = Grammar(Refusing(""), 5, (), "regex")
-    grammar.accept(3, 0.5)
-    assert grammar.broken == "the matcher refused token 3"
+    tok = tiny_lm.tokenizer
+    _, im_end = _ends(tok)
+    ends = (im_end, _token(tok, "1"))
+    grammar = _grammar(tok, ends, json_schema=INTEGER)
+    assert bool(grammar.allowed().mask[im_end])
+    grammar.accept(im_end, 0.5)
+    fresh = llguidance.LLMatcher(ll_tokenizer(tok, len(tok), ends),
+                                 check_constraint(GrammarSettings(json_schema=INTEGER)), log_level=0)
+    assert not fresh.consume_token(im_end)
+    lines = fresh.get_error().strip().splitlines()
+    assert len(lines) > 1 and lines[0]
+    assert grammar.finished() == ("grammar_blocked", f"the constraint cannot follow: {lines[0]}")
