@@ -161,7 +161,9 @@ def test_a_freeze_made_by_someone_else_is_left_alone(qtbot):
     job = GeneratorJob(lambda should_stop, progress: iter([1]))
     with qtbot.waitSignal(job.finished, timeout=10_000):
         job.start()
-    assert gc.get_freeze_count() == frozen
+    # Not unfrozen (0) and not frozen again (the job and its timer, made since, would join it); a few frozen
+    # objects may die meanwhile (a deferred delete), which lowers the count: 2 of 620,933 did in one full run.
+    assert frozen - 100 <= gc.get_freeze_count() <= frozen
 
 
 def test_while_a_job_runs_the_gil_changes_hands_in_short_turns(qtbot):
