@@ -94,7 +94,8 @@ def dola_layers_valid(text: str) -> bool:
 
 
 register_strategy(Strategy(
-    "contrastive", "the expert's plausible tokens, ranked by log p_expert − log p_amateur (an early layer, a "
-    "quantized copy or a smaller model)", sections=("sampling", "penalties"), groups=(ContrastiveSettings,),
+    "contrastive", "contrastive decoding (Li et al. 2023): the expert's plausible tokens, ranked by log p_expert − "
+    "log p_amateur (an early layer, a quantized copy or a smaller model; not contrastive search, which is "
+    "'contrastive-search')", sections=("sampling", "penalties"), groups=(ContrastiveSettings,),
     step_events=(ContrastStep, TokenStep), runner="playground.engine.contrastive.decode:run_contrastive",
     takes_progress=True, order=90))
