@@ -1,8 +1,9 @@
 """Every view at the window's default size and at 1280 x 800 shows its texts whole.
 
-Each registered view is fed a real run of a tiny model (the strategy it shows), in the real window at both sizes,
-then every text it draws is measured: pyqtgraph's text items, titles, legends and axis labels lie inside their
-plot (inside the view box that clips them, inside the plot widget's visible area) and off the plot's title; every
+Each registered view is fed a real run of a tiny model (the strategy it shows), in the real window at one size,
+which is then resized to the other; at each size every text it draws is measured: pyqtgraph's text items, titles,
+legends and axis labels lie inside their plot (inside the view box that clips them, inside the plot widget's
+visible area) and off the plot's title; every
 label and button lies inside each widget around it (a scroll area may scroll it, vertically only, and only at
 1280 x 800, where the views of ``FIT_THE_SMALL_WINDOW`` do not scroll at all) and is tall and wide enough for its
 text. The window keeps the size it was given (a view that needs more pushes it past the screen).
@@ -41,7 +42,6 @@ PROMPT = "one two three one two three one two three"
 RUN_TIMEOUT_MS = 60000
 DEFAULT_SIZE = (1500, 950)  # the window's own default (and `playground shot`'s)
 SMALL_SIZE = (1280, 800)
-SIZES = (DEFAULT_SIZE, SMALL_SIZE)
 DEFAULT_VIEW_SIZE = (1164, 674)  # a view's dock in the default window
 TOLERANCE = 1.0  # px: rounding of layouts and text metrics
 
@@ -301,9 +301,7 @@ def show_live_run(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened:
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     w.docks[name].show()
     w.docks[name].raise_()
-    for _ in range(5):  # let layouts and the plots settle
-        QApplication.processEvents()
-    w.views[name].grab()  # painted: text items take their place on the screen when drawn
+    _settle(qtbot, w.views[name])
     return w
 
 
@@ -311,15 +309,20 @@ def test_every_registered_view_has_a_run():
     assert set(VIEW_RUNS) == {cls.name for cls in view_classes()}
 
 
-@pytest.mark.parametrize("opened", ["during", "after"], ids=["opened-during-the-run", "opened-after-it"])
-@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
-@pytest.mark.parametrize("name", list(VIEW_RUNS))
-def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, name, size, opened):
-    w = show_live_run(qtbot, tmp_path, edge_lm, name, size, opened)
+def _settle(qtbot, view: QWidget) -> None:
+    """Let layouts, plots and a text's new-width layout (a single-shot timer after a resize) settle."""
+    for _ in range(5):
+        QApplication.processEvents()
+    qtbot.waitUntil(lambda: not any(getattr(edit, "_relayout_timer", None) is not None
+                                    and edit._relayout_timer.isActive() for edit in view.findChildren(QTextEdit)),
+                    timeout=3000)
+    view.grab()  # painted: text items take their place on the screen when drawn
+
+
+def texts_problems(w: MainWindow, name: str, size: tuple[int, int]) -> list[str]:
+    """What the window, at ``size`` with view ``name`` in front, does not show whole (every tab of a paged view)."""
     view = w.views[name]
     assert view.isVisible() and w.docks[name].pages.currentWidget() is view
-    run = w.session.selected
-    assert run is not None and run.error is None and run.finished is not None
     assert w.size() == QSize(*size), f"the {name} view needs more than a {size[0]} x {size[1]} window"
     allow_scroll = size != DEFAULT_SIZE and name not in FIT_THE_SMALL_WINDOW
     problems = edge_problems(name, view, allow_scroll)
@@ -330,11 +333,51 @@ def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, name, size, 
                 QApplication.processEvents()
             view.grab()
             problems += edge_problems(f"{name} (tab {tabs.tabText(index)!r})", view, allow_scroll)
-    assert not problems, "\n".join(str(p) for p in problems)
+    out = [f"at {size[0]} x {size[1]}: {p}" for p in problems]
     if name in FIT_THE_SMALL_WINDOW:  # no vertical scroll bar at either size
-        scrolled = [f"scrolls {area.verticalScrollBar().maximum()} px" for area in view.findChildren(QScrollArea)
-                    if area.isVisibleTo(view) and area.verticalScrollBar().maximum() > 0]
-        assert not scrolled, f"the {name} view at {size[0]} x {size[1]}: {scrolled}"
+        out += [f"at {size[0]} x {size[1]}: the {name} view scrolls {area.verticalScrollBar().maximum()} px"
+                for area in view.findChildren(QScrollArea)
+                if area.isVisibleTo(view) and area.verticalScrollBar().maximum() > 0]
+    return out
+
+
+# One live run per view and open mode, checked at both sizes: the window opened at one size, checked, then resized
+# to the other and checked again (the views lay themselves out again on a resize: resizeEvent, TextsInside, the KV
+# view's paging, the texts' relayout). The two modes start at opposite sizes, so every view is checked at each size
+# both freshly drawn there and resized to it, in front during the run and drawn hidden (the suite's time: a window
+# and a run per size and mode cost about twice as much, the runs being most of it).
+FIRST_SIZE = {"during": DEFAULT_SIZE, "after": SMALL_SIZE}
+# Views that do not lay themselves out again on a resize (seen when the resize came in): their second size is also
+# checked in a window opened there, as before, and the resize is expected to cut texts until the view is fixed.
+RESIZE_CUTS_TEXTS = {
+    "contrastive": "the contrastive view keeps the layout of the size it was drawn at: resized to 1280 x 800 it "
+                   "scrolls and its step label runs past its splitter; resized to 1500 x 950 the step label is "
+                   "6 px short",
+}
+
+
+@pytest.mark.parametrize("opened", ["during", "after"], ids=["opened-during-the-run-at-1500x950-then-1280x800",
+                                                            "opened-after-it-at-1280x800-then-1500x950"])
+@pytest.mark.parametrize("name", list(VIEW_RUNS))
+def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, name, opened):
+    first = FIRST_SIZE[opened]
+    second = SMALL_SIZE if first == DEFAULT_SIZE else DEFAULT_SIZE
+    w = show_live_run(qtbot, tmp_path, edge_lm, name, first, opened)
+    run = w.session.selected
+    assert run is not None and run.error is None and run.finished is not None
+    problems = texts_problems(w, name, first)
+    assert not problems, "\n".join(problems)
+    w.resize(*second)
+    _settle(qtbot, w.views[name])
+    resized = texts_problems(w, name, second)
+    if name not in RESIZE_CUTS_TEXTS:
+        assert not resized, "resized:\n" + "\n".join(resized)
+        return
+    fresh = show_live_run(qtbot, tmp_path, edge_lm, name, second, opened)
+    problems = texts_problems(fresh, name, second)
+    assert not problems, "\n".join(problems)
+    assert resized, f"the {name} view now lays itself out again on a resize: take it out of RESIZE_CUTS_TEXTS"
+    pytest.xfail(RESIZE_CUTS_TEXTS[name])
 
 
 @pytest.mark.parametrize("name", sorted(LONG_RUNS))
