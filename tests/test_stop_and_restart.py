@@ -84,11 +84,33 @@ def long_lm():
     return build_tiny_lm(seed=0, max_positions=4096)
 
 
-@pytest.fixture
-def window(qtbot, long_lm, tmp_path):
-    w = open_window(qtbot, tmp_path, long_lm, RunSettings(max_new_tokens=8), size=(1400, 900))
+class _KeepOpen:
+    """Stands in for qtbot when opening the module's window: qtbot would close it after the first test."""
+
+    @staticmethod
+    def addWidget(_widget) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def shared_window(qapp, long_lm, tmp_path_factory):
+    """One window for the module's cases (the suite's time: a window costs over a second of CPU to build, more than
+    a case's runs). Each case stops a run and then checks that the next run starts and ends in that window, so the
+    window a case gets is one a user has used: idle, its last run ended; the first case gets a fresh one."""
+    w = open_window(_KeepOpen, tmp_path_factory.mktemp("stop-window"), long_lm, RunSettings(max_new_tokens=8),
+                    size=(1400, 900))
     yield w
     let_go(w)
+    w.close()
+    w.deleteLater()
+
+
+@pytest.fixture
+def window(qtbot, shared_window):
+    let_go(shared_window)  # a case that failed mid-run leaves no job to the next one
+    assert not shared_window.busy
+    yield shared_window
+    let_go(shared_window)
 
 
 # Where Stop must land for the case to mean something: inside a step that still has several events to yield.
