@@ -1,0 +1,186 @@
+"""The steering itself: forward hooks on the anatomy's decoder blocks that add the scaled vectors' sum to each
+block's output, at every position (an ActAdd vector: at the sequence's first positions only), as llama.cpp adds
+its control vectors (``llama_adapter_cvec::apply_to`` after each layer) and repeng's ``ControlModel`` does.
+
+``SteeringHooks`` is made once per run; ``installed()`` registers the hooks and removes them on the way out. The
+run's wrapper (``playground.engine.steering.run``) holds them installed only while the run's generator computes
+an event, so two runs interleaved on one model (side-by-side panes) never see each other's steering, and no hook
+outlives its run whatever ends it (the end, Stop, an error, a generator dropped).
+
+Target only: a pre-hook on the top-level model notes, at each forward pass, whether the module called is the
+target itself. A drafter or amateur made of the target's first layers is a shallow copy that shares its blocks
+(and, being a copy, its hook dictionaries): its passes run the blocks unsteered, as llama.cpp steers the target's
+context and not the draft's. The jacobi drafter is the target itself and is steered.
+
+The hooks also read what the views show, cheaply (one small product per steered block and pass, no transfer):
+each steered block's output (before its own vector is added) projected on each vector's unit direction at every
+position of the pass ([rows, positions] per vector; the last target pass's, and the last inside the step's own
+pass, ``loop.watching()``), and until ``norms_done`` the sum of the residual norms per block over the prompt's
+positions. The pre-hook re-reads the live strength (a version check); the
+top-level forward hook checks the logits are finite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from playground.config.steering import LiveStrength
+from playground.engine.steering.vector import SteeringVector
+from playground.errors import UserError
+from playground.models.anatomy import anatomy_of
+
+
+class SteeringDiverged(UserError):
+    """The steered model's logits were not finite (the strength is too large for the model)."""
+
+
+class SteeringHooks:
+    def __init__(self, model: Any, vectors: Sequence[SteeringVector], strengths: tuple[float, ...],
+                 layers: tuple[int, ...], live: LiveStrength | None = None, device: torch.device | None = None
+                 ) -> None:
+        self.model = model
+        self.anatomy = anatomy_of(model)
+        self.vectors = list(vectors)
+        self.defaults = tuple(strengths)
+        self.live = live
+        self.layers = layers  # the steered blocks, ascending
+        param = next(model.parameters())
+        self.dtype = param.dtype
+        device = device or param.device
+        # per layer: each vector's direction (float32, on the device) or None where it has none there
+        self._dirs: dict[int, list[torch.Tensor | None]] = {
+            n: [torch.from_numpy(v.directions[n]).to(device) if n in v.directions else None for v in self.vectors]
+            for n in layers}
+        # per layer: [vectors, hidden] unit directions (zeros where a vector has none), in the model's dtype
+        self._units = {n: torch.stack([torch.from_numpy(v.unit(n)).to(device) if n in v.directions
+                                       else torch.zeros(v.hidden_size, device=device) for v in self.vectors]
+                                      ).to(self.dtype) for n in layers}
+        self._front = max((v.front for v in self.vectors), default=0)
+        self._version = -1
+        self.used: tuple[float, ...] = self._current()
+        self._add: dict[int, torch.Tensor | None] = {}
+        self._add_front: dict[int, torch.Tensor | None] = {}
+        self._build()
+        self.enabled = True  # off: the unsteered comparison's passes
+        self.in_target = False
+        self.start = 0  # the pass's first position (for ActAdd's front rows)
+        # block -> [vectors, rows, positions]: the last target pass's readings, and the last one inside the step's
+        # own pass (``loop.watching()``; empty until one)
+        self.projections: dict[int, torch.Tensor] = {}
+        self.watched: dict[int, torch.Tensor] = {}
+        self.watching = False
+        self.prompt_len = 0  # the residual norms are measured over the prompt's positions (row 0)
+        self.norms_done = False
+        self.norm_sums: dict[int, torch.Tensor] = {}
+        self.norm_positions = 0
+        self.passes = 0  # target passes so far (steered)
+
+    # -- strengths -------------------------------------------------------------------------------------------------
+    def _current(self) -> tuple[float, ...]:
+        return self.live.strengths(self.defaults) if self.live is not None else self.defaults
+
+    def _build(self) -> None:
+        """Each block's added tensors: sum_v strength_v × direction_v[N] over the plain vectors ([hidden]) and over
+        the ActAdd ones ([front, hidden], shorter fronts zero-padded), in the model's dtype (None: nothing)."""
+        self._add, self._add_front = {}, {}
+        for n in self.layers:
+            plain: torch.Tensor | None = None
+            front: torch.Tensor | None = None
+            for s, d in zip(self.used, self._dirs[n], strict=True):
+                if d is None or s == 0.0:
+                    continue
+                if d.ndim == 1:
+                    plain = d * s if plain is None else plain + d * s
+                else:
+                    rows = torch.cat([d, d.new_zeros(self._front - d.shape[0], d.shape[1])]) * s
+                    front = rows if front is None else front + rows
+            self._add[n] = plain.to(self.dtype) if plain is not None else None
+            self._add_front[n] = front.to(self.dtype) if front is not None else None
+
+    def refresh(self) -> None:
+        """Re-read the live strength (cheap when it did not change)."""
+        if self.live is not None and self.live.version != self._version:
+            self._version = self.live.version
+            used = self._current()
+            if used != self.used:
+                self.used = used
+                self._build()
+
+    # -- the hooks --------------------------------------------------------------------------------------------------
+    def _before_model(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        self.in_target = module is self.model
+        if not (self.in_target and self.enabled):
+            return
+        self.refresh()
+        self.passes += 1
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        self.start = int(cache.get_seq_length()) if cache is not None else 0
+
+    def _after_model(self, module: Any, args: Any, output: Any) -> None:
+        if not (module is self.model and self.enabled):
+            return
+        logits = getattr(output, "logits", None)
+        if isinstance(logits, torch.Tensor) and not bool(torch.isfinite(logits).all()):
+            strengths = ", ".join(f"{s:g}" for s in self.used)
+            raise SteeringDiverged(f"the steered model's logits are not finite (strength {strengths} on blocks "
+                                   f"{self.layers[0]}–{self.layers[-1]}): the strength is too large for this model; "
+                                   "lower it")
+
+    def _block_hook(self, n: int):
+        def hook(module: Any, args: Any, output: Any) -> Any:
+            if not (self.in_target and self.enabled):
+                return None
+            h = output[0] if isinstance(output, tuple) else output  # [rows, positions, hidden]
+            # [vectors, rows, positions]: each vector's reading of the block's own output
+            reading = torch.einsum("rph,vh->vrp", h, self._units[n])
+            self.projections[n] = reading
+            if self.watching:
+                self.watched[n] = reading
+            prompt = min(h.shape[1], self.prompt_len - self.start)
+            if not self.norms_done and prompt > 0:
+                total = h[0, :prompt].float().norm(dim=-1).sum()
+                self.norm_sums[n] = total if n not in self.norm_sums else self.norm_sums[n] + total
+                if n == self.layers[0]:
+                    self.norm_positions += prompt
+            add, front = self._add[n], self._add_front[n]
+            if add is None and front is None:
+                return None
+            if add is not None:
+                h = h + add
+            if front is not None and self.start < front.shape[0]:  # ActAdd: front row j at position j only
+                rows = front[self.start : self.start + h.shape[1]]
+                h = torch.cat([h[:, : rows.shape[0]] + rows, h[:, rows.shape[0]:]], dim=1)
+            return (h, *output[1:]) if isinstance(output, tuple) else h
+        return hook
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        handles = [self.model.register_forward_pre_hook(self._before_model, with_kwargs=True),
+                   self.model.register_forward_hook(self._after_model)]
+        try:
+            for n in self.layers:
+                handles.append(self.anatomy.layers[n].register_forward_hook(self._block_hook(n)))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def unsteered(self) -> Iterator[None]:
+        """The model's passes inside run without steering (and record nothing): the unsteered comparison."""
+        self.enabled = False
+        try:
+            yield
+        finally:
+            self.enabled = True
+
+    def mean_norms(self) -> tuple[float, ...]:
+        if not self.norm_positions:
+            return tuple(0.0 for _ in self.layers)
+        count = self.norm_positions
+        return tuple(float(self.norm_sums[n]) / count if n in self.norm_sums else 0.0 for n in self.layers)
+
