@@ -22,7 +22,7 @@ from playground.events import BeamStep, RunFinished, TokenStep
 from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
 
 LAYERS = 3
-NEW = 8
+NEW = 6
 PROMPT = "The weather in Shanghai is"
 POSITIVE = ("The weather is sunny today", "I would like a cup of coffee", "The capital of France is Paris")
 NEGATIVE = ("Beam search keeps several hypotheses", "Quantization stores weights", "Sampling draws tokens")
@@ -119,8 +119,9 @@ def test_steered_greedy_equals_the_hand_hooked_model_on_every_family(family_lm, 
     events = steer_run(lm, f"{paths[0]}:3", f"{paths[1]}:-2", steer_layers="1-2")
     with HandHook(lm.model, hand_adds(lm, [(paths[0], 3.0), (paths[1], -2.0)])):
         expected, logits = generate(lm)
-    plain, _ = generate(lm)
-    assert expected != plain, "precondition: the vectors change the greedy output"
+    with torch.inference_mode():
+        plain = lm.model(input_ids=torch.tensor([prompt_ids(lm)])).logits[0, -1]
+    assert float((logits[0][0] - plain).abs().max()) > 1.0, "precondition: the vectors change the distribution"
     steps = [e for e in events if isinstance(e, TokenStep)]
     assert [s.token_id for s in steps] == expected
     for step, row in zip(steps, logits, strict=True):  # the steered distributions themselves
@@ -241,8 +242,8 @@ def test_projections_norms_and_the_unsteered_comparison(lm, two_vectors):
     adds = hand_adds(lm, [(two_vectors[0], 3.0)], span=(0, 2))
     generated = tokens_of(events)
     ids = prompt_ids(lm) + generated
-    # The block outputs before each block's own vector is added, earlier blocks' steering in them: read here by a
-    # pre-hook on the next block (and the final norm's input for the last block) with the hand hook on.
+    # The block outputs before each block's own vector is added, earlier blocks' steering in them: read by a
+    # forward hook that runs before the hand hook's (registered first).
     seen: dict[int, torch.Tensor] = {}
     model_blocks = blocks(lm.model)
     handles = []
@@ -252,14 +253,12 @@ def test_projections_norms_and_the_unsteered_comparison(lm, two_vectors):
         handles.append(model_blocks[n].register_forward_hook(keep))  # before the hand hook: registered first
     try:
         with HandHook(lm.model, adds), torch.inference_mode():
-            lm.model(input_ids=torch.tensor([ids]), use_cache=False)
-            plain = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+            steered = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
     finally:
         for h in handles:
             h.remove()
     with torch.inference_mode():
         unsteered = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
-    steered = plain
     first = len(ids) - len(generated) - 1
     steps = [e for e in events if isinstance(e, SteerStep)]
     for j, step in enumerate(steps):
@@ -275,27 +274,22 @@ def test_projections_norms_and_the_unsteered_comparison(lm, two_vectors):
         assert step.kl == pytest.approx(float((p * (p.log() - q.log())).sum()), rel=1e-3, abs=1e-6)
     norms = next(e for e in events if isinstance(e, SteeringNorms))
     prompt = len(prompt_ids(lm))
-    with HandHook(lm.model, adds), torch.inference_mode():
-        handles = [model_blocks[n].register_forward_hook(
-            lambda m, a, o, n=n: seen.__setitem__(n, (o[0] if isinstance(o, tuple) else o)[0].clone()),
-            prepend=True) for n in range(LAYERS)]
-        lm.model(input_ids=torch.tensor([prompt_ids(lm)]), use_cache=False)
-        for h in handles:
-            h.remove()
     assert norms.positions == prompt
-    assert norms.residual_norms == pytest.approx([float(seen[n].norm(dim=-1).mean()) for n in range(LAYERS)],
-                                                 rel=1e-4)
+    assert norms.residual_norms == pytest.approx(
+        [float(seen[n][:prompt].norm(dim=-1).mean()) for n in range(LAYERS)], rel=1e-4)
 
 
 # -- building vectors -----------------------------------------------------------------------------------------------
 
-def last_token_states(lm, texts, n: int) -> np.ndarray:
+def last_token_states(lm, texts) -> list[tuple[np.ndarray, ...]]:
+    """Per text, ``hidden_states`` at its last token (index N + 1: block N's output)."""
     rows = []
     with torch.inference_mode():
         for text in texts:
             ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
-            rows.append(lm.model(input_ids=ids, output_hidden_states=True).hidden_states[n + 1][0, -1].numpy())
-    return np.stack(rows).astype(np.float64)
+            states = lm.model(input_ids=ids, output_hidden_states=True).hidden_states
+            rows.append(tuple(h[0, -1].double().numpy() for h in states))
+    return rows
 
 
 def test_built_vectors_equal_the_mean_difference_and_principal_component_on_every_family(family_lm):
@@ -305,8 +299,9 @@ def test_built_vectors_equal_the_mean_difference_and_principal_component_on_ever
     mean = build_vector(lm, contrast, method="mean-diff", layers=layers)
     pca = build_vector(lm, contrast, method="pca", layers=layers)
     assert mean is not None and pca is not None
+    positive, negative = last_token_states(lm, POSITIVE), last_token_states(lm, NEGATIVE)
     for n in layers:
-        pos, neg = last_token_states(lm, POSITIVE, n), last_token_states(lm, NEGATIVE, n)
+        pos, neg = np.stack([r[n + 1] for r in positive]), np.stack([r[n + 1] for r in negative])
         np.testing.assert_allclose(mean.directions[n], pos.mean(0) - neg.mean(0), rtol=1e-4, atol=1e-6)
         diffs = pos - neg
         centred = diffs - diffs.mean(0)
@@ -420,3 +415,27 @@ def test_steer_specs_and_layer_ranges():
         RunSettings.from_flat(steer=("x.safetensors",), steer_layers="5-2").validate()
     with pytest.raises(ConfigError, match="need a vector"):
         RunSettings.from_flat(steer_compare=True).validate()
+
+
+# -- the command line and saved runs --------------------------------------------------------------------------------
+
+def test_cli_steer_options_run_and_round_trip_through_the_trace(model_folder, tiny_lm, tmp_path):
+    from playground.cli import main
+    from playground.config.steering import SteeringSettings
+    from playground.traces import read_trace
+
+    hidden = tiny_lm.model.config.hidden_size
+    rng = np.random.default_rng(0)
+    vector = SteeringVector({n: rng.standard_normal(hidden).astype(np.float32) for n in (0, 1)}, hidden_size=hidden)
+    one, two = save_vector(vector, tmp_path / "a.safetensors"), save_vector(vector, tmp_path / "b.safetensors")
+    out = tmp_path / "steered.jsonl"
+    assert main(["trace", "--model", str(model_folder), "--device", "cpu", "--max-new-tokens", "3", "--no-chat",
+                 "--steer", f"{one}:2.5", "--steer", str(two), "--steer-layers", "1-1", "--out", str(out)]) == 0
+    trace = read_trace(out)
+    assert not trace.problems()
+    settings, unknown = RunSettings.from_plain_dict(trace.events[0].settings)
+    assert not unknown
+    assert settings.group(SteeringSettings) == SteeringSettings(steer=(f"{one}:2.5", str(two)), steer_layers="1-1")
+    start = next(e for e in trace.events if isinstance(e, SteeringStarted))
+    assert start.layers == (1,) and [v.strength for v in start.vectors] == [2.5, 1.0]
+    assert sum(isinstance(e, SteerStep) for e in trace.events) == 3
