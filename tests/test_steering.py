@@ -174,7 +174,7 @@ def test_the_draft_made_of_the_targets_first_layers_is_not_steered(lm, two_vecto
     with torch.inference_mode():
         plain_draft, plain_target = draft(input_ids=ids).logits, lm.model(input_ids=ids).logits
         hooks = SteeringHooks(lm.model, [vector], (4.0,), (0, 1, 2))
-        with hooks.installed():
+        with hooks.installed(), hooks.active():
             steered_draft, steered_target = draft(input_ids=ids).logits, lm.model(input_ids=ids).logits
     assert torch.equal(steered_draft, plain_draft)
     assert not torch.allclose(steered_target, plain_target)

@@ -92,17 +92,18 @@ def run_steered(runner: Runner, lm: LoadedModel, settings: RunSettings, context:
 def _steered(events: Iterator[Event], hooks: SteeringHooks, lm: LoadedModel) -> Iterator[Event]:
     seen = _Seen()
     try:
-        while True:
-            try:
-                with hooks.installed(), torch.inference_mode():
-                    event = next(events)
-            except StopIteration:
-                return
-            except SteeringDiverged as error:
-                yield seen.finished(lm, str(error))
-                return
-            seen.note(event)
-            yield event
+        with hooks.installed():
+            while True:
+                try:
+                    with hooks.active(), torch.inference_mode():
+                        event = next(events)
+                except StopIteration:
+                    return
+                except SteeringDiverged as error:
+                    yield seen.finished(lm, str(error))
+                    return
+                seen.note(event)
+                yield event  # the hooks rest while the consumer has the event (another pane may run)
     finally:
         close = getattr(events, "close", None)
         if close is not None:
@@ -175,10 +176,12 @@ class SteerObserver(Observer):
         self.previous = used
         units = 1 if picked.rows else len(picked.tokens)
         # [units, layers, vectors] in one transfer (NaN where a block was not read: a pass that skipped it)
-        missing = torch.full((len(hooks.vectors),), float("nan"), device=self.lm.device)
-        rows = [torch.stack([captured[n][:, batch, position].float() if n in captured else missing
-                             for n in hooks.layers]) for batch, position in list(picked.seen)[:units]]
-        values = torch.stack(rows).tolist() if rows else []
+        values: list = []
+        if units and hooks.layers:
+            missing = torch.full((len(hooks.vectors),), float("nan"), device=self.lm.device)
+            rows = [torch.stack([captured[n][batch, position].float() if n in captured else missing
+                                 for n in hooks.layers]) for batch, position in list(picked.seen)[:units]]
+            values = torch.stack(rows).tolist()
         compare: list[tuple[float, float, float]] = []
         if self.unsteered is not None and not picked.rows and picked.tokens and picked.logits is not None:
             compare = self.unsteered.compare(loop.prompt_ids + loop.generated, picked.tokens, picked.logits)
