@@ -6,7 +6,8 @@ block's hook runs: the add, the projection reading, the finiteness check of the 
 ``--steer`` reads it. Rows: plain greedy; steered (``--steer FILE:4``); steered with the unsteered comparison
 (``--steer-compare``: one more pass per step, shown for its stated cost, not part of the target). Per-token step time
 is the median over the steps after the first (a plain run's first step reuses the prefill's logits), over prompts x
-repeats. Goal: steered ≤ 1.05× plain.
+repeats: wall (the step's own ``step_ms``) and CPU (this thread's time from one token event to the next, steadier on
+a shared machine). Goal: steered ≤ 1.05× plain.
 
     .venv/bin/python benchmarks/bench_steering.py [--new-tokens 48] [--repeats 3] [--device cpu] [--dtype auto]
 """
@@ -17,6 +18,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -39,8 +41,20 @@ CONTRAST = ContrastSet(("I am so happy today!", "What a wonderful, joyful day.",
 GOAL = 1.05
 
 
-def step_times(events: list) -> list[float]:
-    return [e.step_ms for e in events if isinstance(e, TokenStep)][1:]
+def timed_run(lm, settings: RunSettings) -> tuple[list, list[float], list[float]]:
+    """The run's events, its steps' wall times (``step_ms``) and their CPU times (this thread's, from one token
+    event to the next: the step and everything the run yields for it; steadier than wall time on a shared
+    machine), both for the steps after the first."""
+    events, cpu = [], []
+    last = None
+    for event in run_strategy(lm, settings):
+        events.append(event)
+        if isinstance(event, TokenStep):
+            now = time.thread_time()
+            if last is not None:
+                cpu.append((now - last) * 1000)
+            last = now
+    return events, [e.step_ms for e in events if isinstance(e, TokenStep)][1:], cpu
 
 
 def main() -> None:
@@ -63,14 +77,16 @@ def main() -> None:
         "steered + unsteered comparison": {"steer": (f"{path}:{args.strength:g}",), "steer_compare": True},
     }
     times: dict[str, list[float]] = {label: [] for label in configs}
+    cpu: dict[str, list[float]] = {label: [] for label in configs}
     changed = 0
     for _ in range(args.repeats):
         for prompt in PROMPTS:
             outputs = {}
             for label, flat in configs.items():
                 settings = RunSettings.from_flat(prompt=prompt, max_new_tokens=args.new_tokens, **flat)
-                events = list(run_strategy(lm, settings))
-                times[label] += step_times(events)
+                events, wall, thread = timed_run(lm, settings)
+                times[label] += wall
+                cpu[label] += thread
                 outputs[label] = [e.token_id for e in events if isinstance(e, TokenStep)]
                 if label == "steered":
                     assert sum(isinstance(e, SteerStep) for e in events) == len(outputs[label])
@@ -78,13 +94,15 @@ def main() -> None:
     plain = statistics.median(times["plain"])
     print(f"{lm.name} on {lm.device} ({lm.dtype_name}), {len(vector.layers)} steered blocks, strength "
           f"{args.strength:g}, {args.new_tokens} tokens x {len(PROMPTS)} prompts x {args.repeats} repeats")
-    print(f"{'configuration':34} {'median step ms':>15} {'ratio':>7}")
+    plain_cpu = statistics.median(cpu["plain"])
+    print(f"{'configuration':34} {'wall ms/step':>13} {'ratio':>7} {'CPU ms/step':>12} {'ratio':>7}")
     for label in configs:
-        median = statistics.median(times[label])
-        print(f"{label:34} {median:15.2f} {median / plain:7.3f}")
+        wall, thread = statistics.median(times[label]), statistics.median(cpu[label])
+        print(f"{label:34} {wall:13.2f} {wall / plain:7.3f} {thread:12.2f} {thread / plain_cpu:7.3f}")
     ratio = statistics.median(times["steered"]) / plain
-    print(f"steered / plain = {ratio:.3f} (goal ≤ {GOAL}); outputs changed by the steering in {changed} of "
-          f"{len(PROMPTS) * args.repeats} runs")
+    cpu_ratio = statistics.median(cpu["steered"]) / plain_cpu
+    print(f"steered / plain = {ratio:.3f} wall, {cpu_ratio:.3f} CPU (goal ≤ {GOAL}); outputs changed by the "
+          f"steering in {changed} of {len(PROMPTS) * args.repeats} runs")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ top-level forward hook checks the logits are finite.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -56,9 +57,10 @@ class SteeringHooks:
             n: [torch.from_numpy(v.directions[n]).to(device) if n in v.directions else None for v in self.vectors]
             for n in layers}
         # per layer: [vectors, hidden] unit directions (zeros where a vector has none), in the model's dtype
-        self._units = {n: torch.stack([torch.from_numpy(v.unit(n)).to(device) if n in v.directions
-                                       else torch.zeros(v.hidden_size, device=device) for v in self.vectors]
-                                      ).to(self.dtype).T.contiguous() for n in layers}  # [hidden, vectors]
+        # [layers, hidden, vectors] float32 unit directions (zeros where a vector has none)
+        self._units = torch.stack([torch.stack([torch.from_numpy(v.unit(n)).to(device) if n in v.directions
+                                                else torch.zeros(v.hidden_size, device=device)
+                                                for v in self.vectors], dim=-1) for n in layers])
         self._front = max((v.front for v in self.vectors), default=0)
         self._version = -1
         self.used: tuple[float, ...] = self._current()
@@ -69,10 +71,13 @@ class SteeringHooks:
         self.is_active = False  # the run's generator is computing (``active()``)
         self.on = False  # the blocks' hooks act: active, enabled, and the pass is the target's
         self.start = 0  # the pass's first position (for ActAdd's front rows)
-        # block -> [vectors, rows, positions]: the last target pass's readings, and the last one inside the step's
-        # own pass (``loop.watching()``; empty until one)
-        self.projections: dict[int, torch.Tensor] = {}
+        # block -> its output [rows, positions, hidden] (steered in place: ``readings`` takes the vector off again)
+        # in the last target pass, with the pass's first position; and the same for the last pass inside the
+        # step's own (``loop.watching()``; empty until one)
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs_start = 0
         self.watched: dict[int, torch.Tensor] = {}
+        self.watched_start = 0
         self.watching = False
         self.prompt_len = 0  # the residual norms are measured over the prompt's positions (row 0)
         self.norms_done = False
@@ -101,6 +106,12 @@ class SteeringHooks:
                     front = rows if front is None else front + rows
             self._add[n] = plain.to(self.dtype) if plain is not None else None
             self._add_front[n] = front.to(self.dtype) if front is not None else None
+        hidden = self.vectors[0].hidden_size
+        device = self._units.device
+        self._added = torch.stack([a.float() if a is not None else torch.zeros(hidden, device=device)
+                                   for a in self._add.values()])  # [layers, hidden]
+        self._added_front = torch.stack([a.float() if a is not None else torch.zeros(self._front, hidden, device=device)
+                                         for a in self._add_front.values()]) if self._front else None
 
     def refresh(self) -> None:
         """Re-read the live strength (cheap when it did not change)."""
@@ -119,7 +130,10 @@ class SteeringHooks:
         self.refresh()
         self.passes += 1
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        self.start = int(cache.get_seq_length()) if cache is not None else 0
+        self.start = self.outputs_start = int(cache.get_seq_length()) if cache is not None else 0
+        if self.watching:
+            self.watched_start = self.start
+        self.outputs = {}
 
     def _after_model(self, module: Any, args: Any, output: Any) -> None:
         if module is not self.model:  # a drafter's pass is over: blocks run by the target's own code act again
@@ -127,8 +141,8 @@ class SteeringHooks:
             return
         if not self.on:
             return
-        logits = getattr(output, "logits", None)
-        if isinstance(logits, torch.Tensor) and not bool(torch.isfinite(logits).all()):
+        logits = getattr(output, "logits", None)  # a NaN or an infinity anywhere makes the sum non-finite
+        if isinstance(logits, torch.Tensor) and not math.isfinite(float(logits.float().sum())):
             strengths = ", ".join(f"{s:g}" for s in self.used)
             raise SteeringDiverged(f"the steered model's logits are not finite (strength {strengths} on blocks "
                                    f"{self.layers[0]}–{self.layers[-1]}): the strength is too large for this model; "
@@ -139,10 +153,9 @@ class SteeringHooks:
             if not self.on:
                 return
             h = output[0] if isinstance(output, tuple) else output  # [rows, positions, hidden]
-            reading = h @ self._units[n]  # [rows, positions, vectors]: each vector's reading of the block's output
-            self.projections[n] = reading
+            self.outputs[n] = h  # read (after the step) by ``readings``: no work here
             if self.watching:
-                self.watched[n] = reading
+                self.watched[n] = h
             if not self.norms_done:
                 prompt = min(h.shape[1], self.prompt_len - self.start)
                 if prompt > 0:
@@ -190,6 +203,30 @@ class SteeringHooks:
         finally:
             self.enabled = True
             self.on = self.is_active
+
+    def readings(self, seen: Sequence[tuple[int, int]]) -> list[list[list[float]]]:
+        """[unit][layer][vector]: at each (row, position) of ``seen`` in the step's own pass (else the last target
+        pass), each steered block's output before its own vector was added, on each vector's unit direction (NaN
+        where the pass did not run a block). One stack, one product and one transfer for the step."""
+        outputs, start = (self.watched, self.watched_start) if self.watched else (self.outputs, self.outputs_start)
+        self.watched = {}
+        if not seen or not outputs:
+            return []
+        hidden = self.vectors[0].hidden_size
+        device = self._units.device
+        missing = torch.full((hidden,), float("nan"), device=device)
+        states, added = [], []
+        for row, position in seen:
+            length = next(iter(outputs.values())).shape[1]
+            absolute = start + (position if position >= 0 else length + position)
+            states.append(torch.stack([outputs[n][row, position].float() if n in outputs else missing
+                                       for n in self.layers]))
+            take = self._added
+            if self._added_front is not None and absolute < self._front:
+                take = take + self._added_front[:, absolute]
+            added.append(take)
+        before = torch.stack(states) - torch.stack(added)  # [units, layers, hidden]
+        return torch.einsum("ulh,lhv->ulv", before, self._units).tolist()
 
     def mean_norms(self) -> tuple[float, ...]:
         if not self.norm_positions:

@@ -169,19 +169,11 @@ class SteerObserver(Observer):
     def after_step(self, loop: Any, picked: Any) -> None:
         hooks = self.hooks
         hooks.norms_done = True
-        captured = hooks.watched if hooks.watched else hooks.projections
-        hooks.watched = {}
         used = hooks.used
         changed = self.previous is not None and used != self.previous
         self.previous = used
         units = 1 if picked.rows else len(picked.tokens)
-        # [units, layers, vectors] in one transfer (NaN where a block was not read: a pass that skipped it)
-        values: list = []
-        if units and hooks.layers:
-            missing = torch.full((len(hooks.vectors),), float("nan"), device=self.lm.device)
-            rows = [torch.stack([captured[n][batch, position].float() if n in captured else missing
-                                 for n in hooks.layers]) for batch, position in list(picked.seen)[:units]]
-            values = torch.stack(rows).tolist()
+        values = hooks.readings(list(picked.seen)[:units])
         compare: list[tuple[float, float, float]] = []
         if self.unsteered is not None and not picked.rows and picked.tokens and picked.logits is not None:
             compare = self.unsteered.compare(loop.prompt_ids + loop.generated, picked.tokens, picked.logits)
