@@ -153,6 +153,12 @@ def test_every_step_of_other_strategies_is_steered(lm, two_vectors, flat):
     if flat["strategy"] == "speculative":  # greedy speculation is the steered target's greedy decoding
         with HandHook(lm.model, adds):
             assert [s.token_id for s in steps] == generate(lm)[0]
+    if flat.get("draft") == "jacobi":  # its first pass reads the prompt's tail with the draft: norms of the prompt
+        greedy = steer_run(lm, f"{two_vectors[0]}:4")
+        norms = [next(e for e in run if isinstance(e, SteeringNorms)) for run in (events, greedy)]
+        assert norms[0] == norms[1]
+        np.testing.assert_allclose([s.projections for s in events if isinstance(s, SteerStep)],
+                                   [s.projections for s in greedy if isinstance(s, SteerStep)], rtol=1e-4, atol=1e-5)
 
 
 def test_steered_beam_search_equals_generate_with_the_hook(lm, two_vectors):

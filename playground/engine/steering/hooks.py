@@ -13,11 +13,10 @@ target itself. A drafter or amateur made of the target's first layers is a shall
 context and not the draft's. The jacobi drafter is the target itself and is steered.
 
 The hooks also read what the views show, cheaply (one small product per steered block and pass, no transfer):
-each steered block's output (before its own vector is added) projected on each vector's unit direction at every
-position of the pass ([rows, positions] per vector; the last target pass's, and the last inside the step's own
-pass, ``loop.watching()``), and until ``norms_done`` the sum of the residual norms per block over the prompt's
-positions. The pre-hook re-reads the live strength (a version check); the
-top-level forward hook checks the logits are finite.
+each steered block's output (before its own vector is added) projected on each vector's unit direction at the
+positions where the step's tokens were predicted (``readings``, from the outputs of the last target pass, held by
+reference), and until ``norms_done`` the sum of the residual norms per block over the prompt's positions. The
+pre-hook re-reads the live strength (a version check); the top-level forward hook checks the logits are finite.
 """
 
 from __future__ import annotations
@@ -71,14 +70,10 @@ class SteeringHooks:
         self.is_active = False  # the run's generator is computing (``active()``)
         self.on = False  # the blocks' hooks act: active, enabled, and the pass is the target's
         self.start = 0  # the pass's first position (for ActAdd's front rows)
-        # block -> its output [rows, positions, hidden] (steered in place: ``readings`` takes the vector off again)
-        # in the last target pass, with the pass's first position; and the same for the last pass inside the
-        # step's own (``loop.watching()``; empty until one)
+        # block -> its output [rows, positions, hidden] in the last target pass (steered in place: ``readings``
+        # takes the vector off again), and the pass's first position
         self.outputs: dict[int, torch.Tensor] = {}
         self.outputs_start = 0
-        self.watched: dict[int, torch.Tensor] = {}
-        self.watched_start = 0
-        self.watching = False
         self.prompt_len = 0  # the residual norms are measured over the prompt's positions (row 0)
         self.norms_done = False
         self.norm_sums: dict[int, torch.Tensor] = {}
@@ -131,8 +126,6 @@ class SteeringHooks:
         self.passes += 1
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         self.start = self.outputs_start = int(cache.get_seq_length()) if cache is not None else 0
-        if self.watching:
-            self.watched_start = self.start
         self.outputs = {}
 
     def _after_model(self, module: Any, args: Any, output: Any) -> None:
@@ -154,8 +147,6 @@ class SteeringHooks:
                 return
             h = output[0] if isinstance(output, tuple) else output  # [rows, positions, hidden]
             self.outputs[n] = h  # read (after the step) by ``readings``: no work here
-            if self.watching:
-                self.watched[n] = h
             if not self.norms_done:
                 prompt = min(h.shape[1], self.prompt_len - self.start)
                 if prompt > 0:
@@ -205,11 +196,11 @@ class SteeringHooks:
             self.on = self.is_active
 
     def readings(self, seen: Sequence[tuple[int, int]]) -> list[list[list[float]]]:
-        """[unit][layer][vector]: at each (row, position) of ``seen`` in the step's own pass (else the last target
-        pass), each steered block's output before its own vector was added, on each vector's unit direction (NaN
-        where the pass did not run a block). One stack, one product and one transfer for the step."""
-        outputs, start = (self.watched, self.watched_start) if self.watched else (self.outputs, self.outputs_start)
-        self.watched = {}
+        """[unit][layer][vector]: at each (row, position) of ``seen`` in the last target pass (the step's own: a
+        drafter's passes before it are another model's, or the jacobi drafter's before it; greedy's first step: the
+        prefill's), each steered block's output before its own vector was added, on each vector's unit direction
+        (NaN where the pass did not run a block). One stack, one product and one transfer for the step."""
+        outputs, start = self.outputs, self.outputs_start
         if not seen or not outputs:
             return []
         hidden = self.vectors[0].hidden_size

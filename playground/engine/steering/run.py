@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -154,17 +153,6 @@ class SteerObserver(Observer):
     def started(self, loop: Any) -> list[Any]:
         self.hooks.prompt_len = len(loop.prompt_ids)
         return [self.start_event]
-
-    @contextmanager
-    def _watching(self) -> Iterator[None]:
-        self.hooks.watching = True
-        try:
-            yield
-        finally:
-            self.hooks.watching = False
-
-    def watch(self, loop: Any) -> Any:
-        return self._watching()
 
     def after_step(self, loop: Any, picked: Any) -> None:
         hooks = self.hooks
