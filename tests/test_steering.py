@@ -445,3 +445,22 @@ def test_cli_steer_options_run_and_round_trip_through_the_trace(model_folder, ti
     start = next(e for e in trace.events if isinstance(e, SteeringStarted))
     assert start.layers == (1,) and [v.strength for v in start.vectors] == [2.5, 1.0]
     assert sum(isinstance(e, SteerStep) for e in trace.events) == 3
+
+
+def test_steering_nests_inside_quant_and_keeps_step_mode(lm, two_vectors):
+    from playground.config import QuantSettings
+    from playground.engine.quantized.apply import quantized_lm
+
+    events = steer_run(lm, f"{two_vectors[0]}:4", quant="rtn-int8")
+    qlm, _ = quantized_lm(lm, QuantSettings(quant="rtn-int8"))  # the copy --quant ran on (cached)
+    with HandHook(qlm.model, hand_adds(lm, [(two_vectors[0], 4.0)], span=(0, 2))):
+        assert tokens_of(events) == generate(qlm)[0]
+    asked: list[int] = []
+
+    def chooser(step: TokenStep) -> int:
+        asked.append(step.step)
+        return step.token_id
+
+    settings = RunSettings.from_flat(prompt=PROMPT, chat=False, max_new_tokens=3, steer=(f"{two_vectors[0]}:4",))
+    chosen = tokens_of(list(run_strategy(lm, settings, chooser=chooser)))
+    assert asked == [0, 1, 2] and chosen == tokens_of(steer_run(lm, f"{two_vectors[0]}:4"))[:3]
