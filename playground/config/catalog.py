@@ -61,6 +61,7 @@ class SharedGroup:
     # "module:function" (runner, lm, settings, context) -> events: what runs the strategy when the
     # group is active (``SettingsGroup.active``); "" when each strategy records it itself.
     wrapper: str = ""
+    keeps_chooser: bool = False  # its wrapper passes the run's step-mode chooser on (--quant's passes none)
     order: int = AFTER_BUILT_INS  # its turn among the shared groups (which refusal comes first, summaries' order)
 
     def applies_to(self, name: str) -> bool:

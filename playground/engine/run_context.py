@@ -5,7 +5,9 @@ the model and the settings.
 its generator is returned); ``progress(message, fraction)`` reports those builds; ``chooser`` is step mode's (the
 user picks each token); ``history`` is the earlier runs the suffix drafter learns from (default: the loaded
 model's own, ``LoadedModel.history``); ``observers`` are attached to the run's decode loop besides the ones the
-settings ask for (``playground.engine.observers``). A strategy's catalog entry says whether it takes the progress
+settings ask for (``playground.engine.observers``); ``steering`` is the live strength of a steered run (the window's
+slider sets it while the run streams: ``playground.config.steering.LiveStrength``; None: the settings' strengths).
+A strategy's catalog entry says whether it takes the progress
 and the chooser (``takes_progress``, ``takes_chooser``); a context without them is the plain default.
 
 The engine's helpers below the runners (the baselines, the KV lab's timed decodes and batch sweep, the variants'
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from playground.config.catalog import Progress, StopCheck
+from playground.config.steering import LiveStrength
 from playground.models.run_history import RunHistory
 
 if TYPE_CHECKING:
@@ -46,6 +49,7 @@ class RunContext:
     chooser: Chooser | None = None
     history: RunHistory | None = None  # None: the loaded model's own
     observers: tuple[Any, ...] = ()  # ``playground.engine.observers.Observer``s the caller attaches
+    steering: LiveStrength | None = None  # a steered run's live strength (None: the settings')
 
     @classmethod
     def of(cls, given: RunContext | StopCheck | None = None, progress: Progress | None = None) -> RunContext:

@@ -51,16 +51,30 @@ def run_strategy(lm: LoadedModel, settings: RunSettings, should_stop: StopCheck 
     given = RunContext.of(should_stop)
     context = dataclasses.replace(given, progress=progress or given.progress,
                                   chooser=(chooser or given.chooser) if strategy.takes_chooser else None)
-    for shared in SHARED:  # the capabilities that apply across strategies: the lens, --quant
+    wrappers = []
+    for shared in SHARED:  # the capabilities that apply across strategies: the lens, --quant, --steer
         if not settings.group(shared.group).active():
             continue
         if shared.group not in strategy.groups:
             raise ConfigError(shared_refusal(shared, strategy))
         if shared.wrapper:  # e.g. --quant: the strategy runs on the model's quantized copy
             module, _, function = shared.wrapper.partition(":")
-            wrap = getattr(importlib.import_module(module), function)
-            return wrap(runner, lm, settings, dataclasses.replace(context, chooser=None))  # it passes none on
-    return call_runner(runner, lm, settings, context)
+            wrappers.append((getattr(importlib.import_module(module), function), shared.keeps_chooser))
+    if not wrappers:
+        return call_runner(runner, lm, settings, context)
+    # Several wrappers nest in the shared groups' order, the first outermost (--quant's copy is then the model
+    # --steer hooks); a wrapper that does not keep the chooser passes none on.
+    inner = runner
+    for wrap, keeps in reversed(wrappers[1:]):
+        inner = _wrapped(wrap, inner, keeps)
+    wrap, keeps = wrappers[0]
+    return wrap(inner, lm, settings, context if keeps else dataclasses.replace(context, chooser=None))
+
+
+def _wrapped(wrap: Callable[..., Iterator[Event]], runner: Runner, keeps_chooser: bool) -> Runner:
+    def run(lm: LoadedModel, settings: RunSettings, context: RunContext) -> Iterator[Event]:
+        return wrap(runner, lm, settings, context if keeps_chooser else dataclasses.replace(context, chooser=None))
+    return run
 
 
 def takes_chooser(strategy: str) -> bool:

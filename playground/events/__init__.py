@@ -43,6 +43,7 @@ from playground.events.run import (
     TokenStep,
 )
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
+from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
 from playground.events.steps import StepEvent, UnitStep, is_step_event, is_unit_step, is_unit_step_type
 
 # Every event class by its JSON ``type``.
@@ -80,6 +81,7 @@ Event: TypeAlias = (
     | PaneStarted | PaneToken | PaneFinished
     | QuantReady | QuantStep | QuantSummary | QuantTable
     | SpeculativeStarted | SpeculativeRound
+    | SteeringStarted | SteeringNorms | SteerStep
 )
 
 

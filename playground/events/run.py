@@ -23,10 +23,11 @@ from playground.events.grammar import GrammarStep
 # A constraint (``--json-schema``, ...) adds "grammar" (it is complete: nothing more can follow), "grammar_incomplete"
 # (the budget ended before it was) and "grammar_blocked" (no token could follow it: ``RunFinished.stop_note`` says why).
 # Phrase bans (``--ban``) add "ban_blocked" (their rollbacks forbade every token left at a step) and "ban_limit" (the
-# run reached its most rollbacks).
+# run reached its most rollbacks). Steering (``--steer``) adds "non_finite" (the steered model's logits were not finite:
+# the strength is too large; ``stop_note`` says where).
 StopReason = Literal["eos", "stop_string", "max_new_tokens", "context_full", "stopped", "content_filter",
                      "tool_calls", "function_call", "grammar", "grammar_incomplete", "grammar_blocked",
-                     "ban_blocked", "ban_limit", "unknown"]
+                     "ban_blocked", "ban_limit", "non_finite", "unknown"]
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 
 
