@@ -114,7 +114,8 @@ class LocalModel(ModelSource):
     def takes_chooser(self, settings: RunSettings) -> bool:
         from playground.config.catalog import SHARED, get_strategy
 
-        wrapped = any(s.wrapper and settings.group(s.group).active() for s in SHARED)  # --quant passes none on
+        # --quant passes none on; --steer's wrapper keeps it
+        wrapped = any(s.wrapper and not s.keeps_chooser and settings.group(s.group).active() for s in SHARED)
         return not wrapped and get_strategy(settings.strategy).takes_chooser  # the catalog entry says
 
     def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
