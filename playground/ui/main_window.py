@@ -203,15 +203,10 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         live = self.live_strength = LiveStrength() if settings.group(SteeringSettings).active() else None
 
         def body(should_stop, progress) -> Iterator[Any]:
-            stop = should_stop
-            if live is not None:  # the run reads its strength from it before each pass
-                from playground.engine.run_context import RunContext
-
-                stop = RunContext(should_stop=should_stop, steering=live)
             if chooser is None:
-                return source.run(settings, stop, progress, plan)
+                return source.run(settings, should_stop, progress, plan, steering=live)
             chooser.should_stop = should_stop
-            return source.run(settings, stop, progress, plan, chooser=chooser)
+            return source.run(settings, should_stop, progress, plan, chooser=chooser, steering=live)
 
         self.status.showMessage("Generating…")
         self._start_job(body, JobKind.RUN)

@@ -40,7 +40,7 @@ class ProjectionMap:
 
     def __init__(self, parent: QWidget) -> None:
         self.plot = static_plot(parent, "Residual's projection onto the steering vector (representation reading)",
-                                "generated token", "decoder block N (0-based, as direction.N)")
+                                "generated token", "decoder block N (direction.N)")
         item = self.plot.getPlotItem()
         item.setMouseEnabled(x=True, y=False)
         item.getAxis("left").enableAutoSIPrefix(False)  # the ticks are block numbers, not a scaled quantity
@@ -50,11 +50,11 @@ class ProjectionMap:
         item.addItem(self.changes)
         self.top = 1.0
         self.colorbar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=diverging_colormap(),
-                                        label="projection on the unit direction (residual units)",
+                                        label="projection (residual units)",
                                         interactive=False, width=18)
         self.colorbar.setImageItem(self.image, insert_in=item)
         self.values = np.zeros((0, 0))  # what the image shows: blocks (rows, ascending) × tokens
-        self.plot.setMinimumHeight(230)
+        self.plot.setMinimumHeight(190)
 
     def draw(self, state: SteeringState, vector: int) -> None:
         values = state.projection_map(vector)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import math
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
 
 from playground.config.steering_sweep import MAX_STRENGTHS, SteeringSweepSettings
@@ -24,8 +25,9 @@ EXPLANATION = ("<b>Mean KL</b>: the mean over the pane's tokens of KL(steered �
                "<b>Perplexity</b>: exp(−mean log p) of the pane's text under the <i>unsteered</i> model (lower: the "
                "model it came from still finds it fluent). Look for the strength where the KL has risen and the "
                "perplexity has not yet run away.")
-ROWS = (("mean_kl", "mean KL vs unsteered (nats)", "{:.4f}"), ("perplexity", "perplexity (unsteered model)", "{:.2f}"),
-        ("tokens", "tokens", "{:.0f}"), ("distinct_2", "distinct-2", "{:.3f}"),
+ROWS = (("mean_kl", "mean KL from unsteered (nats)", "{:.4f}"),
+        ("perplexity", "perplexity (unsteered model)", "{:.2f}"), ("tokens", "tokens", "{:.0f}"),
+        ("distinct_2", "distinct-2", "{:.3f}"),
         ("repeated_3grams", "repeated 3-grams", "{:.0f}"), ("first_divergence", "leaves the unsteered text at", ""))
 
 
@@ -48,8 +50,7 @@ def pane_figures_text(index: int, pane: PaneRecord) -> str:
     f = pane.finished.figures
     if "mean_kl" not in f:
         return "<i>not scored (the sweep was stopped)</i>"
-    return (f"mean KL <b>{f['mean_kl']:.4f}</b> nats · perplexity <b>{f['perplexity']:.2f}</b> "
-            "<span style='color:#555'>(unsteered model)</span>")
+    return f"mean KL <b>{f['mean_kl']:.4f}</b> · perplexity <b>{f['perplexity']:.2f}</b>"
 
 
 @register_view
@@ -72,9 +73,9 @@ class SteeringSweepView(FoldView):
         self.table.setVerticalHeaderLabels([label for _, label, _ in ROWS])
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 8)
-        self.table.setFixedHeight(self.table.horizontalHeader().sizeHint().height()
-                                  + len(ROWS) * self.table.verticalHeader().defaultSectionSize() + 6)
+        self.table.verticalHeader().setDefaultSectionSize(self.table.fontMetrics().height() + 6)
+        self.table.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self._fit_table()
         layout.addWidget(self.header)
         layout.addWidget(self.panes, stretch=1)
         layout.addWidget(self.table)
@@ -87,9 +88,15 @@ class SteeringSweepView(FoldView):
     def wants_front(self, run: Run) -> bool:
         return self.applies_to(run)
 
+    def _fit_table(self) -> None:
+        """The table as tall as its rows (no scrolling for six rows)."""
+        header = max(self.table.horizontalHeader().height(), self.table.horizontalHeader().sizeHint().height())
+        self.table.setFixedHeight(header + self.table.verticalHeader().length() + 2 * self.table.frameWidth() + 2)
+
     def _draw(self) -> None:
         state = self.state
         self.panes.refresh()
+        self._fit_table()
         panes = state.panes
         if self.table.columnCount() != len(panes):
             self.table.setColumnCount(len(panes))

@@ -129,34 +129,38 @@ class SteeringView(FoldView):
         self.cache_note.setText(f"<i>{CACHE_NOTE}</i>")
         layout.addWidget(self.cache_note)
         self.map = ProjectionMap(content)
-        layout.addWidget(self.map.plot, stretch=3)
+        top = QHBoxLayout()
+        left = QVBoxLayout()
+        left.addWidget(self.map.plot, stretch=1)
         self.legend = rich_label(content)
         self.legend.setText(
-            f"<span style='background:{POSITIVE};color:white'>&nbsp;red&nbsp;</span> the residual points along the "
-            f"vector (its positive side) · <span style='background:{NEGATIVE};color:white'>&nbsp;blue&nbsp;</span> "
-            "against it · white: neither. Each cell: block N's output at the position that predicted the token, "
-            "before N's own vector is added, dotted with the vector's unit direction. "
-            f"<span style='color:{CHANGE_COLOR}'><b>│ ▶</b></span> the live strength changed there.")
-        layout.addWidget(self.legend)
+            f"<span style='background:{POSITIVE};color:white'>&nbsp;red&nbsp;</span> along the vector (its positive "
+            f"side) · <span style='background:{NEGATIVE};color:white'>&nbsp;blue&nbsp;</span> against it · white: "
+            "neither. A cell: block N's output where the token was predicted (before N's own vector is added) · the "
+            f"vector's unit direction. <span style='color:{CHANGE_COLOR}'><b>│ ▶</b></span> live strength change.")
+        left.addWidget(self.legend)
+        top.addLayout(left, stretch=3)
+        layout.addLayout(top, stretch=3)
         middle = QHBoxLayout()
         self.text = SteeredText(content)
-        self.text.setMinimumHeight(120)
+        self.text.setMinimumHeight(100)
         self.table = QTableWidget(0, len(TABLE_COLUMNS), content)
         self.table.setHorizontalHeaderLabels(list(TABLE_COLUMNS))
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.setMinimumHeight(120)
+        self.table.setMinimumHeight(100)
         middle.addWidget(self.text, stretch=1)
         middle.addWidget(self.table, stretch=1)
         layout.addLayout(middle, stretch=2)
         self.compare_note = rich_label(content)
-        layout.addWidget(self.compare_note)
-        plots = QHBoxLayout()
-        self.prob_plot = static_plot(content, "Chosen token's probability (raw distributions)", "generated token",
-                                     "probability", min_height=170)
+        left.addWidget(self.compare_note)
+        plots = QVBoxLayout()
+        plots.setContentsMargins(0, 0, 0, 0)
+        self.prob_plot = static_plot(content, f"Chosen token's probability: <span style='color:{STEERED_COLOR}'>"
+                                     f"steered</span> · <span style='color:{UNSTEERED_COLOR}'>unsteered</span> (raw)",
+                                     "generated token", "probability", min_height=120)
         item = self.prob_plot.getPlotItem()
-        item.addLegend(offset=(-8, 8))
         self.steered_curve = item.plot([], [], pen=pg.mkPen(STEERED_COLOR, width=2), symbol="o", symbolSize=5,
                                        symbolBrush=STEERED_COLOR, symbolPen=None, name="steered")
         self.unsteered_curve = item.plot([], [], pen=pg.mkPen(UNSTEERED_COLOR, width=2, style=Qt.PenStyle.DashLine),
@@ -166,7 +170,7 @@ class SteeringView(FoldView):
         item.addItem(self.prob_changes)
         item.setYRange(0, 1.05, padding=0)
         self.kl_plot = static_plot(content, "KL(steered ‖ unsteered) per token", "generated token", "KL (nats)",
-                                   min_height=170)
+                                   min_height=120)
         self.kl_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KL_COLOR, pen=pg.mkPen(None))
         self.kl_plot.getPlotItem().addItem(self.kl_bars)
         self.kl_changes = pg.PlotDataItem([], [], pen=pg.mkPen(CHANGE_COLOR, width=2), connect="pairs")
@@ -175,7 +179,7 @@ class SteeringView(FoldView):
         plots.addWidget(self.kl_plot)
         self.plots = QWidget(content)
         self.plots.setLayout(plots)
-        layout.addWidget(self.plots, stretch=2)
+        top.addWidget(self.plots, stretch=2)
         self.figures = rich_label(content)
         layout.addWidget(self.figures)
         fill_with_scroll(self, content)
@@ -356,12 +360,11 @@ class SteeringView(FoldView):
         started = state.started
         if started is None:
             return ""
-        lines = []
-        if state.norms is not None:
-            pairs = ", ".join(f"{n}: {v:.1f}" for n, v in zip(state.norms.layers, state.norms.residual_norms,
-                                                               strict=False))
-            lines.append(f"Mean residual norm ‖h‖ per steered block over the prompt's {state.norms.positions} "
-                         f"positions: {pairs}")
-        if started.target_only:
-            lines.append(f"<i>{html.escape(started.target_only)}</i>")
-        return "<br>".join(lines)
+        self.header.setToolTip(started.target_only)
+        if state.norms is None or not state.norms.layers:
+            return ""
+        norms = state.norms
+        pairs = [f"block {n}: {v:.1f}" for n, v in zip(norms.layers, norms.residual_norms, strict=False)]
+        shown = ", ".join(pairs) if len(pairs) <= 4 else f"{pairs[0]} … {pairs[-1]}"
+        return (f"Mean residual norm ‖h‖ over the prompt's {norms.positions} positions (what the relative strength "
+                f"divides by): {shown}")
