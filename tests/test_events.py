@@ -56,7 +56,21 @@ def banned_beam_events(long_lm):
 
 
 @pytest.fixture(scope="module")
-def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_url):
+def steering_file(tiny_lm, tmp_path_factory):
+    """A steering vector for ``tiny_lm`` (its blocks 0 and 1), saved as safetensors."""
+    import numpy as np
+
+    from playground.engine.steering.files import save_vector
+    from playground.engine.steering.vector import SteeringVector
+
+    hidden = tiny_lm.model.config.hidden_size
+    directions = {n: np.random.default_rng(n).standard_normal(hidden).astype(np.float32) for n in (0, 1)}
+    path = tmp_path_factory.mktemp("steer") / "v.safetensors"
+    return save_vector(SteeringVector(directions, hidden_size=hidden), path)
+
+
+@pytest.fixture(scope="module")
+def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_url, steering_file):
     from playground.remote.decode import run_remote
     from playground.remote.source import RemoteSource
 
@@ -83,6 +97,7 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
         (tiny_lm, RunSettings.from_flat(strategy="contrastive-search", max_new_tokens=3, top_k=3, penalty_alpha=0.6)),
         (tiny_lm, RunSettings.from_flat(strategy="cascade", cascade_unit="response", cascade_threshold=1.0,
                                         cheap="layers", cheap_layers=1, max_new_tokens=3)),
+        (tiny_lm, RunSettings.from_flat(max_new_tokens=3, steer=(f"{steering_file}:2",), steer_compare=True)),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
     polls: list[int] = []

@@ -33,7 +33,13 @@ import torch
 
 from playground.config.errors import ConfigError
 from playground.engine.run_context import NO_CONTEXT, Progress, RunContext, StopCheck
-from playground.engine.steering.vector import METHODS, SteeringVector, first_component, mean_difference
+from playground.engine.steering.vector import (
+    METHODS,
+    SteeringVector,
+    first_component,
+    mean_difference,
+    model_width,
+)
 from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
@@ -107,7 +113,7 @@ def build_vector(lm: LoadedModel, contrast: ContrastSet, *, method: str = "mean-
     chosen = tuple(sorted(set(layers))) if layers is not None else default_layers(count)
     if not chosen or min(chosen) < 0 or max(chosen) >= count:
         raise ConfigError(f"steering blocks must be between 0 and {count - 1} for {lm.name} (got {list(chosen)})")
-    hidden = int(anatomy.embed.weight.shape[-1])
+    hidden = model_width(lm.model)
     texts = list(contrast.positive) + list(contrast.negative)
     if method == "actadd":
         texts = [contrast.positive[0], contrast.negative[0]]

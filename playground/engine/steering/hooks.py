@@ -2,10 +2,10 @@
 block's output, at every position (an ActAdd vector: at the sequence's first positions only), as llama.cpp adds
 its control vectors (``llama_adapter_cvec::apply_to`` after each layer) and repeng's ``ControlModel`` does.
 
-``SteeringHooks`` is made once per run; ``installed()`` registers the hooks and removes them on the way out. The
-run's wrapper (``playground.engine.steering.run``) holds them installed only while the run's generator computes
-an event, so two runs interleaved on one model (side-by-side panes) never see each other's steering, and no hook
-outlives its run whatever ends it (the end, Stop, an error, a generator dropped).
+``SteeringHooks`` is made once per run; ``installed()`` registers the hooks and removes them on the way out (the
+run's wrapper, ``playground.engine.steering.run``, holds them for the run's generator, whatever ends it: the end,
+Stop, an error, a generator dropped). They act only while ``active()``: while the run's generator computes an
+event, so two runs interleaved on one model (side-by-side panes) never see each other's steering.
 
 Target only: a pre-hook on the top-level model notes, at each forward pass, whether the module called is the
 target itself. A drafter or amateur made of the target's first layers is a shallow copy that shares its blocks
@@ -58,7 +58,7 @@ class SteeringHooks:
         # per layer: [vectors, hidden] unit directions (zeros where a vector has none), in the model's dtype
         self._units = {n: torch.stack([torch.from_numpy(v.unit(n)).to(device) if n in v.directions
                                        else torch.zeros(v.hidden_size, device=device) for v in self.vectors]
-                                      ).to(self.dtype) for n in layers}
+                                      ).to(self.dtype).T.contiguous() for n in layers}  # [hidden, vectors]
         self._front = max((v.front for v in self.vectors), default=0)
         self._version = -1
         self.used: tuple[float, ...] = self._current()
@@ -66,7 +66,8 @@ class SteeringHooks:
         self._add_front: dict[int, torch.Tensor | None] = {}
         self._build()
         self.enabled = True  # off: the unsteered comparison's passes
-        self.in_target = False
+        self.is_active = False  # the run's generator is computing (``active()``)
+        self.on = False  # the blocks' hooks act: active, enabled, and the pass is the target's
         self.start = 0  # the pass's first position (for ActAdd's front rows)
         # block -> [vectors, rows, positions]: the last target pass's readings, and the last one inside the step's
         # own pass (``loop.watching()``; empty until one)
@@ -112,8 +113,8 @@ class SteeringHooks:
 
     # -- the hooks --------------------------------------------------------------------------------------------------
     def _before_model(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        self.in_target = module is self.model
-        if not (self.in_target and self.enabled):
+        self.on = self.is_active and self.enabled and module is self.model
+        if not self.on:
             return
         self.refresh()
         self.passes += 1
@@ -121,7 +122,10 @@ class SteeringHooks:
         self.start = int(cache.get_seq_length()) if cache is not None else 0
 
     def _after_model(self, module: Any, args: Any, output: Any) -> None:
-        if not (module is self.model and self.enabled):
+        if module is not self.model:  # a drafter's pass is over: blocks run by the target's own code act again
+            self.on = self.is_active and self.enabled
+            return
+        if not self.on:
             return
         logits = getattr(output, "logits", None)
         if isinstance(logits, torch.Tensor) and not bool(torch.isfinite(logits).all()):
@@ -131,30 +135,29 @@ class SteeringHooks:
                                    "lower it")
 
     def _block_hook(self, n: int):
-        def hook(module: Any, args: Any, output: Any) -> Any:
-            if not (self.in_target and self.enabled):
-                return None
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if not self.on:
+                return
             h = output[0] if isinstance(output, tuple) else output  # [rows, positions, hidden]
-            # [vectors, rows, positions]: each vector's reading of the block's own output
-            reading = torch.einsum("rph,vh->vrp", h, self._units[n])
+            reading = h @ self._units[n]  # [rows, positions, vectors]: each vector's reading of the block's output
             self.projections[n] = reading
             if self.watching:
                 self.watched[n] = reading
-            prompt = min(h.shape[1], self.prompt_len - self.start)
-            if not self.norms_done and prompt > 0:
-                total = h[0, :prompt].float().norm(dim=-1).sum()
-                self.norm_sums[n] = total if n not in self.norm_sums else self.norm_sums[n] + total
-                if n == self.layers[0]:
-                    self.norm_positions += prompt
-            add, front = self._add[n], self._add_front[n]
-            if add is None and front is None:
-                return None
+            if not self.norms_done:
+                prompt = min(h.shape[1], self.prompt_len - self.start)
+                if prompt > 0:
+                    total = h[0, :prompt].float().norm(dim=-1).sum()
+                    self.norm_sums[n] = total if n not in self.norm_sums else self.norm_sums[n] + total
+                    if n == self.layers[0]:
+                        self.norm_positions += prompt
+            # In place: the output goes on to the next block (and any later hook) as the steered residual.
+            add = self._add[n]
             if add is not None:
-                h = h + add
+                h.add_(add)
+            front = self._add_front[n]
             if front is not None and self.start < front.shape[0]:  # ActAdd: front row j at position j only
                 rows = front[self.start : self.start + h.shape[1]]
-                h = torch.cat([h[:, : rows.shape[0]] + rows, h[:, rows.shape[0]:]], dim=1)
-            return (h, *output[1:]) if isinstance(output, tuple) else h
+                h[:, : rows.shape[0]].add_(rows)
         return hook
 
     @contextmanager
@@ -170,13 +173,23 @@ class SteeringHooks:
                 handle.remove()
 
     @contextmanager
+    def active(self) -> Iterator[None]:
+        """The hooks act inside (the target's passes and its blocks run by the strategy's own code)."""
+        self.is_active = self.on = True
+        try:
+            yield
+        finally:
+            self.is_active = self.on = False
+
+    @contextmanager
     def unsteered(self) -> Iterator[None]:
         """The model's passes inside run without steering (and record nothing): the unsteered comparison."""
-        self.enabled = False
+        self.enabled = self.on = False
         try:
             yield
         finally:
             self.enabled = True
+            self.on = self.is_active
 
     def mean_norms(self) -> tuple[float, ...]:
         if not self.norm_positions:

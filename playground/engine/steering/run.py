@@ -39,7 +39,7 @@ from playground.engine.run_context import RunContext
 from playground.engine.speculative.rollback import keep_past, roll_back
 from playground.engine.steering.files import load_vector
 from playground.engine.steering.hooks import SteeringDiverged, SteeringHooks
-from playground.engine.steering.vector import SteeringVector
+from playground.engine.steering.vector import SteeringVector, model_width
 from playground.engine.strategies import Runner, call_runner
 from playground.events import Event, PrefillDone, RunFinished, RunStarted, TokenStep
 from playground.events.steering import SteeringNorms, SteeringStarted, SteeringVectorInfo, SteerStep
@@ -51,14 +51,10 @@ TARGET_ONLY = ("the target model is steered (its own passes, also the jacobi dra
                "llama.cpp steers the target's context only")
 
 
-def model_width(lm: LoadedModel) -> int:
-    return int(anatomy_of(lm.model).embed.weight.shape[-1])
-
-
 def steering_vectors(lm: LoadedModel, steering: SteeringSettings) -> list[tuple[str, SteeringVector, float]]:
     """Each ``--steer``'s (file, vector, strength), read and checked against ``lm``."""
     anatomy = anatomy_of(lm.model)
-    hidden = model_width(lm)
+    hidden = model_width(lm.model)
     found = []
     for path, strength in steering.specs():
         vector = load_vector(path)
@@ -85,7 +81,7 @@ def run_steered(runner: Runner, lm: LoadedModel, settings: RunSettings, context:
                                      norms=tuple(v.norm(n) for n in v.layers), method=v.method, front=v.front)
                   for (path, _, strength), v in zip(found, vectors, strict=True))
     started = SteeringStarted(vectors=infos, layers=layers, model_layers=anatomy_of(lm.model).count,
-                              hidden_size=model_width(lm), compare=steering.steer_compare,
+                              hidden_size=model_width(lm.model), compare=steering.steer_compare,
                               live=context.steering is not None, target_only=TARGET_ONLY)
     observer = SteerObserver(lm, hooks, started)
     inner = dataclasses.replace(context, observers=(*context.observers, observer))
@@ -96,17 +92,18 @@ def run_steered(runner: Runner, lm: LoadedModel, settings: RunSettings, context:
 def _steered(events: Iterator[Event], hooks: SteeringHooks, lm: LoadedModel) -> Iterator[Event]:
     seen = _Seen()
     try:
-        while True:
-            try:
-                with hooks.installed(), torch.inference_mode():
-                    event = next(events)
-            except StopIteration:
-                return
-            except SteeringDiverged as error:
-                yield seen.finished(lm, str(error))
-                return
-            seen.note(event)
-            yield event
+        with hooks.installed():
+            while True:
+                try:
+                    with hooks.active(), torch.inference_mode():
+                        event = next(events)
+                except StopIteration:
+                    return
+                except SteeringDiverged as error:
+                    yield seen.finished(lm, str(error))
+                    return
+                seen.note(event)
+                yield event  # the hooks rest while the consumer has the event (another pane may run)
     finally:
         close = getattr(events, "close", None)
         if close is not None:
@@ -178,13 +175,13 @@ class SteerObserver(Observer):
         changed = self.previous is not None and used != self.previous
         self.previous = used
         units = 1 if picked.rows else len(picked.tokens)
-        # [units, layers, vectors] in one transfer
-        rows = []
-        for batch, position in list(picked.seen)[:units]:
-            rows.append(torch.stack([captured[n][:, batch, position] if n in captured
-                                     else torch.full((len(hooks.vectors),), float("nan"), device=self.lm.device)
-                                     for n in hooks.layers]).float() if hooks.layers else None)
-        values = torch.stack(rows).tolist() if rows and rows[0] is not None else []
+        # [units, layers, vectors] in one transfer (NaN where a block was not read: a pass that skipped it)
+        values: list = []
+        if units and hooks.layers:
+            missing = torch.full((len(hooks.vectors),), float("nan"), device=self.lm.device)
+            rows = [torch.stack([captured[n][batch, position].float() if n in captured else missing
+                                 for n in hooks.layers]) for batch, position in list(picked.seen)[:units]]
+            values = torch.stack(rows).tolist()
         compare: list[tuple[float, float, float]] = []
         if self.unsteered is not None and not picked.rows and picked.tokens and picked.logits is not None:
             compare = self.unsteered.compare(loop.prompt_ids + loop.generated, picked.tokens, picked.logits)

@@ -59,10 +59,10 @@ def load_safetensors(path: str | Path) -> SteeringVector:
     if not directions:
         raise ConfigError(f"steering vector file {path} holds no direction.N tensors (found: "
                           f"{', '.join(sorted(tensors)) or 'none'})")
-    width = next(iter(directions.values())).shape[-1]
+    width = int(next(iter(directions.values())).shape[-1])
     try:
-        hidden = int(meta.get("hidden_size", width))
-        layers = int(meta.get("layer_count", 0))
+        hidden = int(meta["hidden_size"]) if "hidden_size" in meta else width
+        layers = int(meta.get("layer_count") or 0)
     except ValueError:
         raise ConfigError(f"steering vector file {path}: its hidden_size / layer_count metadata are not "
                           "numbers") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +104,13 @@ class SteeringVector:
         if self.layer_count and self.layer_count != layer_count:
             raise ConfigError(f"steering vector {where} was made for a model with {self.layer_count} decoder blocks "
                               f"({self.model_name or 'another model'}), but {model_name} has {layer_count}")
+
+
+def model_width(model: Any) -> int:
+    """The hidden size of a transformers model (its decoder's, for a multimodal one): what a vector must match."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return int(text.hidden_size)
 
 
 def mean_difference(positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
