@@ -89,7 +89,7 @@ def score_pane(lm: LoadedModel, vectors: Sequence[SteeringVector], layers: tuple
             return sweep_figures(unsteered, unsteered, ids)
         hooks = SteeringHooks(lm.model, vectors, tuple(strength for _ in vectors), layers)
         hooks.norms_done = True  # nothing to measure: only the steered distributions
-        with hooks.installed():
+        with hooks.installed(), hooks.active():
             steered = lm.model(full).logits[0, window].float()
     return sweep_figures(steered, unsteered, ids)
 
