@@ -169,7 +169,7 @@ def test_without_the_comparison_the_view_says_how_to_turn_it_on(view, tiny_lm, v
     view.show_run(Run.from_events(plain))
     note = view.compare_note.text()
     assert "--steer-compare" in note and "one more forward pass" in note
-    assert view.plots.isHidden()
+    assert not view.tabs.isTabVisible(1) and not view.tabs.isTabVisible(2)
     assert view.table.item(0, 3).text() == "—"
 
 

@@ -39,8 +39,8 @@ class ProjectionMap:
     """The heat map's plot, image, colour bar and change lines: built once, updated by ``draw``."""
 
     def __init__(self, parent: QWidget) -> None:
-        self.plot = static_plot(parent, "Residual's projection onto the steering vector (representation reading)",
-                                "generated token", "decoder block N (direction.N)")
+        self.plot = static_plot(parent, "Residual · steering vector (representation reading)",
+                                "generated token", "block N")
         item = self.plot.getPlotItem()
         item.setMouseEnabled(x=True, y=False)
         item.getAxis("left").enableAutoSIPrefix(False)  # the ticks are block numbers, not a scaled quantity
@@ -50,7 +50,7 @@ class ProjectionMap:
         item.addItem(self.changes)
         self.top = 1.0
         self.colorbar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=diverging_colormap(),
-                                        label="projection (residual units)",
+                                        label="projection",
                                         interactive=False, width=18)
         self.colorbar.setImageItem(self.image, insert_in=item)
         self.values = np.zeros((0, 0))  # what the image shows: blocks (rows, ascending) × tokens

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QSlider,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -129,18 +130,16 @@ class SteeringView(FoldView):
         self.cache_note.setText(f"<i>{CACHE_NOTE}</i>")
         layout.addWidget(self.cache_note)
         self.map = ProjectionMap(content)
-        top = QHBoxLayout()
-        left = QVBoxLayout()
-        left.addWidget(self.map.plot, stretch=1)
+        layout.addWidget(self.map.plot, stretch=3)
         self.legend = rich_label(content)
         self.legend.setText(
             f"<span style='background:{POSITIVE};color:white'>&nbsp;red&nbsp;</span> along the vector (its positive "
             f"side) · <span style='background:{NEGATIVE};color:white'>&nbsp;blue&nbsp;</span> against it · white: "
             "neither. A cell: block N's output where the token was predicted (before N's own vector is added) · the "
             f"vector's unit direction. <span style='color:{CHANGE_COLOR}'><b>│ ▶</b></span> live strength change.")
-        left.addWidget(self.legend)
-        top.addLayout(left, stretch=3)
-        layout.addLayout(top, stretch=3)
+        layout.addWidget(self.legend)
+        self.compare_note = rich_label(content)
+        layout.addWidget(self.compare_note)
         middle = QHBoxLayout()
         self.text = SteeredText(content)
         self.text.setMinimumHeight(100)
@@ -149,37 +148,30 @@ class SteeringView(FoldView):
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.setMinimumHeight(100)
-        middle.addWidget(self.text, stretch=1)
-        middle.addWidget(self.table, stretch=1)
-        layout.addLayout(middle, stretch=2)
-        self.compare_note = rich_label(content)
-        left.addWidget(self.compare_note)
-        plots = QVBoxLayout()
-        plots.setContentsMargins(0, 0, 0, 0)
-        self.prob_plot = static_plot(content, f"Chosen token's probability: <span style='color:{STEERED_COLOR}'>"
-                                     f"steered</span> · <span style='color:{UNSTEERED_COLOR}'>unsteered</span> (raw)",
-                                     "generated token", "probability", min_height=120)
+        self.prob_plot = static_plot(content, f"Chosen token's p: <span style='color:{STEERED_COLOR}'>steered</span>"
+                                     f" · <span style='color:{UNSTEERED_COLOR}'>unsteered</span>", "generated token",
+                                     "p", min_height=100)
         item = self.prob_plot.getPlotItem()
         self.steered_curve = item.plot([], [], pen=pg.mkPen(STEERED_COLOR, width=2), symbol="o", symbolSize=5,
-                                       symbolBrush=STEERED_COLOR, symbolPen=None, name="steered")
+                                       symbolBrush=STEERED_COLOR, symbolPen=None)
         self.unsteered_curve = item.plot([], [], pen=pg.mkPen(UNSTEERED_COLOR, width=2, style=Qt.PenStyle.DashLine),
-                                         symbol="s", symbolSize=5, symbolBrush=UNSTEERED_COLOR, symbolPen=None,
-                                         name="unsteered")
+                                         symbol="s", symbolSize=5, symbolBrush=UNSTEERED_COLOR, symbolPen=None)
         self.prob_changes = pg.PlotDataItem([], [], pen=pg.mkPen(CHANGE_COLOR, width=2), connect="pairs")
         item.addItem(self.prob_changes)
         item.setYRange(0, 1.05, padding=0)
-        self.kl_plot = static_plot(content, "KL(steered ‖ unsteered) per token", "generated token", "KL (nats)",
-                                   min_height=120)
+        self.kl_plot = static_plot(content, "KL(steered ‖ unsteered)", "generated token", "nats", min_height=100)
         self.kl_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush=KL_COLOR, pen=pg.mkPen(None))
         self.kl_plot.getPlotItem().addItem(self.kl_bars)
         self.kl_changes = pg.PlotDataItem([], [], pen=pg.mkPen(CHANGE_COLOR, width=2), connect="pairs")
         self.kl_plot.getPlotItem().addItem(self.kl_changes)
-        plots.addWidget(self.prob_plot)
-        plots.addWidget(self.kl_plot)
-        self.plots = QWidget(content)
-        self.plots.setLayout(plots)
-        top.addWidget(self.plots, stretch=2)
+        self.tabs = QTabWidget(content)
+        self.tabs.addTab(self.table, "per token")
+        self.tabs.addTab(self.prob_plot, "probability")
+        self.tabs.addTab(self.kl_plot, "KL")
+        self.tabs.setMinimumHeight(150)
+        middle.addWidget(self.text, stretch=1)
+        middle.addWidget(self.tabs, stretch=1)
+        layout.addLayout(middle, stretch=2)
         self.figures = rich_label(content)
         layout.addWidget(self.figures)
         fill_with_scroll(self, content)
@@ -323,7 +315,8 @@ class SteeringView(FoldView):
     def _draw_plots(self) -> None:
         state = self.state
         compared = state.compared
-        self.plots.setVisible(compared)
+        for index in (1, 2):  # the plots' tabs; the table stays (its columns say "—")
+            self.tabs.setTabVisible(index, compared)
         n = len(state.tokens)
         xs = np.arange(n, dtype=float)
         if compared:
