@@ -4,7 +4,8 @@ A preset file is JSON: ``{"title", "description", "view", "settings"}`` where ``
 ``start`` event holds (``RunSettings.as_plain_dict``); the file's name is the preset's name. A long prompt can come
 from shipped text files: ``"prompt_from": {"files": ["calibration/calibration.txt", ...], "chars": 9600}`` (paths
 under ``resources/``, joined by blank lines, cut to ``chars`` at a word's end) comes before the settings' own
-prompt, which then says what to do with the text.
+prompt, which then says what to do with the text. A steering vector (``"steering": {"steer": ["FILE:STRENGTH"]}``)
+written as a relative path is a shipped one, under ``resources/``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def load_preset(name: str, folder: Path = PRESETS_DIR) -> Preset:
             text = prompt_from_files(plain["prompt_from"])
             settings = dataclasses.replace(settings, prompt=f"{text}\n\n{settings.prompt}" if settings.prompt
                                            else text)
+        settings = shipped_vectors(settings)
         preset = Preset(name, plain["title"], plain["description"], plain["view"], settings.validate())
     except (ValueError, KeyError, TypeError, OSError) as error:
         raise ConfigError(f"preset {path} is broken: {error}") from error
@@ -57,6 +59,20 @@ def load_preset(name: str, folder: Path = PRESETS_DIR) -> Preset:
 
 def all_presets(folder: Path = PRESETS_DIR) -> list[Preset]:
     return [load_preset(name, folder) for name in preset_names(folder)]
+
+
+def shipped_vectors(settings: RunSettings) -> RunSettings:
+    """A preset's ``--steer`` files written as relative paths are shipped vectors: paths under ``resources/``."""
+    from playground.config.steering import SteeringSettings
+
+    steering = settings.group(SteeringSettings)
+    if not steering.steer or all(Path(path).is_absolute() for path, _ in steering.specs()):
+        return settings
+    specs = tuple(f"{path if Path(path).is_absolute() else RESOURCES_DIR / path}:{strength!r}"
+                  for path, strength in steering.specs())
+    groups = tuple(dataclasses.replace(g, steer=specs) if isinstance(g, SteeringSettings) else g
+                   for g in settings.groups)
+    return dataclasses.replace(settings, groups=groups)
 
 
 def prompt_from_files(spec: dict) -> str:

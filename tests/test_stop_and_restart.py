@@ -60,6 +60,9 @@ STOP_CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
     "cascade": ("cascade --cheap layers --cheap-layers 1 --cascade-compare", ("full_model",), 1),
     "quant lab": ("greedy --quant rtn-int8 --compare", (), 1),  # reference and quantized copy side by side
 }
+TINY_VECTOR = Path(__file__).parent / "data" / "steering" / "tiny-happy-sad.safetensors"
+STOP_CASES.update({"steering sweep": (f"greedy --steer {TINY_VECTOR}:1 --steer-sweep=-2,2 --steer-compare",
+                                      ("sweep_scores",), 1)})  # feeds both steering views
 
 
 def case_settings(name: str, max_new_tokens: int) -> RunSettings:

@@ -43,12 +43,12 @@ def test_the_catalog_keeps_the_menus_order():
                                 "compare", "contrastive", "contrastive-search", "cascade"]
     from playground.config import GROUPS  # the form's boxes and --help's sections, by the groups' numbers
 
-    assert list(GROUPS)[:11] == ["beam", "beam_groups", "forced_words", "compare", "quant", "contrastive", "kv", "lens",
-                                 "layers", "speculative", "cascade"]
+    assert list(GROUPS)[:13] == ["beam", "beam_groups", "forced_words", "compare", "steering", "steering_sweep",
+                                 "quant", "contrastive", "kv", "lens", "layers", "speculative", "cascade"]
     # A strategy's groups: its own, then the shared ones in their order, whichever module registered first.
     assert [g.name for g in get_strategy("beam").groups] == ["beam", "kv", "lens", "forced_words", "beam_groups",
-                                                             "quant"]
-    assert [g.name for g in get_strategy("greedy").groups] == ["lens", "quant"]
+                                                             "quant", "steering"]
+    assert [g.name for g in get_strategy("greedy").groups] == ["lens", "quant", "steering_sweep", "steering"]
 
 
 @pytest.mark.parametrize("command", ["trace", "shot", "app"])

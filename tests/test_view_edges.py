@@ -12,6 +12,7 @@ text. The window keeps the size it was given (a view that needs more pushes it p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyqtgraph as pg
 import pytest
@@ -64,6 +65,9 @@ VIEW_RUNS: dict[str, str] = {
     "quant": "greedy --quant rtn-int4 --compare",
     "track": "sample --temperature 0.8 --top-k 8",
 }
+TINY_VECTOR = Path(__file__).parent / "data" / "steering" / "tiny-happy-sad.safetensors"
+VIEW_RUNS.update({"steering": f"greedy --steer {TINY_VECTOR}:2 --steer-compare",  # the steering views
+                  "steering-sweep": f"greedy --steer {TINY_VECTOR}:1 --steer-sweep=-2,2"})
 
 
 @dataclass

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import QCheckBox, QDockWidget, QMainWindow, QPlainTextEdi
 
 from playground.config import ConfigError, ModelSettings, RunSettings
 from playground.config.plugins import load_capabilities
+from playground.config.steering import LiveStrength, SteeringSettings
 from playground.events import PrefillProgress
 from playground.state import Branch, Run, Session
 from playground.ui import window_layout, window_state
@@ -87,6 +88,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
                                   "before each token for you to pick one in the tokens view (↑/↓, Enter; Space "
                                   "takes the sampler's; Esc stops); Run on lets it go on by itself")
         self.step_chooser: StepChooser | None = None  # the running run's, in step mode
+        self.live_strength: LiveStrength | None = None  # the running steered run's (the steering view's slider)
         self.banner = MessageBanner()
         self.runs_list = RunsList()
         self.status = RunStatusBar()
@@ -98,6 +100,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
                 picker = cast(Any, view)  # it has the signals the flag promises (views.base.View.picks_tokens)
                 picker.choice_made.connect(self._answer_choice)
                 picker.run_on_requested.connect(self._run_on)
+            if view.sets_strength:  # a strength slider (the steering view): the running run's live strength
+                cast(Any, view).strength_requested.connect(self._steer_live)
         self.run_views = RunViews(self.views, self.docks, self.status)
         self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
         self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)
@@ -196,12 +200,13 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
                 self.banner.show_info(f"Step mode picks tokens of greedy and sample runs on a model loaded here: "
                                       f"this {settings.strategy} run goes on by itself.")
         self.step_chooser = chooser
+        live = self.live_strength = LiveStrength() if settings.group(SteeringSettings).active() else None
 
         def body(should_stop, progress) -> Iterator[Any]:
             if chooser is None:
-                return source.run(settings, should_stop, progress, plan)
+                return source.run(settings, should_stop, progress, plan, steering=live)
             chooser.should_stop = should_stop
-            return source.run(settings, should_stop, progress, plan, chooser=chooser)
+            return source.run(settings, should_stop, progress, plan, chooser=chooser, steering=live)
 
         self.status.showMessage("Generating…")
         self._start_job(body, JobKind.RUN)
@@ -236,6 +241,11 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
     def _step_mode_toggled(self, on: bool) -> None:
         if self.step_chooser is not None:
             self.step_chooser.set_active(on)
+
+    def _steer_live(self, strength: float) -> None:
+        """The steering view's slider moved: the running run's next token uses ``strength`` (every vector's)."""
+        if self.live_strength is not None:
+            self.live_strength.set(strength)
 
     def branch(self, step: int, token_id: int) -> None:
         """Continue the selected run from ``step`` with ``token_id`` instead of what it chose."""
@@ -307,6 +317,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         """The run job has ended (finished, stopped or failed): its run's views draw its end."""
         ended, self._running_run = self._running_run, None
         self.step_chooser = None
+        self.live_strength = None
         self.session.end_live()
         if ended is not None:
             self.runs_list.update_run(ended)

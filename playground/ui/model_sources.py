@@ -15,6 +15,7 @@ from typing import Any
 
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import Progress, StopCheck
+from playground.config.steering import LiveStrength
 from playground.models.anatomy import model_support
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
@@ -58,9 +59,10 @@ class ModelSource(ABC):
 
     @abstractmethod
     def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None,
-            chooser: Any = None) -> Iterator[Any]:
+            chooser: Any = None, steering: LiveStrength | None = None) -> Iterator[Any]:
         """The run's events (called on the worker thread); ``plan`` is what ``branch`` returned for it; ``chooser``:
-        step mode, the user picks each token (where ``takes_chooser``)."""
+        step mode, the user picks each token (where ``takes_chooser``); ``steering``: a steered run's live strength
+        (the steering view's slider sets it)."""
 
     def takes_chooser(self, settings: RunSettings) -> bool:
         """Whether a run of ``settings`` here lets the user pick its tokens (step mode)."""
@@ -99,11 +101,13 @@ class LocalModel(ModelSource):
         settings.validate()
 
     def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None,
-            chooser: Any = None) -> Iterator[Any]:
+            chooser: Any = None, steering: LiveStrength | None = None) -> Iterator[Any]:
+        from playground.engine.run_context import RunContext
         from playground.engine.strategies import run_strategy
 
-        # progress: building a quantized copy
-        return run_strategy(self.lm, settings, should_stop, progress, chooser=chooser)
+        # progress: building a quantized copy; steering: the run reads its strength from it before each pass
+        return run_strategy(self.lm, settings, RunContext(should_stop=should_stop, steering=steering), progress,
+                            chooser=chooser)
 
     def train_tuned_lens(self, should_stop: StopCheck, progress: Progress) -> Path | None:
         """Tools → Train tuned lens: the model's translators trained and saved (None: stopped, nothing saved)."""
@@ -114,7 +118,8 @@ class LocalModel(ModelSource):
     def takes_chooser(self, settings: RunSettings) -> bool:
         from playground.config.catalog import SHARED, get_strategy
 
-        wrapped = any(s.wrapper and settings.group(s.group).active() for s in SHARED)  # --quant passes none on
+        # --quant passes none on; --steer's wrapper keeps it
+        wrapped = any(s.wrapper and not s.keeps_chooser and settings.group(s.group).active() for s in SHARED)
         return not wrapped and get_strategy(settings.strategy).takes_chooser  # the catalog entry says
 
     def branch(self, session: Session, run: Run, step: int, token_id: int) -> BranchPlan | None:
@@ -150,7 +155,7 @@ class ServerModel(ModelSource):
         check_remote_run(self.source, settings, None)
 
     def run(self, settings: RunSettings, should_stop: StopCheck, progress: Progress, plan: Any = None,
-            chooser: Any = None) -> Iterator[Any]:
+            chooser: Any = None, steering: LiveStrength | None = None) -> Iterator[Any]:
         from playground.remote.decode import run_remote
 
         # The runner polls should_stop every 50 ms, even while the server is silent.

@@ -61,6 +61,9 @@ class View(QWidget):
     # Step mode: the view lets the user pick a waiting step's token (it has ``ask_choice(step)`` and the signals
     # ``choice_made(token_id)`` and ``run_on_requested()``).
     picks_tokens: ClassVar[bool] = False
+    # Live steering: the view has a strength slider (the signal ``strength_requested(float)``); the window sets the
+    # running run's live strength from it (``playground.config.steering.LiveStrength``).
+    sets_strength: ClassVar[bool] = False
 
     branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
 
