@@ -18,7 +18,8 @@ from playground.engine.strategies import run_strategy
 from playground.events import RunFinished, RunStarted, TokenStep
 from playground.events.layers import LayersStarted, LayerStep, LensCandidate
 from playground.state import Run, visible_token_text
-from playground.state.layers import FIRST_CAPACITY, LayerState, replay_exit
+from playground.state.columns import FIRST_CAPACITY
+from playground.state.layers import LayerState, replay_exit
 from playground.traces import read_trace, write_trace
 from playground.ui.style import configure_pyqtgraph, format_percent
 from playground.ui.views import view_names

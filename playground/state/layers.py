@@ -19,6 +19,7 @@ import numpy as np
 
 from playground.events import BeamStep, Event, TokenStep
 from playground.events.layers import LayersStarted, LayerStep
+from playground.state.columns import GrowingColumns
 from playground.state.fold import STATUS, Fold
 
 LAYERS = "layers"  # a part: the layer map, the chosen token's layers and the exit replay
@@ -26,7 +27,6 @@ LAYERS = "layers"  # a part: the layer map, the chosen token's layers and the ex
 ENTROPY = "entropy"
 MAX_PROB = "max-prob"
 METRICS = (ENTROPY, MAX_PROB)
-FIRST_CAPACITY = 64  # columns reserved before the first token; doubled when full
 
 
 @dataclass
@@ -52,27 +52,6 @@ class LayerToken:
         return self.lens.layer_entropy[layer - 1] is not None
 
 
-class _Columns:
-    """A float matrix of ``rows`` that grows by one column at a time (amortised: capacity doubles)."""
-
-    def __init__(self, rows: int, fill: float = np.nan) -> None:
-        self.fill = fill
-        self.data = np.full((rows, FIRST_CAPACITY), fill)
-        self.size = 0
-
-    def append(self, column: list[float]) -> None:
-        if self.size == self.data.shape[1]:
-            grown = np.full((self.data.shape[0], 2 * self.size), self.fill)
-            grown[:, : self.size] = self.data
-            self.data = grown
-        self.data[:, self.size] = column
-        self.size += 1
-
-    @property
-    def view(self) -> np.ndarray:
-        """The filled columns (a view: copy it to keep it past the next append)."""
-        return self.data[:, : self.size]
-
 
 def _nan(values: tuple[float | None, ...]) -> list[float]:
     return [np.nan if v is None else float(v) for v in values]
@@ -89,10 +68,10 @@ class LayerState(Fold):
         self.layers = 0
         self.tokens: list[LayerToken] = []
         self._by_step: dict[int, int] = {}  # step -> index into tokens, until its token event comes
-        self._entropy: _Columns | None = None
-        self._top_prob: _Columns | None = None
-        self._agrees: _Columns | None = None  # 1 agrees with the answering layer, 0 not, NaN did not run
-        self._skipped: _Columns | None = None  # 1 skipped, 0 not
+        self._entropy: GrowingColumns | None = None
+        self._top_prob: GrowingColumns | None = None
+        self._agrees: GrowingColumns | None = None  # 1 agrees with the answering layer, 0 not, NaN did not run
+        self._skipped: GrowingColumns | None = None  # 1 skipped, 0 not
         self.layers_computed = 0  # Σ over tokens
         self.layers_total = 0
         self.exits = 0  # tokens answered before the last layer
@@ -111,8 +90,8 @@ class LayerState(Fold):
     def _ensure_layers(self, layers: int) -> None:
         if self._entropy is None:
             self.layers = layers
-            self._entropy, self._top_prob = _Columns(layers), _Columns(layers)
-            self._agrees, self._skipped = _Columns(layers), _Columns(layers, 0.0)
+            self._entropy, self._top_prob = GrowingColumns(layers), GrowingColumns(layers)
+            self._agrees, self._skipped = GrowingColumns(layers), GrowingColumns(layers, 0.0)
 
     def _add_step(self, step: LayerStep) -> None:
         self._ensure_layers(len(step.layer_entropy))  # a view fed without LayersStarted still works
@@ -156,7 +135,7 @@ class LayerState(Fold):
     def mode(self) -> str:
         return self.started.mode if self.started is not None else "lens"
 
-    def _matrix(self, columns: _Columns | None) -> np.ndarray:
+    def _matrix(self, columns: GrowingColumns | None) -> np.ndarray:
         return columns.view if columns is not None else np.zeros((0, 0))
 
     @property

@@ -21,11 +21,11 @@ import numpy as np
 
 from playground.events import Event, TokenStep
 from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
+from playground.state.columns import GrowingColumns
 from playground.state.fold import STATUS, Fold
 
 STEPS = "steps"  # a part: the per-token figures (the probabilities, the KL, the strength marks, the text)
 MAP = "map"  # a part: the projection heat map
-FIRST_CAPACITY = 64  # columns reserved before the first token; doubled when full
 
 
 @dataclass
@@ -50,25 +50,6 @@ class StrengthChange:
     after: tuple[float, ...]
 
 
-class _Columns:
-    """A float matrix of ``rows`` that grows by one column at a time (amortised: capacity doubles)."""
-
-    def __init__(self, rows: int) -> None:
-        self.data = np.full((rows, FIRST_CAPACITY), np.nan)
-        self.size = 0
-
-    def append(self, column: list[float]) -> None:
-        if self.size == self.data.shape[1]:
-            grown = np.full((self.data.shape[0], 2 * self.size), np.nan)
-            grown[:, : self.size] = self.data
-            self.data = grown
-        self.data[:, self.size] = column
-        self.size += 1
-
-    @property
-    def view(self) -> np.ndarray:
-        return self.data[:, : self.size]
-
 
 def format_strengths(strengths: tuple[float, ...]) -> str:
     return " + ".join(f"{s:+g}" for s in strengths) if strengths else "—"
@@ -85,12 +66,12 @@ class SteeringState(Fold):
         self.norms: SteeringNorms | None = None
         self.tokens: list[SteeredToken] = []
         self.changes: list[StrengthChange] = []
-        self._maps: list[_Columns] = []  # per vector: blocks × tokens projections (NaN: no direction there)
+        self._maps: list[GrowingColumns] = []  # per vector: blocks × tokens projections (NaN: no direction there)
         self._waiting: dict[int, int] = {}  # step -> index into tokens, until its token event comes
 
     def _fold(self, event: Event) -> set[str] | None:
         if isinstance(event, SteeringStarted):
-            self._maps = [_Columns(len(event.layers)) for _ in event.vectors]
+            self._maps = [GrowingColumns(len(event.layers)) for _ in event.vectors]
             return {STEPS, MAP}
         if isinstance(event, SteeringNorms):
             self.norms = event
@@ -109,7 +90,7 @@ class SteeringState(Fold):
 
     def _add(self, step: SteerStep) -> None:
         if not self._maps:  # a view fed without the start event still draws
-            self._maps = [_Columns(len(row)) for row in step.projections]
+            self._maps = [GrowingColumns(len(row)) for row in step.projections]
         if self.tokens:
             before = self.tokens[-1].steer.strengths
             if step.changed or before != step.strengths:

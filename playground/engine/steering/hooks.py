@@ -55,7 +55,6 @@ class SteeringHooks:
         self._dirs: dict[int, list[torch.Tensor | None]] = {
             n: [torch.from_numpy(v.directions[n]).to(device) if n in v.directions else None for v in self.vectors]
             for n in layers}
-        # per layer: [vectors, hidden] unit directions (zeros where a vector has none), in the model's dtype
         # [layers, hidden, vectors] float32 unit directions (zeros where a vector has none)
         self._units = torch.stack([torch.stack([torch.from_numpy(v.unit(n)).to(device) if n in v.directions
                                                 else torch.zeros(v.hidden_size, device=device)
