@@ -28,8 +28,15 @@ RAW_TOP = 200  # the raw ones read (min-p keeps fewer: its whole set is known)
 def completion(url: str, body: dict) -> dict:
     request = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
+    # Once in a full run (2 workers, the session's server used by earlier tests) an answer came back without its
+    # probabilities; the cause is not known (an end-of-generation draw does not explain it: such an answer still
+    # has them). The request reads only, so it is asked once more; a second such answer fails with what was sent.
+    for _ in range(2):
+        with urllib.request.urlopen(request, timeout=120) as response:
+            answer = json.loads(response.read())
+        if "completion_probabilities" in answer:
+            return answer
+    raise AssertionError(f"llama-server answered twice without probabilities: {answer!r:.600}")
 
 
 @pytest.mark.parametrize(("target", "decay"), [(0.3, 0.7), (0.6, 0.9)])
@@ -48,8 +55,9 @@ def test_transformed_distributions_and_the_average_follow_llama_server(llama_ser
         pipeline = build_pipeline(settings, sampling=True, run=run)
         adaptive = pipeline[-1]
         for step in theirs:
+            # Seeded, so the one token the server draws is the same every run (the raw top_probs do not depend on it).
             raw = completion(llama_server_url, {"prompt": ids, "n_predict": 1, "n_probs": RAW_TOP, "samplers": [],
-                                                "post_sampling_probs": True})["completion_probabilities"][0]
+                                                "post_sampling_probs": True, "seed": 0})["completion_probabilities"][0]
             logits = torch.full((1, len(tokenizer)), -math.inf, dtype=torch.float64)
             for t in raw["top_probs"]:
                 logits[0, t["id"]] = math.log(max(t["prob"], 1e-30))
