@@ -31,13 +31,21 @@ def _prepare_environment() -> None:
 
 
 def _add_picture_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="picture to write: .png or .svg")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="picture to write: .png or .svg; with --from-trace also an animation of the run "
+                             "replayed: .gif, .webp (lossless) or .mp4 (needs ffmpeg)")
     parser.add_argument("--view", default=None, metavar="NAME",
                         help="only this view (tokens, beam, …) instead of the whole window")
     parser.add_argument("--width", type=int, default=1500)
     parser.add_argument("--height", type=int, default=950)
     parser.add_argument("--hover", action=argparse.BooleanOptionalAction, default=True,
                         help="draw the hover tooltip of the charted token into the picture")
+    parser.add_argument("--fps", type=float, default=None,
+                        help="animations: a fixed pace of this many steps a second (default: the run's own pace)")
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="animations: play the run's own pace this many times faster (default 1)")
+    parser.add_argument("--max-frames", type=int, default=None, metavar="N",
+                        help="animations: the most frames an export may make (default 2000)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,14 +134,32 @@ def cmd_shot(args: argparse.Namespace) -> int:
         if run_options_given(args):
             print("playground: note: run options are ignored with --from-trace (the saved run has its own)",
                   file=sys.stderr)
+        from playground.ui.animation import FORMATS, MAX_FRAMES, render_animation
         from playground.ui.screenshot import render_trace
 
+        if args.out.suffix.lower() in FORMATS:
+            result, problems = render_animation(args.from_trace, args.out, width=args.width, height=args.height,
+                                                view=args.view, fps=args.fps, speed=args.speed, hover=args.hover,
+                                                max_frames=args.max_frames or MAX_FRAMES)
+            if problems:
+                print(f"playground: warning: {args.from_trace}: {problems}", file=sys.stderr)
+            print(f"playground: wrote {result.frames} frames, {result.bytes / 1e6:.2f} MB, in {result.seconds:.1f} s",
+                  file=sys.stderr)
+            print(result.path)
+            return 0
         path, problems = render_trace(args.from_trace, args.out, width=args.width, height=args.height,
                                       hover=args.hover, view=args.view)
         if problems:
             print(f"playground: warning: {args.from_trace}: {problems}", file=sys.stderr)
         print(path)
         return 0
+    from playground.ui.animation import FORMATS
+
+    if args.out.suffix.lower() in FORMATS:
+        from playground.config import ConfigError
+
+        raise ConfigError(f"an animation replays a saved run: write the run first (playground trace --out run.jsonl "
+                          f"…), then playground shot --from-trace run.jsonl --out {args.out.name}")
     model_settings, run_settings = settings_from_args(args)
     if source is None:  # a server needs no local model
         _ensure_default_model(model_settings)

@@ -38,6 +38,7 @@ from playground.ui.job_kinds import JobKind
 from playground.ui.model_choice import ModelChoice
 from playground.ui.model_picker import ModelPicker
 from playground.ui.model_sources import ModelSource
+from playground.ui.presenting import Presenter
 from playground.ui.presets_menu import add_presets_menu, show_preset
 from playground.ui.run_views import RunViews
 from playground.ui.runs_list import RunsList
@@ -143,11 +144,12 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
     def _build_menus(self) -> None:
         self.open_action, self.save_action = add_file_menu(
             self.menuBar(), self.views.values(), self.open_run_dialog, self.save_run_dialog,
-            lambda view: self.export_view_dialog(view), self.close)
+            lambda view: self.export_view_dialog(view), self.close, self.export_animation_dialog)
         add_presets_menu(self.menuBar(), lambda name: self.apply_preset(name, run=True), self.banner)
         docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
+        self.presenter = Presenter(self)
         self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
-                                                          self.reset_layout)
+                                                          self.reset_layout, self.presenter.toggle)
         self.tune_lens_action = add_tools_menu(self.menuBar(), self.train_tuned_lens)  # after View: menus keep places
 
     # --- the settings form and presets (playground.ui.presets_menu) ---------------------------------------
@@ -351,6 +353,11 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
 
     def export_view(self, name: str, path: str | Path) -> Path | None:
         return self.saved_runs.export(name, path)
+
+    def export_animation_dialog(self, view: str | None) -> None:
+        from playground.ui.animation_dialog import export_animation_dialog
+
+        export_animation_dialog(self, view)
 
     # --- closing ------------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:

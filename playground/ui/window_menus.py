@@ -12,8 +12,10 @@ from playground.ui.views.base import View
 
 def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[[], None],
                   save_run: Callable[[], None], export_view: Callable[[View], None],
-                  quit_window: Callable[[], object]) -> tuple[QAction, QAction]:
-    """Open run…, Save run…, Export view (one entry per view), Quit; the open and save actions."""
+                  quit_window: Callable[[], object],
+                  export_animation: Callable[[str | None], None]) -> tuple[QAction, QAction]:
+    """Open run…, Save run…, Export view (one entry per view), Export animation (the window, or one view), Quit;
+    the open and save actions."""
     file_menu = menu_bar.addMenu("&File")
     open_action = file_menu.addAction("&Open run…", QKeySequence.StandardKey.Open, open_run)
     save_action = file_menu.addAction("&Save run…", QKeySequence.StandardKey.Save, save_run)
@@ -23,6 +25,14 @@ def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[
             export_view(v)
 
         export.addAction(f"{view.title}…", export_this)
+    animate = file_menu.addMenu("Export &animation")
+    animate.setToolTip("The selected run replayed step by step as it streamed: GIF, lossless WebP, or MP4")
+    animate.addAction("The whole window…", lambda: export_animation(None))
+    for view in views:
+        def animate_this(v: View = view) -> None:
+            export_animation(v.name)
+
+        animate.addAction(f"{view.title}…", animate_this)
     file_menu.addSeparator()
     file_menu.addAction("&Quit", QKeySequence.StandardKey.Quit, quit_window)
     return open_action, save_action
@@ -38,11 +48,14 @@ def add_tools_menu(menu_bar: QMenuBar, train_tuned_lens: Callable[[], None]) -> 
 
 
 def add_view_menu(menu_bar: QMenuBar, docks: Iterable[QDockWidget], side_by_side: Callable[[], None],
-                  reset_layout: Callable[[], None]) -> QAction:
-    """A show/hide entry per dock, Views side by side, Reset layout; the reset action."""
+                  reset_layout: Callable[[], None], present: Callable[[], None]) -> QAction:
+    """A show/hide entry per dock, Views side by side, Present (F11), Reset layout; the reset action."""
     view_menu = menu_bar.addMenu("&View")
     for dock in docks:
         view_menu.addAction(dock.toggleViewAction())
     view_menu.addSeparator()
     view_menu.addAction("Views &side by side", side_by_side)
+    present_action = view_menu.addAction("&Present", QKeySequence("F11"), present)
+    present_action.setToolTip("The selected run's view alone, full screen, in large type: → and ← step through "
+                              "the run, Esc leaves")
     return view_menu.addAction("&Reset layout", reset_layout)
