@@ -9,7 +9,7 @@ MODEL_STAMP := $(VENV)/.default-model
 export OMP_WAIT_POLICY ?= PASSIVE
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup model llama-server gui-deps fonts run test test-fast lint mutate mutate-changed shot bench clean
+.PHONY: setup model llama-server gui-deps fonts browser run test test-fast lint mutate mutate-changed shot bench clean
 
 setup: $(STAMP)
 
@@ -36,12 +36,17 @@ gui-deps: $(STAMP)
 fonts: $(STAMP)
 	-$(PY) -m playground.ui.fonts --install
 
+# Debian's Chromium for the web page's tests (tests/test_web_page.py), installed once with apt-get if missing.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  chromium >/dev/null) || echo "could not install chromium: tests/test_web_page.py will say so"
+
 run: model gui-deps fonts
 	$(VENV)/bin/playground
 
 # Two workers, a test file each at a time (its module fixtures built once); TEST_JOBS=0 runs in one process.
 TEST_JOBS ?= 2
-test: model fonts llama-server
+test: model fonts llama-server browser
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # The tiny-model and Qt tests alone: no default model fetched, no llama-server built (the tests that need either are

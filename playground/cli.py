@@ -18,7 +18,7 @@ from playground.config import DEVICES, DTYPES
 if TYPE_CHECKING:
     from playground.events import Event
 
-COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model")
+COMMANDS = ("app", "trace", "shot", "open", "html", "presets", "quant-report", "fetch-model")
 
 
 def _prepare_environment() -> None:
@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_picture_options(shot)
     open_run = commands.add_parser("open", help="open the app on a saved run (no model is loaded)")
     open_run.add_argument("run", type=Path, metavar="RUN.jsonl")
+    page = commands.add_parser("html", help="a saved run as one self-contained web page (no network needed): the "
+                                            "output shaded, each token's candidates on hover or tap")
+    page.add_argument("run", type=Path, metavar="RUN.jsonl")
+    page.add_argument("--out", type=Path, required=True, help="the page to write (.html)")
     commands.add_parser("presets", help="list the named demos (use one with --preset NAME)")
     report = commands.add_parser("quant-report", help="quantize the model with each method and print one JSON line "
                                                       "per method: weight bytes, perplexity, KL against the reference")
@@ -193,6 +197,20 @@ def cmd_open(args: argparse.Namespace) -> int:
     return launch(None, None, open_run=args.run)
 
 
+def cmd_html(args: argparse.Namespace) -> int:
+    from playground.traces import read_trace
+    from playground.ui.web_page import write_page
+
+    trace = read_trace(args.run)
+    if trace.problems():
+        print(f"playground: warning: {args.run}: {trace.problems()}", file=sys.stderr)
+    path = write_page(trace.events, args.out)
+    steps = sum(1 for e in trace.events if getattr(e, "type", "") == "token")
+    print(f"playground: wrote {path.stat().st_size / 1024:.0f} KB for {steps} steps", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     from playground.presets import all_presets
     from playground.state import settings_summary
@@ -241,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in {*COMMANDS, "-h", "--help"}:
         argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
-    handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "presets": cmd_presets,
+    handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "html": cmd_html,
+                "presets": cmd_presets,
                 "quant-report": cmd_quant_report, "fetch-model": cmd_fetch}
     try:
         return handlers[args.command](args)

@@ -144,7 +144,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
     def _build_menus(self) -> None:
         self.open_action, self.save_action = add_file_menu(
             self.menuBar(), self.views.values(), self.open_run_dialog, self.save_run_dialog,
-            lambda view: self.export_view_dialog(view), self.close, self.export_animation_dialog)
+            lambda view: self.export_view_dialog(view), self.close, self.export_animation_dialog,
+            self.export_web_page_dialog)
         add_presets_menu(self.menuBar(), lambda name: self.apply_preset(name, run=True), self.banner)
         docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
         self.presenter = Presenter(self)
@@ -358,6 +359,9 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         from playground.ui.animation_dialog import export_animation_dialog
 
         export_animation_dialog(self, view)
+
+    def export_web_page_dialog(self) -> None:
+        self.saved_runs.export_page_dialog()
 
     # --- closing ------------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:

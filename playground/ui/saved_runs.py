@@ -74,6 +74,32 @@ class SavedRuns:
         if path:
             self.export(view.name, path)
 
+    def export_page_dialog(self) -> None:
+        if self.session.selected is None:
+            self.banner.show_info("There is no run to export yet.")
+            return
+        path, _ = QFileDialog.getSaveFileName(self.parent, "Export the run as a web page", "run.html",
+                                              "Web page (*.html)")
+        if path:
+            self.export_page(path)
+
+    def export_page(self, path: str | Path) -> Path | None:
+        """The selected run as one self-contained web page; None (and why, in the banner) when it cannot be."""
+        from playground.errors import ScreenshotError
+        from playground.ui.web_page import write_page
+
+        run = self.session.selected
+        if run is None:
+            self.banner.show_info("There is no run to export yet.")
+            return None
+        try:
+            out = write_page(list(run.events), path)
+        except (ScreenshotError, OSError) as error:
+            self.banner.show_error(f"Could not export the web page: {error}")
+            return None
+        self.status.showMessage(f"Exported {out} ({out.stat().st_size / 1024:.0f} KB)", 10000)
+        return out
+
     def export(self, name: str, path: str | Path) -> Path | None:
         """View ``name`` to ``path`` (its format from the suffix); None (and the reason in the banner) on failure."""
         try:

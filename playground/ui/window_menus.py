@@ -13,9 +13,10 @@ from playground.ui.views.base import View
 def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[[], None],
                   save_run: Callable[[], None], export_view: Callable[[View], None],
                   quit_window: Callable[[], object],
-                  export_animation: Callable[[str | None], None]) -> tuple[QAction, QAction]:
-    """Open run…, Save run…, Export view (one entry per view), Export animation (the window, or one view), Quit;
-    the open and save actions."""
+                  export_animation: Callable[[str | None], None],
+                  export_page: Callable[[], None]) -> tuple[QAction, QAction]:
+    """Open run…, Save run…, Export view (one entry per view), Export animation (the window, or one view), Export
+    web page, Quit; the open and save actions."""
     file_menu = menu_bar.addMenu("&File")
     open_action = file_menu.addAction("&Open run…", QKeySequence.StandardKey.Open, open_run)
     save_action = file_menu.addAction("&Save run…", QKeySequence.StandardKey.Save, save_run)
@@ -33,6 +34,9 @@ def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[
             export_animation(v.name)
 
         animate.addAction(f"{view.title}…", animate_this)
+    page = file_menu.addAction("Export &web page…", export_page)
+    page.setToolTip("The selected run as one self-contained HTML file: the output shaded, each token's candidates "
+                    "on hover or tap, readable on a phone")
     file_menu.addSeparator()
     file_menu.addAction("&Quit", QKeySequence.StandardKey.Quit, quit_window)
     return open_action, save_action
