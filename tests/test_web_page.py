@@ -12,6 +12,7 @@ import pytest
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import LayerStep, RunFinished, TokenStep
+from playground.events.beam import BeamStep
 from playground.events.speculative import SpeculativeRound
 from playground.state.text import visible_token_text
 from playground.traces import write_trace
@@ -142,7 +143,15 @@ def test_speculative_marks_lens_cells_and_beams_come_from_their_runs(pages, open
 
     events, path = pages["beam"]
     sequences = next(e for e in events if isinstance(e, RunFinished)).sequences
+    beam_steps = [e for e in events if isinstance(e, BeamStep)]
     page = open_page(path)
+    nodes = page.locator("#tree g.node")
+    assert nodes.count() == sum(len(e.candidates) for e in beam_steps)
+    assert page.locator("#tree g.node.survived").count() == sum(c.survived for e in beam_steps for c in e.candidates)
+    last = beam_steps[-1].candidates[0]
+    assert page.locator("#tree g.node title").nth(nodes.count() - len(beam_steps[-1].candidates)).text_content() \
+        .startswith(f"step {beam_steps[-1].step} · {visible_token_text(last.text)} · token log-prob "
+                    f"{float(f'{last.token_logprob:.4g}')} · beam score {float(f'{last.score:.4g}')}")
     rows = page.locator("#beams tr")
     assert rows.count() == 1 + len(sequences)
     assert [rows.nth(k + 1).locator("td").nth(3).inner_text() for k in range(len(sequences))] == \

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.events import LayerStep, RunFinished, RunStarted, TokenStep
+from playground.events.beam import BeamStep
 from playground.events.speculative import SpeculativeRound
 from playground.state import shade_fraction
 from playground.state.text import flowing_token_text, visible_token_text
@@ -33,6 +34,26 @@ LENS_STOPS = ("#FFFFE5", "#FEC44F", "#EC7014", "#993404")  # the heat map: low e
 
 def _round(value: float, digits: int = 5) -> float:
     return float(f"{value:.{digits}g}")
+
+
+def beam_tree(events: list[Any]) -> dict[str, Any]:
+    """A beam search's tree as nodes (step, row, text, log-prob, score, survived/finished) and edges (child node,
+    parent node; -1: the prompt), each step's candidates in the order the run recorded them."""
+    nodes: list[list[Any]] = []
+    edges: list[list[int]] = []
+    survivors: list[int] = []  # node of each running beam after the previous step (the prompt: none)
+    for e in (e for e in events if isinstance(e, BeamStep)):
+        mine: dict[tuple[int, int], int] = {}
+        for row, c in enumerate(e.candidates):
+            node = len(nodes)
+            nodes.append([e.step, row, visible_token_text(c.text), _round(c.token_logprob, 4), _round(c.score, 4),
+                          int(c.survived), int(c.finished),
+                          None if c.finished_score is None else _round(c.finished_score, 4)])
+            edges.append([node, survivors[c.beam] if c.beam < len(survivors) else -1])
+            if c.survived:
+                mine.setdefault((c.beam, c.token_id), node)
+        survivors = [mine.get((parent, token), -1) for parent, token in zip(e.parents, e.token_ids, strict=True)]
+    return {"nodes": nodes, "edges": edges}
 
 
 def page_data(events: list[Any]) -> dict[str, Any]:
@@ -80,6 +101,7 @@ def page_data(events: list[Any]) -> dict[str, Any]:
         "lens": [{"step": e.step, "h": [None if h is None else _round(h, 3) for h in e.layer_entropy],
                   "top": [visible_token_text(c[0].text) if c else "" for c in e.layer_top]} for e in lens],
         "sequences": sequences,
+        "beam": beam_tree(events),
         "stop": finished.stop_reason if finished is not None else "the saved run ends before the run did",
         "legend": {"stops": list(SHADE_STOPS),
                    # As the app's legend labels them: 100%, 10%, 1%, ≤0.1% (the darkest: that or less).
@@ -152,6 +174,20 @@ if(D.lens.length){const L=D.lens,n=L[0].h.length;let max=0;L.forEach(c=>c.h.forE
  h+=v==null?'<td></td>':'<td style="background:'+col(v)+'" title="step '+c.step+' · layer '+(l+1)+' · '+v+
  ' bits · top '+esc(c.top[l])+'"></td>';});h+='</tr>';}
  document.getElementById('lens').innerHTML=h+'</table>';document.getElementById('lens-section').hidden=false;}
+if(D.beam.nodes.length){const N=D.beam.nodes,dx=90,dy=22,pad=40;
+ const steps=Math.max(...N.map(n=>n[0]))+1,rows=Math.max(...N.map(n=>n[1]))+1;
+ const X=n=>pad+dx*(n[0]+1),Y=n=>12+dy*n[1],P=[pad,12+dy*(rows-1)/2];
+ let g='<svg xmlns="http://www.w3.org/2000/svg" width="'+(pad+dx*(steps+1)+60)+'" height="'+(24+dy*rows)+'">';
+ D.beam.edges.forEach(([c,p])=>{const n=N[c],a=p<0?P:[X(N[p]),Y(N[p])];g+='<line x1="'+a[0]+'" y1="'+a[1]+
+ '" x2="'+X(n)+'" y2="'+Y(n)+'" stroke="'+(n[5]?'#444':'#bbb')+'" stroke-width="'+(n[5]?2:1)+'"/>';});
+ g+='<rect x="'+(P[0]-6)+'" y="'+(P[1]-6)+'" width="12" height="12" fill="#222"><title>the prompt</title></rect>';
+ N.forEach(n=>{g+='<g class="node'+(n[5]?' survived':'')+(n[6]?' finished':'')+'"><title>step '+n[0]+' · '+esc(n[2])+
+ ' · token log-prob '+n[3]+' · beam score '+n[4]+(n[7]!=null?' · finished, score '+n[7]:'')+'</title>'+
+ (n[6]?'<rect x="'+(X(n)-5)+'" y="'+(Y(n)-5)+'" width="10" height="10" fill="#00897B" transform="rotate(45 '+X(n)+
+ ' '+Y(n)+')"/>':'<circle cx="'+X(n)+'" cy="'+Y(n)+'" r="'+(n[5]?6:3)+'" fill="'+(n[5]?'#8C96C6':'#bbb')+
+ '" stroke="#333" stroke-width="'+(n[5]?1:0)+'"/>')+'<text x="'+(X(n)+8)+'" y="'+(Y(n)+4)+'" font-size="11" fill="'+
+ (n[5]?'#222':'#999')+'">'+esc(n[2])+'</text></g>';});
+ document.getElementById('tree').innerHTML=g+'</svg>';document.getElementById('beam-section').hidden=false;}
 if(D.sequences.length){let h='<table class="seq"><tr><th>#</th><th>score</th><th>log p</th><th>text</th></tr>';
  D.sequences.forEach((q,k)=>{h+='<tr><td>'+(k+1)+'</td><td>'+q.score+'</td><td>'+q.logp+'</td><td>'+esc(q.text)+
  '</td></tr>';});document.getElementById('beams').innerHTML=h+'</table>';
@@ -177,8 +213,9 @@ token for its candidates.</span><div class="ramp" id="ramp"></div></div>
 <div class="out" id="out"><span class="prompt">{html.escape(data["prompt"])}</span></div>
 <section id="lens-section" hidden><h2>Logit lens: entropy of each layer's prediction (bits; darker = less
 sure)</h2><div class="lens" id="lens"></div></section>
-<section id="beam-section" hidden><h2>Beam search: the returned sequences, best first</h2><div id="beams"></div>
-</section>
+<section id="beam-section" hidden><h2>Beam search: the tree (bold: the beams that survived each step; ◆ a
+finished hypothesis; hover a node for its numbers) and the returned sequences, best first</h2>
+<div class="lens" id="tree"></div><div id="beams"></div></section>
 <div id="tip"></div>
 <script type="application/json" id="run-data">{payload}</script>
 <script>{SCRIPT}</script></body></html>
