@@ -152,6 +152,10 @@ def test_speculative_marks_lens_cells_and_beams_come_from_their_runs(pages, open
     assert page.locator("#tree g.node title").nth(nodes.count() - len(beam_steps[-1].candidates)).text_content() \
         .startswith(f"step {beam_steps[-1].step} · {visible_token_text(last.text)} · token log-prob "
                     f"{float(f'{last.token_logprob:.4g}')} · beam score {float(f'{last.score:.4g}')}")
+    kv = page.locator("#kv circle.kv title")  # the beams' cache, after the prompt and each step
+    assert kv.count() == 1 + len(beam_steps)
+    assert kv.nth(len(beam_steps)).text_content() == \
+        f"after step {beam_steps[-1].step}: {beam_steps[-1].kv_cache_bytes / 1048576:.2f} MB"
     rows = page.locator("#beams tr")
     assert rows.count() == 1 + len(sequences)
     assert [rows.nth(k + 1).locator("td").nth(3).inner_text() for k in range(len(sequences))] == \

@@ -4,8 +4,8 @@ page): no network, no files beside it, readable on a phone.
 It shows the run's settings, the output shaded by the chosen token's raw probability with the app's own colour
 scale and legend (each shade computed here by the app's ``shade_for_prob``), each token's candidates with their raw
 and processed probabilities on hover or tap, a speculative run's drafted tokens marked accepted or rejected with q
-and p, the logit lens's layers × tokens heat map, and a beam search's returned sequences. The data is inline,
-compact JSON; the page's script only draws it.
+and p, the logit lens's layers × tokens heat map, a beam search's tree and sequences, and the KV cache's measured
+size step by step. The data is inline, compact JSON; the page's script only draws it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from playground.events import LayerStep, RunFinished, RunStarted, TokenStep
+from playground.events import LayerStep, PrefillDone, RunFinished, RunStarted, TokenStep, is_unit_step
 from playground.events.beam import BeamStep
 from playground.events.speculative import SpeculativeRound
 from playground.state import shade_fraction
@@ -102,6 +102,9 @@ def page_data(events: list[Any]) -> dict[str, Any]:
                   "top": [visible_token_text(c[0].text) if c else "" for c in e.layer_top]} for e in lens],
         "sequences": sequences,
         "beam": beam_tree(events),
+        # The KV cache's measured size after the prompt and after each step (bytes).
+        "kv": ([next((e.kv_cache_bytes for e in events if isinstance(e, PrefillDone)), 0)] +
+               [e.kv_cache_bytes for e in events if is_unit_step(e)]),
         "stop": finished.stop_reason if finished is not None else "the saved run ends before the run did",
         "legend": {"stops": list(SHADE_STOPS),
                    # As the app's legend labels them: 100%, 10%, 1%, ≤0.1% (the darkest: that or less).
@@ -188,6 +191,14 @@ if(D.beam.nodes.length){const N=D.beam.nodes,dx=90,dy=22,pad=40;
  '" stroke="#333" stroke-width="'+(n[5]?1:0)+'"/>')+'<text x="'+(X(n)+8)+'" y="'+(Y(n)+4)+'" font-size="11" fill="'+
  (n[5]?'#222':'#999')+'">'+esc(n[2])+'</text></g>';});
  document.getElementById('tree').innerHTML=g+'</svg>';document.getElementById('beam-section').hidden=false;}
+if(D.kv.length>1){const K=D.kv,w=Math.max(300,Math.min(900,8*K.length)),h=90,m=Math.max(...K)||1;
+ const mb=v=>(v/1048576).toFixed(2)+' MB';let g='<svg xmlns="http://www.w3.org/2000/svg" width="'+(w+70)+
+ '" height="'+(h+20)+'"><text x="0" y="12" font-size="11">'+mb(m)+'</text><text x="0" y="'+h+
+ '" font-size="11">0</text>';const x=k=>60+k*w/Math.max(1,K.length-1),y=v=>h-(h-10)*v/m;
+ g+='<polyline fill="none" stroke="#0077BB" stroke-width="2" points="'+K.map((v,k)=>x(k)+','+y(v)).join(' ')+'"/>';
+ K.forEach((v,k)=>{g+='<circle class="kv" cx="'+x(k)+'" cy="'+y(v)+'" r="3" fill="#0077BB"><title>'+
+ (k===0?'after the prompt':'after step '+(k-1))+': '+mb(v)+'</title></circle>';});
+ document.getElementById('kv').innerHTML=g+'</svg>';document.getElementById('kv-section').hidden=false;}
 if(D.sequences.length){let h='<table class="seq"><tr><th>#</th><th>score</th><th>log p</th><th>text</th></tr>';
  D.sequences.forEach((q,k)=>{h+='<tr><td>'+(k+1)+'</td><td>'+q.score+'</td><td>'+q.logp+'</td><td>'+esc(q.text)+
  '</td></tr>';});document.getElementById('beams').innerHTML=h+'</table>';
@@ -216,6 +227,8 @@ sure)</h2><div class="lens" id="lens"></div></section>
 <section id="beam-section" hidden><h2>Beam search: the tree (bold: the beams that survived each step; ◆ a
 finished hypothesis; hover a node for its numbers) and the returned sequences, best first</h2>
 <div class="lens" id="tree"></div><div id="beams"></div></section>
+<section id="kv-section" hidden><h2>KV cache: its measured size after the prompt and after each step</h2>
+<div class="lens" id="kv"></div></section>
 <div id="tip"></div>
 <script type="application/json" id="run-data">{payload}</script>
 <script>{SCRIPT}</script></body></html>
