@@ -40,6 +40,7 @@ def _token_ticks(texts: list[str], limit: int = 40) -> list[list[tuple[float, st
 @register_view
 class DlaView(View):
     name = "dla"
+    attributes = True
     title = "Why this token"
     consumes = (LogitAttribution, LayerStep)
     attribution_requested = Signal(int, int)  # step, alternative token id (-1: the runner-up)
