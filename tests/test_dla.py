@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.tiny_models import FAMILIES, build_tiny_lm
 
 from playground.config import ConfigError
 from playground.config.dla import parse_steps
 from playground.engine.dla.attribute import Request, attribute
 from playground.engine.dla.run import single_token, wanted_steps
 from playground.models.anatomy import LAYERNORM, anatomy_of
-from support.tiny_models import FAMILIES, build_tiny_lm
 
 IDS = [1, 40, 50, 60, 70, 80, 90, 100, 110]
 

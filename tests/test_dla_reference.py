@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.seeded_models import fingerprint, seeded_model
 
 from playground.engine.dla.attribute import Request, attribute
-from support.seeded_models import fingerprint, seeded_model
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "dla_transformer_lens.json").read_text())
 CASES = {case["family"]: case for case in RECORDED["cases"]}

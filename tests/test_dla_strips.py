@@ -7,16 +7,16 @@ import math
 
 import pytest
 import torch
+from support.tiny_models import build_tiny_lm
 
 from playground.config import RunSettings
 from playground.config.words import settings_from_pane
 from playground.engine.strategies import run_strategy
-from playground.events import TokenStep, dumps_event, event_from_dict
+from playground.events import RunStarted, TokenStep, dumps_event, event_from_dict
 from playground.events.dla import LogitAttribution
 from playground.models.anatomy import anatomy_of
 from playground.state import Run
 from playground.state.dla import CAREFUL, FLOWING, FORKS, MIDDLE, MIST, DlaFold, commitment, quadrant
-from support.tiny_models import build_tiny_lm
 
 PROMPT = "The capital of France is"
 
@@ -40,7 +40,7 @@ def test_quadrants_at_entropix_thresholds():
 
 
 def test_varentropy_is_the_surprisal_variance(lm, events):
-    ids = [e.prompt_token_ids for e in events if e.type == "start"][0]
+    ids = next(e.prompt_token_ids for e in events if isinstance(e, RunStarted))
     steps = [e for e in events if isinstance(e, TokenStep)]
     with torch.no_grad():
         logits = lm.model(input_ids=torch.tensor([list(ids) + [s.token_id for s in steps]])).logits[0]
@@ -55,7 +55,7 @@ def test_varentropy_is_the_surprisal_variance(lm, events):
 
 def test_commitment_equals_the_lens_top1_history(lm, events):
     anatomy = anatomy_of(lm.model)
-    ids = [e.prompt_token_ids for e in events if e.type == "start"][0]
+    ids = next(e.prompt_token_ids for e in events if isinstance(e, RunStarted))
     steps = [e for e in events if isinstance(e, TokenStep)]
     tokens = [s.token_id for s in steps]
     with torch.no_grad():

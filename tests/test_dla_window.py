@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 from PySide6.QtCore import Qt
+from support.tiny_models import build_tiny_lm
 from windows import let_go, open_window
 
 from playground.config import RunSettings
 from playground.events import dumps_event, event_from_dict
 from playground.events.dla import LogitAttribution
 from playground.state import Run
-from support.tiny_models import build_tiny_lm
 
 
 def test_attribute_button_adds_the_step_to_the_run(qtbot, tmp_path):

@@ -26,6 +26,7 @@ class AttributionJobs:
         def busy(self) -> bool: ...
         @property
         def lm(self) -> Any: ...
+        source: Any
         def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
 
     def attribute_step(self, step: int, against: int = -1) -> None:
@@ -36,12 +37,11 @@ class AttributionJobs:
             self.banner.show_info(why)
             return
         assert run is not None and run.started is not None
-        from playground.engine.dla.run import attribute_run
-
+        source = self.source  # the local model (``lm`` is its model)
         prompt, steps = run.started.prompt_token_ids, list(run.steps)
 
         def body(should_stop, progress) -> Iterator[Any]:
-            return attribute_run(lm, prompt, steps, (step,), against=None if against < 0 else against)
+            return source.attribute(prompt, steps, step, None if against < 0 else against)
 
         self.session.live = run  # its events fold into this run, and are drawn while it is selected
         self.status.showMessage(f"Attributing step {step}…")

@@ -73,8 +73,9 @@ def _final_norm_name(model: torch.nn.Module) -> str:
 
 
 def main() -> None:
-    import transformer_lens  # noqa: F401  (fails here, before any work, outside its venv)
     from importlib.metadata import version
+
+    import transformer_lens  # noqa: F401  (fails here, before any work, outside its venv)
 
     cases, skipped = [], {}
     for family in FAMILIES:

@@ -37,6 +37,11 @@ def _token_ticks(texts: list[str], limit: int = 40) -> list[list[tuple[float, st
     return [[(float(i), visible_token_text(t)[:10]) for i, t in enumerate(texts) if i % every == 0]]
 
 
+def _largest(values: tuple[float, ...], n: int = 2) -> list[int]:
+    """The indices of the ``n`` values largest in size."""
+    return sorted(range(len(values)), key=lambda i: -abs(values[i]))[:n]
+
+
 @register_view
 class DlaView(View):
     name = "dla"
@@ -58,8 +63,8 @@ class DlaView(View):
         self.uncertainty.showGrid(x=True, y=True, alpha=0.3)
         self.uncertainty.addLegend(offset=(-4, 4), colCount=3)
         self.entropy_curve = self.uncertainty.plot([], [], pen=pg.mkPen(RAW_COLOR, width=2), name="entropy H")
-        self.varentropy_curve = self.uncertainty.plot([], [], pen=pg.mkPen("#444444", width=1, style=Qt.PenStyle.DashLine),
-                                                      name="varentropy V")
+        dashed = pg.mkPen("#444444", width=1, style=Qt.PenStyle.DashLine)
+        self.varentropy_curve = self.uncertainty.plot([], [], pen=dashed, name="varentropy V")
         self.quadrant_dots = pg.ScatterPlotItem(size=9, pen=None)
         self.uncertainty.addItem(self.quadrant_dots)
         swatches = "; ".join(f"<span style='color:{QUADRANT_COLORS[q]}'>&#9679;</span> {html.escape(text)}"
@@ -265,10 +270,8 @@ class DlaView(View):
         top = float(np.abs(heads).max()) if heads.size else 1.0
         self.heads_bar.setLevels((-top or -1.0, top or 1.0))
         best = np.unravel_index(int(np.argmax(np.abs(heads))), heads.shape) if heads.size else (0, 0)
-        order = np.argsort(-np.abs(np.array(a.attention) + 0)) if a.attention else []
-        attn_top = ", ".join(f"L{i + 1} {a.attention[i]:+.2f}" for i in order[:2])
-        mlp_order = np.argsort(-np.abs(np.array(a.mlp))) if a.mlp else []
-        mlp_top = ", ".join(f"L{i + 1} {a.mlp[i]:+.2f}" for i in mlp_order[:2])
+        attn_top = ", ".join(f"L{i + 1} {a.attention[i]:+.2f}" for i in _largest(a.attention))
+        mlp_top = ", ".join(f"L{i + 1} {a.mlp[i]:+.2f}" for i in _largest(a.mlp))
         cap = (f"; after soft-capping at {a.softcap:g}: {a.capped_difference:+.3f}" if a.softcap else "")
         other = sum(a.other)
         steer = f"; other writes (steering) {other:+.3f}" if abs(other) > 1e-3 else ""
