@@ -17,7 +17,18 @@ import html
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from playground.events import Event, LayerStep, TokenStep
 from playground.events.dla import LogitAttribution
@@ -29,7 +40,7 @@ from playground.ui.views.base import View
 
 QUADRANT_COLORS = {"flowing": "#009988", "careful": "#0077BB", "forks": "#EE7733", "mist": "#CC3311",
                    "middle": "#BBBBBB"}
-NEVER = "#DDDDDD"
+CONTENT_HEIGHT = 640  # px: the default window's dock shows it whole; a shorter one scrolls
 
 
 def _token_ticks(texts: list[str], limit: int = 40) -> list[list[tuple[float, str]]]:
@@ -59,7 +70,7 @@ class DlaView(View):
         self.header.setTextFormat(Qt.TextFormat.PlainText)
 
         self.uncertainty = pg.PlotWidget()
-        self.uncertainty.setLabel("left", "bits / bits²")
+        self.uncertainty.setLabel("left", "H, V")
         self.uncertainty.showGrid(x=True, y=True, alpha=0.3)
         self.uncertainty.addLegend(offset=(-4, 4), colCount=3)
         self.entropy_curve = self.uncertainty.plot([], [], pen=pg.mkPen(RAW_COLOR, width=2), name="entropy H")
@@ -74,7 +85,6 @@ class DlaView(View):
         self.quadrant_note.setWordWrap(True)
 
         self.commitment = pg.PlotWidget()
-        self.commitment.setLabel("left", "lens keeps it")
         self.commitment.setTitle("Commitment: first layer from which the lens keeps the emitted token (grey: never)",
                                  size="9pt")
         self.commitment.getAxis("left").setTicks([[(0.5, "top-5"), (1.5, "top-1")]])
@@ -84,7 +94,6 @@ class DlaView(View):
                                               label="layer")
         self.commitment_bar.setImageItem(self.commitment_image, insert_in=self.commitment.getPlotItem())
         self.commitment.setXLink(self.uncertainty)
-        self.commitment.setMinimumHeight(100)
 
         self.step_choice = QComboBox()
         self.step_choice.currentIndexChanged.connect(lambda _i: self._draw_attribution())
@@ -99,7 +108,7 @@ class DlaView(View):
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
 
         self.bars = pg.PlotWidget()
-        self.bars.setLabel("left", "logit difference A − B")
+        self.bars.setLabel("left", "A − B (logits)")
         self.bars.setLabel("bottom", "layer")
         self.bars.showGrid(x=False, y=True, alpha=0.3)
         self.bars.addLegend(offset=(-4, 4))
@@ -109,7 +118,7 @@ class DlaView(View):
             self.bars.addItem(item)
 
         self.running = pg.PlotWidget()
-        self.running.setLabel("left", "A − B after the layer")
+        self.running.setLabel("left", "A − B so far")
         self.running.setLabel("bottom", "layer")
         self.running.showGrid(x=True, y=True, alpha=0.3)
         self.running.addLegend(offset=(-4, 4))
@@ -124,8 +133,8 @@ class DlaView(View):
         self.heads.setLabel("bottom", "layer")
         self.heads_image = pg.ImageItem(axisOrder="row-major")
         self.heads.addItem(self.heads_image)
-        self.heads_bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False,
-                                         label="head's A − B")
+        self.heads.setTitle("Each head's share of A − B (red raises A, blue raises B)", size="9pt")
+        self.heads_bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False)
         self.heads_bar.setImageItem(self.heads_image, insert_in=self.heads.getPlotItem())
 
         ask = QHBoxLayout()
@@ -136,7 +145,22 @@ class DlaView(View):
         charts = QHBoxLayout()
         charts.addWidget(self.bars, 3)
         charts.addWidget(self.running, 2)
-        layout = QVBoxLayout(self)
+        for plot, least in ((self.uncertainty, 110), (self.commitment, 100), (self.bars, 150), (self.running, 150),
+                            (self.heads, 110)):
+            # the word-wrapped labels make the scroll area size its content by height-for-width, which would
+            # add up the plots' preferred 480-600 px: a plot takes the room it is given, at least ``least``
+            plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
+            plot.setMinimumHeight(least)
+        content = QWidget()
+        content.setMinimumHeight(CONTENT_HEIGHT)  # below it the dock scrolls: the plots keep room for their axes
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        layout = QVBoxLayout(content)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.header)
         layout.addWidget(self.uncertainty, 2)
