@@ -124,3 +124,23 @@ def test_steps_words_and_single_tokens():
     assert lm.tokenizer.encode(word, add_special_tokens=False) == [single_token(lm, word, "w")]
     with pytest.raises(ConfigError, match="tokens for this model"):
         single_token(lm, " Shanghai coffee", "--attribute-against")
+
+
+def test_every_step_asked_costs_one_forward_pass_together():
+    from playground.engine.dla.run import attribute_run
+
+    lm = build_tiny_lm()
+
+    class Step:
+        def __init__(self, step, token_id):
+            self.step, self.token_id, self.text = step, token_id, str(token_id)
+
+    steps = [Step(i, t) for i, t in enumerate([60, 70, 80, 90])]
+    calls = []
+    handle = lm.model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        found = list(attribute_run(lm, [1, 40, 50], steps, None))
+    finally:
+        handle.remove()
+    assert [a.step for a in found] == [0, 1, 2, 3] and len(calls) == 1
+    assert [a.position for a in found] == [2, 3, 4, 5] and [a.token_id for a in found] == [60, 70, 80, 90]

@@ -117,3 +117,36 @@ def test_attributions_are_kept_with_the_saved_run_and_drawn(qtbot, events):
     assert asked == [(3, -1)]
     view.reset()
     assert view.step_choice.count() == 0 and not view.attn_bars.opts["height"]
+
+
+def test_a_steering_vector_is_its_own_component():
+    from pathlib import Path
+
+    from playground.engine.dla.attribute import frozen_scale
+    from playground.engine.steering.files import load_vector
+    from playground.engine.steering.hooks import SteeringHooks
+
+    lm = build_tiny_lm(seed=0)
+    vector_file = Path(__file__).parent / "data" / "steering" / "tiny-happy-sad.safetensors"
+    settings = settings_from_pane(RunSettings(prompt=PROMPT, chat=False, max_new_tokens=3),
+                                  f"greedy --steer {vector_file}:2 --steer-layers 1 --attribute-steps 1")
+    events = list(run_strategy(lm, settings))
+    (a,) = [e for e in events if isinstance(e, LogitAttribution)]
+    assert a.components_sum == pytest.approx(a.difference, abs=1e-5)
+    assert abs(a.other[0]) < 1e-5  # block 0 is not steered
+    # block 1's other write is 2 × its direction, through the final norm frozen at the steered state
+    anatomy = anatomy_of(lm.model)
+    ids = list(next(e.prompt_token_ids for e in events if isinstance(e, RunStarted)))
+    ids += [e.token_id for e in events if isinstance(e, TokenStep)][:1]
+    vector = load_vector(vector_file)
+    direction = torch.from_numpy(vector.directions[1]).double()
+    hooks = SteeringHooks(lm.model, [vector.within((1, 1))], (2.0,), (1,), None, lm.device)
+    seen: list[torch.Tensor] = []
+    handle = anatomy.final_norm.register_forward_hook(lambda m, i, o: seen.append(i[0][0, -1].double()))
+    with torch.no_grad(), hooks.installed(), hooks.active():
+        lm.model(input_ids=torch.tensor([ids]))
+    handle.remove()
+    u = (anatomy.lm_head.weight[a.token_id] - anatomy.lm_head.weight[a.against_id]).detach().double()
+    w = anatomy.final_norm.weight.detach().double()
+    expected = float((2.0 * direction * w * frozen_scale(anatomy.final_norm, anatomy.norm_kind, seen[0])) @ u)
+    assert a.other[1] == pytest.approx(expected, abs=1e-5) and abs(expected) > 1e-3
