@@ -38,7 +38,7 @@ def parse_steps(text: str) -> tuple[int, ...] | None:
 class AttributionSettings(SettingsGroup):
     name = "dla"
     title = "Logit attribution"
-    order = 40
+    order = 99  # its box after the built-ins
 
     def active(self) -> bool:
         return bool(self.attribute_steps or self.attribute_word)
