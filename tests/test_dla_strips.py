@@ -114,7 +114,12 @@ def test_attributions_are_kept_with_the_saved_run_and_drawn(qtbot, events):
     view.attribution_requested.connect(lambda step, against: asked.append((step, against)))
     view.ask_step.setValue(3)
     view.ask_button.click()
-    assert asked == [(3, -1)]
+    step3 = run.steps[3]
+    offered = [view.against_choice.itemData(i) for i in range(view.against_choice.count())]
+    assert offered == [-1] + [c.token_id for c in step3.candidates if c.token_id != step3.token_id]
+    view.against_choice.setCurrentIndex(2)
+    view.ask_button.click()
+    assert asked == [(3, -1), (3, offered[2])]
     view.reset()
     assert view.step_choice.count() == 0 and not view.attn_bars.opts["height"]
 

@@ -102,7 +102,11 @@ class DlaView(View):
         self.ask_button = QPushButton("Attribute")
         self.ask_button.setToolTip("Split this step's logit difference (its token over the runner-up) by layer and "
                                    "head: one extra forward pass of the loaded model")
-        self.ask_button.clicked.connect(lambda: self.attribution_requested.emit(self.ask_step.value(), -1))
+        self.against_choice = QComboBox()
+        self.against_choice.setToolTip("The alternative B: the runner-up, or any candidate the step recorded")
+        self.ask_step.valueChanged.connect(lambda _v: self._fill_against())
+        self.ask_button.clicked.connect(lambda: self.attribution_requested.emit(
+            self.ask_step.value(), int(self.against_choice.currentData() if self.against_choice.count() else -1)))
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
@@ -111,7 +115,7 @@ class DlaView(View):
         self.bars.setLabel("left", "A − B (logits)")
         self.bars.setLabel("bottom", "layer")
         self.bars.showGrid(x=False, y=True, alpha=0.3)
-        self.bars.addLegend(offset=(-4, 4))
+        self.bars.addLegend(offset=(8, 4))  # top left: the early layers' bars are short
         self.attn_bars = pg.BarGraphItem(x=[], height=[], width=0.4, brush=RAW_COLOR, name="attention")
         self.mlp_bars = pg.BarGraphItem(x=[], height=[], width=0.4, brush=PROCESSED_COLOR, name="MLP")
         for item in (self.attn_bars, self.mlp_bars):
@@ -121,7 +125,7 @@ class DlaView(View):
         self.running.setLabel("left", "A − B so far")
         self.running.setLabel("bottom", "layer")
         self.running.showGrid(x=True, y=True, alpha=0.3)
-        self.running.addLegend(offset=(-4, 4))
+        self.running.addLegend(offset=(8, 4))
         self.running_curve = self.running.plot([], [], pen=pg.mkPen("#222222", width=2), symbol="o", symbolSize=5,
                                                name="running sum (frozen norm)")
         self.lens_curve = self.running.plot([], [], pen=pg.mkPen(RAW_COLOR, width=2, style=Qt.PenStyle.DashLine),
@@ -141,6 +145,8 @@ class DlaView(View):
         ask.addWidget(QLabel("Attributed step"))
         ask.addWidget(self.step_choice, 1)
         ask.addWidget(self.ask_step)
+        ask.addWidget(QLabel("over"))
+        ask.addWidget(self.against_choice)
         ask.addWidget(self.ask_button)
         charts = QHBoxLayout()
         charts.addWidget(self.bars, 3)
@@ -240,6 +246,19 @@ class DlaView(View):
         self.uncertainty.getAxis("bottom").setTicks(ticks)
         self.commitment.getAxis("bottom").setTicks(ticks)
         self.ask_step.setRange(0, max(0, len(steps) - 1))
+        self._fill_against()
+
+    def _fill_against(self) -> None:
+        """The alternatives offered for the asked step: the runner-up, then the step's recorded candidates."""
+        steps = self.run.steps if self.run is not None else []
+        step = self.ask_step.value()
+        self.against_choice.clear()
+        self.against_choice.addItem("the runner-up", -1)
+        if step < len(steps):
+            chosen = steps[step].token_id
+            for c in steps[step].candidates:
+                if c.token_id != chosen:
+                    self.against_choice.addItem(f"'{visible_token_text(c.text)}' ({c.raw_prob:.1%})", c.token_id)
 
     def _draw_commitment(self) -> None:
         s = self.state
