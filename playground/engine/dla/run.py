@@ -47,7 +47,10 @@ def _attributed(events: Iterator[Event], lm: LoadedModel, dla: AttributionSettin
         elif isinstance(event, Rollback):  # a phrase ban took these steps back
             del steps[event.position:]
         elif isinstance(event, RunFinished) and event.stop_reason != "stopped":
-            yield from attribute_run(lm, prompt, steps, dla.steps(), dla.attribute_word, against)
+            try:
+                yield from attribute_run(lm, prompt, steps, dla.steps(), dla.attribute_word, against)
+            except ConfigError as error:  # e.g. a quantized copy's head holds no float weight: the run still ends
+                yield AttributionMissing(what=f"no attribution: {error}")
         yield event
 
 
