@@ -253,7 +253,7 @@ PREFILL_KEYS = {"type", "prompt_tokens", "prefill_ms", "kv_cache_bytes", "forwar
 # mirostat's state (None without it), the raw candidates the what-if reads, a constraint's mask (None without one)
 TOKEN_KEYS = {"type", "step", "token_id", "text", "prob", "raw_prob", "logprob", "raw_rank", "entropy",
               "processed_entropy", "candidates", "shown_raw_mass", "effects", "forced", "step_ms", "kv_cache_bytes",
-              "mirostat_mu", "raw_top", "grammar"}
+              "mirostat_mu", "raw_top", "grammar", "varentropy"}
 CANDIDATE_KEYS = {"token_id", "text", "raw_prob", "processed_prob", "raw_rank", "cut_by"}
 EFFECT_KEYS = {"name", "removed", "reweighted"}
 BEAM_STEP_KEYS = {"type", "step", "parents", "token_ids", "scores", "candidates", "step_ms", "kv_cache_bytes",

@@ -48,7 +48,7 @@ def test_the_catalog_keeps_the_menus_order():
     # A strategy's groups: its own, then the shared ones in their order, whichever module registered first.
     assert [g.name for g in get_strategy("beam").groups] == ["beam", "kv", "lens", "forced_words", "beam_groups",
                                                              "quant", "steering"]
-    assert [g.name for g in get_strategy("greedy").groups] == ["lens", "quant", "steering_sweep", "steering"]
+    assert [g.name for g in get_strategy("greedy").groups] == ["lens", "quant", "steering_sweep", "steering", "dla"]
 
 
 @pytest.mark.parametrize("command", ["trace", "shot", "app"])

@@ -66,6 +66,7 @@ class StepAnalysis:
         # −Σ p ln p, 0 ln 0 = 0 (the recording took it already when it ran)
         nats = whole.entropy if whole is not None else float(torch.special.entr(self.raw_probs()).sum().item())
         entropy = nats / LN2
+        varentropy = raw_varentropy(self.raw_probs()[0], self.raw_logprobs[0], entropy)
         kept_probs = self.kept_probs if self.kept_probs is not None else self.processed_probs
         processed_entropy = float(torch.special.entr(kept_probs).sum().item()) / LN2
 
@@ -86,8 +87,14 @@ class StepAnalysis:
             shown_raw_mass=sum(math.exp(lp) for lp in logprob_values[: len(self.top_ids)]),
             effects=effects, forced=forced, step_ms=step_ms, kv_cache_bytes=kv_bytes, mirostat_mu=self.mirostat_mu,
             raw_top=self.raw_top,
-            grammar=self.grammar,
+            grammar=self.grammar, varentropy=varentropy,
         )
+
+
+def raw_varentropy(probs: torch.Tensor, logprobs: torch.Tensor, entropy_bits: float) -> float:
+    """Σ p (log2 p + H)², in bits² (entropix's varentropy): how much the surprisal varies ([vocab] each)."""
+    surprise = torch.where(probs > 0, logprobs / LN2 + entropy_bits, 0.0)
+    return float((probs * surprise * surprise).sum().item())
 
 
 def analyse_step(

@@ -24,6 +24,7 @@ from playground.events.codec import EventDecodeError, dumps_event, event_to_dict
 from playground.events.codec import event_from_dict as _event_from_dict
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.events.contrastive_search import SearchStarted, SearchStep
+from playground.events.dla import AttributionMissing, LogitAttribution
 from playground.events.kv import KVCompare, KVPhase, KVQuality, KVStarted, KVStep, KVSweep
 from playground.events.layers import LayersStarted, LayerStep
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
@@ -82,6 +83,7 @@ Event: TypeAlias = (
     | QuantReady | QuantStep | QuantSummary | QuantTable
     | SpeculativeStarted | SpeculativeRound
     | SteeringStarted | SteeringNorms | SteerStep
+    | LogitAttribution | AttributionMissing
 )
 
 

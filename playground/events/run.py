@@ -184,6 +184,7 @@ class TokenStep:
     raw_top: RawCandidates | None = None
     # What a constraint's mask did at this step; None without one (and in older saved runs).
     grammar: GrammarStep | None = None
+    varentropy: float | None = None  # variance of the raw distribution's surprisal, bits²; None: older saved runs
 
     # What the numbers are, for views that must not guess from the event's class (a server's steps override
     # these as fields): whether the step has probabilities at all, and whether ``prob`` is a second distribution

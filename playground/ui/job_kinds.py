@@ -21,6 +21,7 @@ class JobKind(str, Enum):
     CONNECT = ("connect", "Could not connect to the server", False, True, False, False)
     TEST = ("test", "", False, True, False, False)  # the "Server…" dialog's test: the dialog shows its answer
     TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
+    ATTRIBUTE = ("attribute", "Could not attribute the step", True, False, False, False)  # a view's Attribute
 
     failure: str
     stoppable: bool

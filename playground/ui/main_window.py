@@ -31,6 +31,7 @@ from playground.config.steering import LiveStrength, SteeringSettings
 from playground.events import PrefillProgress
 from playground.state import Branch, Run, Session
 from playground.ui import window_layout, window_state
+from playground.ui.attribution_job import AttributionJobs
 from playground.ui.background_jobs import BackgroundJobs, running_orphans
 from playground.ui.banner import MessageBanner
 from playground.ui.controls import RunControls
@@ -53,7 +54,7 @@ from playground.ui.worker import GeneratorJob, StepChooser
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
 
-class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
+class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, QMainWindow):
     closed = Signal()  # the window really closed
 
     def __init__(self, model_settings: ModelSettings | None = None, run_settings: RunSettings | None = None,
@@ -103,6 +104,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
                 picker.run_on_requested.connect(self._run_on)
             if view.sets_strength:  # a strength slider (the steering view): the running run's live strength
                 cast(Any, view).strength_requested.connect(self._steer_live)
+            if view.attributes:  # an Attribute button (the "why this token" view): ui/attribution_job.py
+                cast(Any, view).attribution_requested.connect(self.attribute_step)
         self.run_views = RunViews(self.views, self.docks, self.status)
         self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
         self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)

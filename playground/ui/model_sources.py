@@ -109,6 +109,12 @@ class LocalModel(ModelSource):
         return run_strategy(self.lm, settings, RunContext(should_stop=should_stop, steering=steering), progress,
                             chooser=chooser)
 
+    def attribute(self, prompt: Any, steps: Any, step: int, against: int | None) -> Iterator[Any]:
+        """A view's Attribute: ``step`` of a run decoded here, attributed in one forward pass (ui/attribution_job)."""
+        from playground.engine.dla.run import attribute_run
+
+        return attribute_run(self.lm, prompt, steps, (step,), against=against)
+
     def train_tuned_lens(self, should_stop: StopCheck, progress: Progress) -> Path | None:
         """Tools → Train tuned lens: the model's translators trained and saved (None: stopped, nothing saved)."""
         from playground.engine.layers.tune_job import train_for_model

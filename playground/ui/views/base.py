@@ -64,6 +64,7 @@ class View(QWidget):
     # Live steering: the view has a strength slider (the signal ``strength_requested(float)``); the window sets the
     # running run's live strength from it (``playground.config.steering.LiveStrength``).
     sets_strength: ClassVar[bool] = False
+    attributes: ClassVar[bool] = False  # signal ``attribution_requested(step, against)``: the window attributes it
 
     branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
 
