@@ -200,7 +200,7 @@ def scan(stores: Iterable[Store] | None = None) -> Scan:
     looked = tuple(all_stores() if stores is None else stores)
     entries: list[StoreEntry] = []
     skipped: list[str] = []
-    seen: set[Path] = set()
+    seen: dict[Path, Store] = {}
     for store in looked:
         if not store.root.is_dir():
             continue
@@ -210,9 +210,10 @@ def scan(stores: Iterable[Store] | None = None) -> Scan:
             if isinstance(item, str):
                 skipped.append(item)
                 continue
-            key = item.path.resolve()
-            if key not in seen:  # a model linked into two stores is listed once, under the first
-                seen.add(key)
+            key = item.path.absolute()
+            # An added folder inside a store: its models are listed once, under the first store (one store's two
+            # names for one file, Ollama's `cp`, are both listed).
+            if seen.setdefault(key, store) == store:
                 entries.append(item)
     return Scan(tuple(entries), looked, time.perf_counter() - started, tuple(skipped))
 
