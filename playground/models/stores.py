@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
+from typing import Any
 
 from playground.errors import UserError
 from playground.models.gguf_header import GGUFHeaderError, read_gguf_header
@@ -346,7 +347,7 @@ def describe_folder(folder: Path, store: str = "folder", name: str | None = None
         raise ValueError(f"{folder}: config.json cannot be read ({error})") from error
     if not isinstance(config, dict):
         raise ValueError(f"{folder}: config.json is not a JSON object")
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     model_type = str(config.get("model_type", ""))
     weights = _weight_files(folder)
     size = sum(p.stat().st_size for p in weights)
@@ -455,8 +456,12 @@ def human_bytes(count: int | None) -> str:
 def human_count(count: int | None, estimated: bool = False) -> str:
     if count is None:
         return "?"
-    text = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.0f} M" if count >= 1e7 else \
-        f"{count / 1e6:.1f} M"
+    if count >= 1e9:
+        text = f"{count / 1e9:.2f} B"
+    elif count >= 1e6:
+        text = f"{count / 1e6:.0f} M" if count >= 1e7 else f"{count / 1e6:.1f} M"
+    else:
+        text = f"{count / 1e3:.0f} K"
     return f"~{text}" if estimated else text
 
 
