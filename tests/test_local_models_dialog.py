@@ -14,7 +14,6 @@ from test_stores import _sparse_model, _write_small_gguf
 from playground.ui.dialogs.local_models import COLUMNS, LocalModelsDialog
 from playground.ui.model_picker import ModelPicker
 
-
 TINY = Path(".lmstudio/models/someone/tiny-GGUF/tiny.Q8_0.gguf")
 
 
