@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, Qt
 from test_stores import _sparse_model, _write_small_gguf
 
 from playground.ui.dialogs.local_models import COLUMNS, LocalModelsDialog
@@ -45,6 +45,9 @@ def test_the_dialog_lists_the_stores_and_loads_the_chosen_one_at_its_dtype(qtbot
     qtbot.addWidget(picker)
     picker.device.setCurrentText("cpu")
     picker.dtype.setCurrentText("float32")
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    offered = picker.dtype.itemData(picker.dtype.findText("bfloat16"), Qt.ItemDataRole.ToolTipRole)
+    assert ("fast on this CPU" in offered) == ("avx512_bf16" in flags or "amx_bf16" in flags), offered
     dialog = picker.show_local_models()
     assert list(_rows(dialog)) == ["someone/tiny-GGUF/tiny.Q8_0.gguf"]  # no added folder yet
     dialog.add(str(home / "mine"))
