@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -22,6 +23,7 @@ import pytest
 
 import playground
 from playground.cli import main
+from playground.config import RunSettings
 from playground.resources import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,20 +72,44 @@ def test_the_wheel_carries_the_resources_and_both_commands(wheel):
     assert package <= names  # every module of the package
 
 
-def test_an_installed_copy_runs_from_its_own_files(wheel, tmp_path):
-    site = tmp_path / "site-packages"
+@pytest.fixture(scope="module")
+def site(wheel, tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("installed") / "site-packages"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)  # what pip does with a pure wheel (less the scripts, which call cli.main)
+    return site
+
+
+def _installed_env(site: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1", "QT_QPA_PLATFORM": "offscreen"}
+
+
+def test_an_installed_copy_runs_from_its_own_files(site, tmp_path):
     # The engine's own resource paths are the same RESOURCES_DIR (torch is left out: its import alone is seconds).
     code = ("import playground, playground.presets as p, playground.resources as r, playground.cli as c; "
             "print(playground.__file__, r.resources_dir(), len(p.all_presets()), flush=True); c.main(['--version'])")
-    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
-    ran = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    ran = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_installed_env(site), capture_output=True,
+                         text=True)
     assert ran.returncode == 0, ran.stderr
     module, resources, presets, version = ran.stdout.split(maxsplit=3)
     assert Path(module).is_relative_to(site) and Path(resources) == site / "playground" / "resources"
     assert int(presets) == len(list((ROOT / "resources" / "presets").glob("*.json")))
     assert version.strip() == f"decoding-playground {playground.__version__}"
+
+
+def test_the_installed_copy_draws_the_window(site, tmp_path, tiny_lm):
+    """`shot` from the installed copy: the whole window, offscreen, on a saved run (no model to load)."""
+    from playground.engine.strategies import run_strategy
+    from playground.traces import write_trace
+
+    write_trace(list(run_strategy(tiny_lm, RunSettings(prompt="Hello", max_new_tokens=4, chat=False))),
+                tmp_path / "run.jsonl")
+    out = tmp_path / "window.png"
+    ran = subprocess.run([sys.executable, "-m", "playground", "shot", "--from-trace", "run.jsonl", "--out", str(out)],
+                         cwd=tmp_path, env=_installed_env(site), capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (1500, 950)
 
 
 class _CaseSensitive(configparser.ConfigParser):
