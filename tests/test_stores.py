@@ -322,3 +322,42 @@ def test_fast_bf16_and_free_ram_read_the_kernels_files(tmp_path):
     meminfo.write_text("MemTotal:       24684000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n")
     free = free_ram(meminfo)
     assert free is not None and free.bytes == 20_000_000 * 1024
+
+
+def _gemma_folder() -> Path | None:
+    """The Gemma 3 270M the playground fetched and converted (issue 34, point 1), if it is on this computer."""
+    from playground.models.paths import models_dir
+
+    for marker in sorted(models_dir().glob("gemma-3-270m*/playground-source.json")):
+        gguf = marker.parent / str(json.loads(marker.read_text()).get("gguf", ""))
+        if gguf.is_file() and (marker.parent / "model.safetensors").is_file():
+            return marker.parent
+    return None
+
+
+@pytest.mark.model
+@pytest.mark.skipif(_gemma_folder() is None, reason="Gemma 3 270M is not fetched")
+def test_the_gemma_gguf_is_listed_as_gemma_3_in_ollama_and_lm_studio(tmp_path):
+    from safetensors import safe_open
+
+    folder = _gemma_folder()
+    assert folder is not None
+    source = json.loads((folder / "playground-source.json").read_text())
+    gguf, digest = folder / source["gguf"], source["gguf_sha256"]
+    _link(gguf, tmp_path / ".lmstudio" / "models" / "lmstudio-community" / "gemma-3-270m-GGUF" / gguf.name)
+    ollama = tmp_path / ".ollama" / "models"
+    _link(gguf, ollama / "blobs" / f"sha256-{digest}")
+    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "gemma3" / "270m"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                "digest": f"sha256:{digest}"}]}))
+    found = scan(_stores_of(tmp_path))
+    assert sorted((e.store, e.name) for e in found.entries) == [
+        ("LM Studio", f"lmstudio-community/gemma-3-270m-GGUF/{gguf.name}"), ("Ollama", "gemma3:270m")]
+    with safe_open(folder / "model.safetensors", "np") as weights:
+        parameters = sum(prod(weights.get_slice(k).get_shape()) for k in weights.keys())  # noqa: SIM118
+    for entry in found.entries:
+        assert (entry.model_type, entry.family, entry.parameters, entry.views, entry.problem) == (
+            "gemma3_text", "Gemma 3", parameters, "every view", None)
+        assert entry.quantization == "Q4_K_M" and "q4_k_m" in gguf.name.lower()
+        assert entry.file_bytes == gguf.stat().st_size
