@@ -159,8 +159,10 @@ def stores(tmp_path_factory):
             {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{GGUF_SHA256}",
              "size": gguf.stat().st_size},
             {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "1" * 64, "size": 10}]}))
-    # A folder of the user's own: a model folder two levels down and a loose GGUF.
+    # A folder of the user's own: a model folder two levels down, a loose GGUF and a GGUF split in two.
     mine = home / "my-models"
+    for part in (1, 2):
+        _link(gguf, mine / "split" / f"smol-{part:05d}-of-00002.gguf")
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         _link(folder / name, mine / "chat" / "smollm2" / name)
     _link(gguf, mine / "loose" / "smol.gguf")
@@ -189,7 +191,7 @@ def test_every_store_lists_the_default_model_with_its_figures(stores):
         ("LM Studio", f"lmstudio-community/SmolLM2-135M-Instruct-GGUF/{gguf_name}"),  # ~/.lmstudio/models
         ("LM Studio", f"lmstudio-community/SmolLM2-135M-Instruct-GGUF/{gguf_name}"),  # ~/.cache/lm-studio/models
         ("Ollama", "smollm2:135m"), ("Ollama", "someone/smol:q4_1"),
-        ("folder", "chat/smollm2"), ("folder", "loose/smol.gguf")])
+        ("folder", "chat/smollm2"), ("folder", "loose/smol.gguf"), ("folder", "split/smol-00001-of-00002.gguf")])
     names = {(e.store, e.name): e for e in found.entries}
     hub = stores / ".cache" / "huggingface" / "hub"
     # huggingface_hub's own scan finds the same repos at the same snapshots.
@@ -201,7 +203,12 @@ def test_every_store_lists_the_default_model_with_its_figures(stores):
     float32_bytes = (default_model_dir() / "model.safetensors").stat().st_size
     with (default_model_dir() / "model.safetensors").open("rb") as file:
         header_bytes = 8 + int.from_bytes(file.read(8), "little")
+    split = names["folder", "split/smol-00001-of-00002.gguf"]
+    assert split.problem is not None and "split GGUF (part 1 of 2)" in split.problem
+    assert split.file_bytes == 2 * default_gguf_path().stat().st_size  # both parts
     for entry in found.entries:
+        if entry is split:
+            continue
         assert (entry.family, entry.parameters, entry.problem, entry.views) == ("Llama", parameters, None,
                                                                               "every view"), entry
         if entry.format == "gguf":

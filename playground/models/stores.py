@@ -252,7 +252,7 @@ def _lmstudio_entries(store: Store) -> Iterator[StoreEntry | str]:
             yield _described(describe_folder, repo, store.kind, name)
             continue
         for gguf in sorted(repo.glob("*.gguf")):
-            if not _is_projector_name(gguf.name):
+            if not _not_a_model_name(gguf.name):
                 yield _described(describe_gguf, gguf, store.kind, f"{name}/{gguf.name}")
 
 
@@ -289,12 +289,14 @@ def _folder_entries(store: Store) -> Iterator[StoreEntry | str]:
             yield _described(describe_folder, folder, store.kind, name)
             continue
         for file in sorted(files):
-            if file.lower().endswith(".gguf") and not _is_projector_name(file):
+            if file.lower().endswith(".gguf") and not _not_a_model_name(file):
                 yield _described(describe_gguf, folder / file, store.kind, str((folder / file).relative_to(root)))
 
 
-def _is_projector_name(name: str) -> bool:
-    return name.lower().startswith("mmproj")
+def _not_a_model_name(name: str) -> bool:
+    """A vision projector (``mmproj-*.gguf``), or a split GGUF's later part (its first part stands for all)."""
+    split = _SPLIT.search(name)
+    return name.lower().startswith("mmproj") or (split is not None and int(split[1]) != 1)
 
 
 def _described(describe_one: Callable[[Path, str, str], StoreEntry], path: Path, store: str,
