@@ -285,7 +285,7 @@ def test_a_model_that_does_not_fit_is_refused_before_loading_with_the_figures(tm
     assert f"{need_gb:.0f} GB" in message and f"{free / 1e9:.0f} GB" in message and "float32" in message
     flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     assert f"At bfloat16 it needs {rows * width * 2 / 1e9:.0f} GB and would fit" in message
-    assert ("fast bfloat16 (avx512_bf16)" in message or "fast bfloat16 (amx_bf16)" in message) == (
+    assert ("fast on this CPU: avx512_bf16" in message or "fast on this CPU: amx_bf16" in message) == (
         " avx512_bf16" in flags or " amx_bf16" in flags)
     entry = describe_folder(folder)
     assert fit_problem(entry, "bfloat16", free_ram(), fast_bf16_cpu()) is None

@@ -78,7 +78,7 @@ def fit_problem(entry: StoreEntry, dtype: str, free: FreeMemory | None, bf16_fla
                f"{human_bytes(free.bytes)} of {free.where} is free.")
     half = entry.memory_bytes("bfloat16")
     if size > 2 and half is not None and half <= free.bytes:
-        why = f"this CPU has fast bfloat16 ({bf16_flag})" if bf16_flag else "slower on this CPU than float32"
+        why = f"fast on this CPU: {bf16_flag}" if bf16_flag else "but slower than float32 on this CPU"
         message += f" At bfloat16 it needs {human_bytes(half)} and would fit ({why})."
     else:
         message += " Close other programs, or pick a smaller model or a device with more memory."
