@@ -56,7 +56,9 @@ def resolve_model_source(path: str | None) -> tuple[Path, str | None, str]:
     if candidate.is_file():
         if candidate.suffix.lower() != ".gguf" and not is_gguf(candidate):  # Ollama's blobs have no suffix
             raise ModelLoadError(f"{candidate} is a file but not a .gguf: open a model folder or a .gguf file")
-        return candidate.parent, candidate.name, candidate.stem
+        from playground.models.stores import ollama_name
+
+        return candidate.parent, candidate.name, ollama_name(candidate) or candidate.stem
     cached = _find_in_hf_cache(path)
     if cached is not None:
         return cached, None, path

@@ -277,6 +277,16 @@ def _ollama_entries(store: Store) -> Iterator[StoreEntry | str]:
         yield _described(describe_gguf, blob, store.kind, name)
 
 
+def ollama_name(blob: Path) -> str | None:
+    """The NAME:TAG an Ollama blob is stored under (its store's manifests), or None for a file outside one."""
+    if blob.parent.name != "blobs" or not blob.name.startswith("sha256-"):
+        return None
+    for entry in _ollama_entries(Store("Ollama", blob.parent.parent)):
+        if isinstance(entry, StoreEntry) and entry.path == blob:
+            return entry.name
+    return None
+
+
 def _folder_entries(store: Store) -> Iterator[StoreEntry | str]:
     root = store.root
     for here, dirs, files in os.walk(root, followlinks=True):
