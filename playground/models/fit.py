@@ -92,7 +92,10 @@ def check_fits(path: Path, dtype: str, device: str) -> StoreEntry | None:
         entry = describe(path)
     except (OSError, ValueError):  # unreadable here: the loader's own error says it better
         return None
-    problem = fit_problem(entry, dtype, free_memory(device), fast_bf16_cpu() if device == "cpu" else None)
-    if problem:
-        raise ModelDoesNotFit(problem)
+    bf16 = fast_bf16_cpu() if device == "cpu" else None
+    # On a GPU the weights pass through RAM first (loaded there, then moved): both must hold them.
+    for free in ([free_ram(), free_memory(device)] if device.startswith("cuda") else [free_memory(device)]):
+        problem = fit_problem(entry, dtype, free, bf16)
+        if problem:
+            raise ModelDoesNotFit(problem)
     return entry
