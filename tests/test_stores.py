@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from math import prod
 from pathlib import Path
@@ -276,15 +277,19 @@ def _mem_available() -> int:
 def test_a_model_that_does_not_fit_is_refused_before_loading_with_the_figures(tmp_path):
     free = _mem_available()
     width = 4096
-    rows = int(free * 1.5 / 4 / width)  # float32 needs 1.5x the free RAM, bfloat16 0.75x
+    # float32 needs 1.3x the free RAM, bfloat16 0.65x: the other programs here may take or give back some meanwhile
+    rows = int(free * 1.3 / 4 / width)
     folder = _sparse_model(tmp_path / "big", rows, width)
     started = time.perf_counter()
     with pytest.raises(ModelDoesNotFit) as refusal:
         load_model(ModelSettings(path=str(folder), device="cpu", dtype="float32"))
-    assert time.perf_counter() - started < 5  # nothing was read: the weights alone are 1.5x the free RAM
+    assert time.perf_counter() - started < 30  # nothing was read (reading 1.3x the free RAM would take minutes)
     message = str(refusal.value)
     need_gb = rows * width * 4 / 1e9
-    assert f"{need_gb:.0f} GB" in message and f"{free / 1e9:.0f} GB" in message and "float32" in message
+    assert f"need {need_gb:.0f} GB for the weights alone" in message and "at float32 (4 bytes each)" in message
+    said = re.search(r"and ([\d.]+) GB of RAM \(MemAvailable\) is free", message)
+    assert said is not None, message
+    assert abs(float(said[1]) - free / 1e9) < 0.2 * free / 1e9  # what the kernel said then, give or take the others
     flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     assert f"At bfloat16 it needs {rows * width * 2 / 1e9:.0f} GB and would fit" in message
     assert ("fast on this CPU: avx512_bf16" in message or "fast on this CPU: amx_bf16" in message) == (
