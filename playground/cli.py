@@ -18,7 +18,8 @@ from playground.config import DEVICES, DTYPES
 if TYPE_CHECKING:
     from playground.events import Event
 
-COMMANDS = ("app", "trace", "shot", "open", "html", "presets", "quant-report", "fetch-model")
+COMMANDS = ("app", "trace", "shot", "open", "html", "presets", "quant-report", "fetch-model", "models",
+            "install-desktop")
 
 
 def _prepare_environment() -> None:
@@ -49,7 +50,10 @@ def _add_picture_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from playground import __version__
+
     parser = argparse.ArgumentParser(prog="playground", description="Watch, steer and compare how an LM decodes.")
+    parser.add_argument("--version", action="version", version=f"decoding-playground {__version__}")
     commands = parser.add_subparsers(dest="command")
     app = commands.add_parser("app", help="open the desktop app (the default when no command is given)")
     add_run_options(app)
@@ -81,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--eval-tokens", type=int, default=512, help="evaluation text tokens scored")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
+    models = commands.add_parser("models", help="list the models on this computer (Hugging Face cache, LM Studio, "
+                                                "Ollama, added folders) with their size and memory, nothing loaded")
+    models.add_argument("--dtype", choices=DTYPES, default="auto", help="the memory column's dtype (auto: float32)")
+    models.add_argument("--device", choices=DEVICES, default="auto", help="whose free memory they are checked against")
+    models.add_argument("--add", type=Path, default=None, metavar="DIR", help="add a folder to search for models")
+    models.add_argument("--remove", type=Path, default=None, metavar="DIR", help="stop searching an added folder")
+    models.add_argument("--json", action="store_true", help="one JSON object per model instead of the table")
+    desktop = commands.add_parser("install-desktop", help="add the app to the desktop's menus (a .desktop entry and "
+                                                          "its icon under ~/.local/share)")
+    desktop.add_argument("--uninstall", action="store_true", help="remove the entry and the icon")
     return parser
 
 
@@ -245,6 +259,21 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from playground.models.listing import models_report
+
+    print(models_report(add=args.add, remove=args.remove, dtype=args.dtype, device=args.device, as_json=args.json))
+    return 0
+
+
+def cmd_install_desktop(args: argparse.Namespace) -> int:
+    from playground.desktop import install_desktop, uninstall_desktop
+
+    for path in (uninstall_desktop() if args.uninstall else install_desktop()):
+        print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _prepare_environment()
     from playground.config.plugins import CapabilityError, load_capabilities
@@ -256,12 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in {*COMMANDS, "-h", "--help"}:
+    if not argv or argv[0] not in {*COMMANDS, "-h", "--help", "--version"}:
         argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "html": cmd_html,
-                "presets": cmd_presets,
-                "quant-report": cmd_quant_report, "fetch-model": cmd_fetch}
+                "presets": cmd_presets, "quant-report": cmd_quant_report, "fetch-model": cmd_fetch,
+                "models": cmd_models, "install-desktop": cmd_install_desktop}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

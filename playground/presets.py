@@ -17,8 +17,8 @@ from pathlib import Path
 
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import get_strategy
+from playground.resources import RESOURCES_DIR
 
-RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
 PRESETS_DIR = RESOURCES_DIR / "presets"
 
 

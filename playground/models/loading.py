@@ -20,6 +20,7 @@ from playground.config.catalog import Progress
 from playground.errors import UserError
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
+from playground.models.gguf_header import is_gguf
 from playground.models.gguf_reads import gguf_read_once
 from playground.models.loaded import LoadedModel
 
@@ -53,9 +54,11 @@ def resolve_model_source(path: str | None) -> tuple[Path, str | None, str]:
                                  "folder (pick the folder that holds config.json, or a .gguf file)")
         return candidate, None, candidate.name
     if candidate.is_file():
-        if candidate.suffix.lower() != ".gguf":
+        if candidate.suffix.lower() != ".gguf" and not is_gguf(candidate):  # Ollama's blobs have no suffix
             raise ModelLoadError(f"{candidate} is a file but not a .gguf: open a model folder or a .gguf file")
-        return candidate.parent, candidate.name, candidate.stem
+        from playground.models.stores import ollama_name
+
+        return candidate.parent, candidate.name, ollama_name(candidate) or candidate.stem
     cached = _find_in_hf_cache(path)
     if cached is not None:
         return cached, None, path
@@ -110,12 +113,15 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from playground.models.device import choose_device, choose_dtype
+    from playground.models.fit import check_fits
 
     try:
         device = choose_device(settings.device)
     except ValueError as error:
         raise ModelLoadError(str(error)) from error
     dtype = choose_dtype(settings.dtype, device)
+    # Before anything is read or converted: weights that would not fit are refused with the figures.
+    check_fits(folder / gguf_file if gguf_file else folder, str(dtype).removeprefix("torch."), str(device))
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": settings.trust_remote_code}
     if gguf_file:
         common["gguf_file"] = gguf_file

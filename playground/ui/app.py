@@ -48,13 +48,17 @@ def launch(model_settings: ModelSettings | None, run_settings: RunSettings | Non
         # torch's OpenMP threads spin-wait by default and starve next to a GUI thread (30x slower decoding).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from playground.resources import resources_dir
     from playground.ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Decoding Playground")
     app.setOrganizationName("decoding-playground")
+    QApplication.setDesktopFileName("decoding-playground")  # the entry `playground install-desktop` writes (its icon)
+    QApplication.setWindowIcon(QIcon(str(resources_dir() / "icons" / "decoding-playground.svg")))
     window = MainWindow(model_settings, run_settings)
     window.resize(1500, 950)
     window.show()

@@ -84,6 +84,10 @@ class ModelPicker(QGroupBox):
         self.open_server.setToolTip("Use a model on an OpenAI-compatible server (llama.cpp's llama-server, vLLM, …) "
                                     "instead of loading one here")
         self.server_dialog = None  # made on first use (a ServerDialog)
+        self.open_local = QPushButton("On this computer…")
+        self.open_local.setToolTip("The models already here: the Hugging Face cache, LM Studio, Ollama and folders "
+                                   "you add, with their size and the memory each needs (nothing loaded to list them)")
+        self.local_dialog = None  # made on first use (a LocalModelsDialog)
         self.device = QComboBox()
         self.device.addItems(DEVICES)
         self.device.setCurrentText(spec.device)
@@ -113,6 +117,7 @@ class ModelPicker(QGroupBox):
         form.setContentsMargins(0, 0, 0, 0)
         form.addRow("model", self.source)
         form.addRow("", buttons)
+        form.addRow("", self.open_local)
         dev = QHBoxLayout()
         dev.addWidget(self.device)
         dev.addWidget(QLabel("dtype"))
@@ -135,6 +140,8 @@ class ModelPicker(QGroupBox):
         self.open_folder.clicked.connect(self._pick_folder)
         self.open_gguf.clicked.connect(self._pick_gguf)
         self.open_server.clicked.connect(self.show_server_dialog)
+        self.open_local.clicked.connect(self.show_local_models)
+        self._describe_bfloat16()
         self.update_fetch_button()
 
     def refresh_sources(self, current: str | None = None) -> None:
@@ -189,6 +196,42 @@ class ModelPicker(QGroupBox):
         self.server_dialog.open()
         return self.server_dialog
 
+    def show_local_models(self):  # -> LocalModelsDialog
+        """Open "On this computer…" (its list read again); choosing a model there loads it at its dtype."""
+        from playground.models.listing import resolved_device, resolved_dtype
+        from playground.ui.dialogs.local_models import LocalModelsDialog
+
+        try:
+            device = resolved_device(self.device.currentText())
+        except ValueError:  # an absent device: its memory is not known, RAM stands for it
+            device = "cpu"
+        dtype = resolved_dtype(self.dtype.currentText(), device)
+        if self.local_dialog is None:
+            self.local_dialog = LocalModelsDialog(dtype, device, parent=self)
+            self.local_dialog.chosen.connect(self._load_local)
+        else:
+            self.local_dialog.dtype.setCurrentText(dtype)
+            self.local_dialog.refresh()
+        self.local_dialog.open()
+        return self.local_dialog
+
+    def _load_local(self, path: str, dtype: str) -> None:
+        self.choose_path(path)
+        self.dtype.setCurrentText(dtype)
+        self.load_requested.emit(self.model_settings())
+
+    def _describe_bfloat16(self) -> None:
+        """bfloat16's entry says whether it is fast on this CPU (avx512_bf16 / AMX): where it is, it is offered."""
+        from PySide6.QtCore import Qt
+
+        from playground.models.fit import fast_bf16_cpu
+        from playground.ui.dialogs.local_models import bf16_note
+
+        index = self.dtype.findText("bfloat16")
+        if index >= 0:
+            self.dtype.setItemData(index, bf16_note(fast_bf16_cpu(), "cpu") + " (on a GPU: what auto picks)",
+                                   Qt.ItemDataRole.ToolTipRole)
+
     def remember_server(self, source: RemoteSource) -> None:
         self._store.setValue(SERVER_KEY, json.dumps(source.as_plain_dict()))
 
@@ -198,7 +241,8 @@ class ModelPicker(QGroupBox):
         self.fetch.setVisible(not is_default_model_ready())
 
     def set_busy(self, busy: bool) -> None:
-        for widget in (self.load, self.fetch, self.open_folder, self.open_gguf, self.open_server, self.source):
+        for widget in (self.load, self.fetch, self.open_folder, self.open_gguf, self.open_server, self.open_local,
+                       self.source):
             widget.setEnabled(not busy)
         if not busy:
             self.progress.hide()

@@ -9,15 +9,15 @@ The texts live in ``resources/calibration/`` (public domain; calibration and eva
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from playground.engine.quant.targets import decoder_linears as decoder_linears  # re-exported: by full name
 from playground.models.anatomy import anatomy_of
+from playground.resources import RESOURCES_DIR
 
-CALIBRATION_DIR = Path(__file__).resolve().parents[3] / "resources" / "calibration"
+CALIBRATION_DIR = RESOURCES_DIR / "calibration"
 
 
 def load_text(name: str) -> str:

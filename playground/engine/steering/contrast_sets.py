@@ -21,8 +21,9 @@ from playground.config.errors import ConfigError
 from playground.config.steering import parse_layer_range
 from playground.engine.steering.build import ContrastSet
 from playground.engine.steering.vector import METHODS
+from playground.resources import RESOURCES_DIR
 
-SETS_DIR = Path(__file__).resolve().parents[3] / "resources" / "steering"
+SETS_DIR = RESOURCES_DIR / "steering"
 
 
 @dataclass(frozen=True)
