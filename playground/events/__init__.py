@@ -27,6 +27,7 @@ from playground.events.contrastive_search import SearchStarted, SearchStep
 from playground.events.kv import KVCompare, KVPhase, KVQuality, KVStarted, KVStep, KVSweep
 from playground.events.layers import LayersStarted, LayerStep
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
+from playground.events.patching import PatchingDone, PatchingRow, PatchingStarted
 from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
 from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.events.run import (
@@ -42,6 +43,7 @@ from playground.events.run import (
     TokenNumbers,
     TokenStep,
 )
+from playground.events.salience import SalienceAgreement, SalienceMap
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
 from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
 from playground.events.steps import StepEvent, UnitStep, is_step_event, is_unit_step, is_unit_step_type
@@ -82,6 +84,7 @@ Event: TypeAlias = (
     | QuantReady | QuantStep | QuantSummary | QuantTable
     | SpeculativeStarted | SpeculativeRound
     | SteeringStarted | SteeringNorms | SteerStep
+    | SalienceMap | SalienceAgreement | PatchingStarted | PatchingRow | PatchingDone
 )
 
 
