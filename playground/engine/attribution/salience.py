@@ -49,8 +49,8 @@ def ig_points(steps: int, rule: str) -> tuple[list[float], list[float]]:
     if rule == "gausslegendre":
         x, w = np.polynomial.legendre.leggauss(steps)
         return [float(a) for a in 0.5 * (1 + x)], [float(v) for v in 0.5 * w]
-    if rule == "riemann_trapezoid":
-        weights = [1.0 / (steps - 1)] * steps
+    if rule == "riemann_trapezoid":  # Captum's weights as it defines them: 1/n each, the two ends halved
+        weights = [1.0 / steps] * steps
         weights[0] /= 2
         weights[-1] /= 2
         return [float(a) for a in np.linspace(0, 1, steps)], weights
