@@ -102,6 +102,14 @@ def test_the_strategy_streams_every_row(tiny_lm):
     same = [p for p in range(len(started.clean_ids)) if p not in started.differ]
     assert max(abs(rows[0].recovered[p]) for p in same) < 1e-3
     assert max(abs(v) for v in rows[0].recovered) > 0.05
+    # the cells left uncomputed (activations equal in both runs) equal a full row's computed ones
+    patcher = Patcher(tiny_lm)
+    clean, corrupted = patcher.record(started.clean_ids), patcher.record(started.corrupted_ids)
+    for row in rows:
+        full = patcher.patched_row(row.map, row.layer, clean, corrupted)
+        share = (full[:, started.answer_id] - full[:, started.foil_id] - started.corrupted_diff) / (
+            started.clean_diff - started.corrupted_diff)
+        assert list(row.recovered) == pytest.approx(share.tolist(), abs=1e-4)
     assert sum(isinstance(e, PatchingDone) for e in events) == 2 and isinstance(events[-1], RunFinished)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 PATCH_MAPS = ("residual", "attention", "mlp")
-MAP_TITLES = {"residual": "residual stream (entering each block)", "attention": "attention output",
+MAP_TITLES = {"residual": "residual stream", "attention": "attention output",
               "mlp": "MLP output"}
 
 

@@ -3,7 +3,8 @@ time, and the share of the logit difference that comes back.
 
 Both prompts are read once with hooks that keep, per decoder block, the residual stream entering it, its attention
 output and its MLP output (the anatomy's output projections, before the residual add). A map's row for block L is
-one batched pass with a row per position: the batch starts *at block L* from the corrupted run's cached state
+one batched pass with a row per position (only the positions where the two runs' activations differ: patching
+any other changes nothing, so its cell is 0 without computing it): the batch starts *at block L* from the corrupted run's cached state
 (blocks before L pass their input through untouched, so they cost nothing) and runs blocks L.. to the logits.
 Residual map: row p's state entering L has position p replaced by the clean one. Attention / MLP maps: the state is
 the corrupted one, and block L's attention (MLP) output at position p is replaced by the clean output there.
@@ -142,19 +143,30 @@ class Patcher:
             if handle is not None:
                 handle.remove()
 
-    def patched_row(self, kind: str, layer: int, clean: Recorded, corrupted: Recorded) -> torch.Tensor:
-        """Logits [T, vocab]: row p with ``kind`` at block ``layer``, position p, taken from the clean run."""
+    def patched_row(self, kind: str, layer: int, clean: Recorded, corrupted: Recorded,
+                    positions: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits [len(positions), vocab]: a row per position p (every position by default) with ``kind`` at
+        block ``layer``, position p, taken from the clean run."""
         source, target = clean.of(kind)[layer], corrupted.of(kind)[layer]  # [T, d]
         length = source.shape[0]
-        eye = torch.eye(length, dtype=torch.bool, device=source.device)[:, :, None]  # [B=T, T, 1]
+        rows = torch.tensor(list(range(length)) if positions is None else list(positions), device=source.device)
+        eye = (torch.arange(length, device=source.device)[None, :] == rows[:, None])[:, :, None]  # [B, T, 1]
         if kind == "residual":
             state = torch.where(eye, source[None], target[None])
             return self.run_from(layer, state)
         values = torch.where(eye, source[None].float(), torch.tensor(float("nan"), device=source.device))
         block = self.anatomy.layer(layer)
         module = block.attention.output if kind == "attention" else block.mlp.output
-        state = corrupted.resid[layer][None].expand(length, -1, -1)
+        state = corrupted.resid[layer][None].expand(len(rows), -1, -1)
         return self.run_from(layer, state, (module, values))
+
+
+def changed_positions(clean: Recorded, corrupted: Recorded, kind: str, layer: int) -> list[int]:
+    """The positions whose activation differs between the two runs: patching any other writes the corrupted
+    run's own value back (every position before the first differing token, by causal attention), so its cell is
+    0 without a pass."""
+    differs = (clean.of(kind)[layer] != corrupted.of(kind)[layer]).any(dim=-1)  # [T]
+    return [int(p) for p in torch.nonzero(differs).flatten()]
 
 
 def logit_diff(logits: torch.Tensor, answer: int, foil: int) -> torch.Tensor:
@@ -172,6 +184,11 @@ def patch_map_rows(patcher: Patcher, kind: str, clean: Recorded, corrupted: Reco
     corrupted_diff = float(logit_diff(corrupted.logits, answer, foil))
     for layer in range(patcher.layers):
         start = time.perf_counter()
-        logits = patcher.patched_row(kind, layer, clean, corrupted)
-        share = recovered_share(logit_diff(logits, answer, foil), clean_diff, corrupted_diff)
-        yield layer, [float(v) for v in share.double().cpu()], time.perf_counter() - start
+        share = [0.0] * clean.resid[0].shape[0]
+        positions = changed_positions(clean, corrupted, kind, layer)
+        if positions:
+            logits = patcher.patched_row(kind, layer, clean, corrupted, positions)
+            shares = recovered_share(logit_diff(logits, answer, foil), clean_diff, corrupted_diff)
+            for p, value in zip(positions, shares.double().cpu().tolist(), strict=True):
+                share[p] = float(value)
+        yield layer, share, time.perf_counter() - start
