@@ -21,6 +21,7 @@ class JobKind(str, Enum):
     CONNECT = ("connect", "Could not connect to the server", False, True, False, False)
     TEST = ("test", "", False, True, False, False)  # the "Server…" dialog's test: the dialog shows its answer
     TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
+    SALIENCE = ("salience", "Could not explain the step", True, False, False, False)  # the salience view's button
 
     failure: str
     stoppable: bool

@@ -4,8 +4,9 @@ time, and the share of the logit difference that comes back.
 Both prompts are read once with hooks that keep, per decoder block, the residual stream entering it, its attention
 output and its MLP output (the anatomy's output projections, before the residual add). A map's row for block L is
 one batched pass with a row per position (only the positions where the two runs' activations differ: patching
-any other changes nothing, so its cell is 0 without computing it): the batch starts *at block L* from the corrupted run's cached state
-(blocks before L pass their input through untouched, so they cost nothing) and runs blocks L.. to the logits.
+any other changes nothing, so its cell is 0 without computing it): the batch starts *at block L* from the
+corrupted run's cached state (blocks before L pass their input through untouched, so they cost nothing) and runs
+blocks L.. to the logits.
 Residual map: row p's state entering L has position p replaced by the clean one. Attention / MLP maps: the state is
 the corrupted one, and block L's attention (MLP) output at position p is replaced by the clean output there.
 The model's own forward runs around the wrapped blocks (masks, rotary embeddings, final norm, LM head, soft-cap),

@@ -64,6 +64,9 @@ class View(QWidget):
     # Live steering: the view has a strength slider (the signal ``strength_requested(float)``); the window sets the
     # running run's live strength from it (``playground.config.steering.LiveStrength``).
     sets_strength: ClassVar[bool] = False
+    # On-demand salience: the view asks for a step's maps (the signal ``salience_requested(int)``); the window runs
+    # them as a job on the shown run (``playground.ui.salience_job``).
+    explains_steps: ClassVar[bool] = False
 
     branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
 

@@ -95,6 +95,7 @@ class SalienceView(View):
     name = "salience"
     title = "Prompt salience"
     consumes = (SalienceMap,)
+    explains_steps = True
     salience_requested = Signal(int)  # the step to explain
 
     def __init__(self, parent: QWidget | None = None) -> None:
