@@ -5,12 +5,12 @@ model), Stop ending a salience job, and a patching run's maps drawn from its row
 from __future__ import annotations
 
 import numpy as np
+from windows import let_go, open_window
 
 from playground.config import RunSettings
 from playground.events.patching import PatchingRow
 from playground.events.salience import SalienceAgreement, SalienceMap
 from playground.ui.job_kinds import JobKind
-from windows import let_go, open_window
 
 WAIT_MS = 30000
 

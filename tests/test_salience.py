@@ -6,6 +6,7 @@ correlation equals one computed here from its definition with ties."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,34 +37,35 @@ def case(tiny_lm):
     def forward(input_ids):
         return torch.log_softmax(tiny_lm.model(input_ids=input_ids).logits[:, -1].float(), -1)[:, TARGET]
 
-    return tiny_lm, ids, f, forward, torch.tensor([ids]), baseline_token(tiny_lm)
+    return SimpleNamespace(lm=tiny_lm, ids=ids, f=f, forward=forward, x=torch.tensor([ids]),
+                           base=baseline_token(tiny_lm))
 
 
 def test_occlusion_equals_feature_ablation(case):
-    lm, ids, f, forward, x, base = case
-    reference = captum_attr.FeatureAblation(forward).attribute(x, baselines=base)[0].double().numpy()
-    mine = occlusion(f, base, batch=5)  # batches that do not divide the length
+    c = case
+    reference = captum_attr.FeatureAblation(c.forward).attribute(c.x, baselines=c.base)[0].double().numpy()
+    mine = occlusion(c.f, c.base, batch=5)  # batches that do not divide the length
     assert np.abs(reference).max() > 0.05
     np.testing.assert_allclose(mine, reference, atol=1e-4)
 
 
 def test_grad_x_input_equals_captum(case):
-    lm, ids, f, forward, x, base = case
-    layer = lm.model.get_input_embeddings()
-    reference = captum_attr.LayerGradientXActivation(forward, layer).attribute(x).sum(-1)[0].detach().double()
-    np.testing.assert_allclose(grad_x_input(f), reference.numpy(), rtol=1e-3, atol=1e-6)
+    c = case
+    layer = c.lm.model.get_input_embeddings()
+    reference = captum_attr.LayerGradientXActivation(c.forward, layer).attribute(c.x).sum(-1)[0].detach().double()
+    np.testing.assert_allclose(grad_x_input(c.f), reference.numpy(), rtol=1e-3, atol=1e-6)
 
 
 @pytest.mark.parametrize("rule,steps", [("gausslegendre", 16), ("riemann_trapezoid", 9)])
 def test_integrated_gradients_equal_captum(case, rule, steps):
-    lm, ids, f, forward, x, base = case
-    lig = captum_attr.LayerIntegratedGradients(forward, lm.model.get_input_embeddings())
-    reference = lig.attribute(x, baselines=torch.full_like(x, base), n_steps=steps, method=rule)
+    c = case
+    lig = captum_attr.LayerIntegratedGradients(c.forward, c.lm.model.get_input_embeddings())
+    reference = lig.attribute(c.x, baselines=torch.full_like(c.x, c.base), n_steps=steps, method=rule)
     reference = reference.sum(-1)[0].detach().double().numpy()
-    mine, figures = integrated_gradients(f, base, steps, rule, batch=4)
+    mine, figures = integrated_gradients(c.f, c.base, steps, rule, batch=4)
     np.testing.assert_allclose(mine, reference, rtol=1e-3, atol=1e-5)
     with torch.no_grad():  # completeness against two forwards computed here
-        expected = float(forward(x)[0] - forward(torch.full_like(x, base))[0])
+        expected = float(c.forward(c.x)[0] - c.forward(torch.full_like(c.x, c.base))[0])
     assert figures["expected_sum"] == pytest.approx(expected, abs=1e-5)
     assert figures["sum"] == pytest.approx(float(mine.sum()))
 
@@ -85,19 +87,19 @@ def test_spearman_with_ties():
 
 
 def test_events_of_a_step(case):
-    lm, ids, f, forward, x, base = case
+    c = case
     output = [TARGET, 9, 11]
-    events = list(salience_events(lm, ids, output, 1, ig_steps=4))
+    events = list(salience_events(c.lm, c.ids, output, 1, ig_steps=4))
     maps = [e for e in events if isinstance(e, SalienceMap)]
     assert [m.method for m in maps] == ["occlusion", "grad_x_input", "integrated_gradients"]
-    assert maps[0].token_ids == (*ids, TARGET) and maps[0].target_id == 9 and maps[0].prompt_tokens == len(ids)
-    assert len(maps[0].scores) == len(ids) + 1 == len(maps[0].tokens)
+    assert maps[0].token_ids == (*c.ids, TARGET) and maps[0].target_id == 9 and maps[0].prompt_tokens == len(c.ids)
+    assert len(maps[0].scores) == len(c.ids) + 1 == len(maps[0].tokens)
     agreement = events[-1]
     assert isinstance(agreement, SalienceAgreement)
     assert agreement.rho[0] == pytest.approx(_spearman_by_hand(maps[0].scores, maps[1].scores))
     with pytest.raises(ConfigError, match="step 3 is not in the run"):
-        list(salience_events(lm, ids, output, 3))
+        list(salience_events(c.lm, c.ids, output, 3))
     # Stop: occlusion polls before each batch, so no map is made and no agreement follows
-    stopped = list(salience_events(lm, ids, output, 0, ("occlusion", "integrated_gradients"),
+    stopped = list(salience_events(c.lm, c.ids, output, 0, ("occlusion", "integrated_gradients"),
                                    should_stop=lambda: True))
     assert stopped == []

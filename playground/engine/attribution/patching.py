@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -45,7 +46,7 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def _first(output: object) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple) else output  # type: ignore[return-value,index]
+    return cast(torch.Tensor, output[0] if isinstance(output, tuple) else output)
 
 
 class Patcher:
@@ -102,7 +103,7 @@ class Patcher:
         layers = [layer.module for layer in self.anatomy.all_layers()]
 
         def skip(hidden: torch.Tensor | None = None, *args: object, **kwargs: object) -> torch.Tensor:
-            return hidden if hidden is not None else kwargs["hidden_states"]  # type: ignore[return-value]
+            return hidden if hidden is not None else cast(torch.Tensor, kwargs["hidden_states"])
 
         def begin(original: Callable) -> Callable:
             def forward(*args: object, **kwargs: object) -> object:
@@ -132,7 +133,7 @@ class Patcher:
             def replace(_m: nn.Module, _args: tuple, output: object) -> object:
                 h = _first(output)
                 h = torch.where(where, values.to(h.dtype), h)
-                return (h, *output[1:]) if isinstance(output, tuple) else h  # type: ignore[index]
+                return (h, *output[1:]) if isinstance(output, tuple) else h
             handle = module.register_forward_hook(replace)
         batch, length = state.shape[:2]
         zeros = torch.zeros(batch, length, state.shape[-1], dtype=state.dtype, device=state.device)

@@ -70,7 +70,7 @@ def run_patching(lm: LoadedModel, settings: RunSettings, context: RunContext | N
 
 
 def _rows(lm, settings, context, patcher, clean_ids, corrupted_ids, clean_text, maps, differ, clean, corrupted,
-          answer, foil, clean_diff, corrupted_diff) -> Iterator[Event]:  # type: ignore[no-untyped-def]
+          answer, foil, clean_diff, corrupted_diff) -> Iterator[Event]:
     recorder = RunRecorder(lm, settings, context, groups=(PatchingSettings,))
     yield recorder.started(list(clean_ids), clean_text)
     texts = context_texts(lm, [answer])[0], context_texts(lm, [foil])[0]

@@ -204,10 +204,9 @@ def salience_events(lm: LoadedModel, prompt_ids: Sequence[int], output_ids: Sequ
                 scores = grad_x_input(f)
                 detail = "∂ log p / ∂ embedding · embedding, summed over the embedding"
             else:
-                scores, figures = integrated_gradients(
-                    f, base, ig_steps, ig_rule, should_stop,
-                    lambda done, k=k, title=title: say(f"Salience of step {step}: {title}…",
-                                                       (k + done) / len(methods)))
+                def along(done: float, k: int = k, title: str = title) -> None:
+                    say(f"Salience of step {step}: {title}…", (k + done) / len(methods))
+                scores, figures = integrated_gradients(f, base, ig_steps, ig_rule, should_stop, along)
                 detail = (f"{ig_steps} points ({ig_rule}) from every token {base_text!r} to the context; "
                           f"sum {figures['sum']:.3f} vs log p − log p(baseline) {figures['expected_sum']:.3f}")
         except SalienceStopped:

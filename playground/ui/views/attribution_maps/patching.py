@@ -6,6 +6,7 @@ scale clamped to −1..1 with its colour bar. Rows fill in as the run computes t
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
@@ -64,9 +65,9 @@ class PatchingView(View):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.header = rich_label("")
+        self.header = rich_label()
         self.maps = {kind: PatchMap(kind) for kind in PATCH_MAPS}
-        self.note = rich_label("")
+        self.note = rich_label()
         layout = QVBoxLayout(self)
         layout.addWidget(self.header)
         row = QHBoxLayout()
@@ -143,7 +144,7 @@ class PatchingView(View):
         self.note.setText("; ".join(parts) + status + ". Residual: the stream entering each block (block 0: the "
                           "embeddings); attention and MLP: each block's output before the residual add.")
 
-    def export_data(self, path) -> None:  # type: ignore[no-untyped-def]
+    def export_data(self, path: Path) -> None:
         if self.started is None:
             raise ValueError("no patching run is shown")
         lines = ["map,block,position,clean_token,corrupted_token,recovered"]

@@ -100,7 +100,7 @@ class SalienceView(View):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.header = rich_label("")
+        self.header = rich_label()
         self.step_box = QSpinBox()
         self.step_box.setPrefix("step ")
         self.explain = QPushButton("Explain step")
@@ -118,13 +118,13 @@ class SalienceView(View):
         layout.addLayout(controls)
         layout.addWidget(self.header)
         for method in SALIENCE_METHODS:
-            name, row = rich_label(""), rich_label("")
+            name, row = rich_label(), rich_label()
             layout.addWidget(name)
             layout.addWidget(row)
             self.rows[method] = (name, row)
-        self.agreement = rich_label("")
+        self.agreement = rich_label()
         layout.addWidget(self.agreement)
-        self.legend = rich_label("")
+        self.legend = rich_label()
         self.legend.setText(
             f'<span style="background-color:{POSITIVE}">&nbsp;&nbsp;&nbsp;</span> raised log p(token) · '
             f'<span style="background-color:{NEGATIVE}">&nbsp;&nbsp;&nbsp;</span> lowered it · each row on its own '
