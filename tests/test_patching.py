@@ -11,7 +11,7 @@ from playground.config.patching import PatchingSettings
 from playground.engine.attribution.patching import Patcher
 from playground.engine.strategies import run_strategy
 from playground.events import RunFinished
-from playground.events.patching import PatchingDone, PatchingRow, PatchingStarted
+from playground.events.patching import PatchingRow, PatchingStarted
 
 CLEAN, CORRUPTED = "the cat sat on the mat", "the mat sat on the cat"  # the same number of tokens
 
@@ -110,7 +110,7 @@ def test_the_strategy_streams_every_row(tiny_lm):
         share = (full[:, started.answer_id] - full[:, started.foil_id] - started.corrupted_diff) / (
             started.clean_diff - started.corrupted_diff)
         assert list(row.recovered) == pytest.approx(share.tolist(), abs=1e-4)
-    assert sum(isinstance(e, PatchingDone) for e in events) == 2 and isinstance(events[-1], RunFinished)
+    assert isinstance(events[-1], RunFinished) and set(events[-1].figures) == {"residual_s", "mlp_s"}
 
 
 def test_refusals(tiny_lm):

@@ -31,7 +31,7 @@ def parse_maps(text: str) -> tuple[str, ...]:
 class PatchingSettings(SettingsGroup):
     name = "patching"
     title = "Activation patching"
-    order = 81
+    order = 111
 
     corrupted: str = setting("", "corrupted prompt", "the prompt to patch into: the run's prompt (the clean "
                              "one) with a few words changed, the same number of tokens")
@@ -60,4 +60,4 @@ register_strategy(Strategy(
     "patching", "activation patching: the clean prompt's activations put into --corrupted's run, per layer and "
     "position, and the share of the logit difference they recover (residual, attention and MLP maps)",
     groups=(PatchingSettings,), step_events=(PatchingRow,),
-    runner="playground.engine.attribution.patching_run:run_patching", takes_progress=True, order=95))
+    runner="playground.engine.attribution.patching_run:run_patching", takes_progress=True, decodes=False, order=110))

@@ -39,7 +39,7 @@ def parse_methods(text: str) -> tuple[str, ...]:
 class SalienceSettings(SettingsGroup):
     name = "salience"
     title = "Prompt salience"
-    order = 80
+    order = 110
 
     salience: str = setting(
         "", "salience methods", "after the run, explain one step's token by the context tokens: occlusion, "

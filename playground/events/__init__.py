@@ -27,7 +27,7 @@ from playground.events.contrastive_search import SearchStarted, SearchStep
 from playground.events.kv import KVCompare, KVPhase, KVQuality, KVStarted, KVStep, KVSweep
 from playground.events.layers import LayersStarted, LayerStep
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
-from playground.events.patching import PatchingDone, PatchingRow, PatchingStarted
+from playground.events.patching import PatchingRow, PatchingStarted
 from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
 from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.events.run import (
@@ -84,7 +84,7 @@ Event: TypeAlias = (
     | QuantReady | QuantStep | QuantSummary | QuantTable
     | SpeculativeStarted | SpeculativeRound
     | SteeringStarted | SteeringNorms | SteerStep
-    | SalienceMap | SalienceAgreement | PatchingStarted | PatchingRow | PatchingDone
+    | SalienceMap | SalienceAgreement | PatchingStarted | PatchingRow
 )
 
 

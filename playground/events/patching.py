@@ -45,13 +45,3 @@ class PatchingRow:
     layer: int  # 0-based decoder block
     recovered: tuple[float, ...]  # per position
     seconds: float  # this row's compute time
-
-
-@dataclass(frozen=True)
-class PatchingDone:
-    """A map is complete (every layer): its time, and how many batched passes it took."""
-
-    type: ClassVar[str] = "patching_map_done"
-    map: str
-    seconds: float
-    passes: int

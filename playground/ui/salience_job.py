@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from playground.config.salience import SalienceSettings
 from playground.state import Run, Session
 from playground.ui.banner import MessageBanner
 from playground.ui.job_kinds import JobKind
+from playground.ui.model_sources import LocalModel, ModelSource
 from playground.ui.runs_list import RunsList
 from playground.ui.status_bar import RunStatusBar
 
@@ -48,6 +48,7 @@ class SalienceJobs:
     runs_list: RunsList
     run_views: RunViews
     _salience_run: Run | None
+    source: ModelSource | None
 
     if TYPE_CHECKING:
         @property
@@ -62,17 +63,12 @@ class SalienceJobs:
         if refusal is not None:
             self.banner.show_info(refusal)
             return
-        assert run is not None and run.started is not None and self.lm is not None
-        from playground.engine.attribution.salience import salience_events
-
-        lm, group = self.lm, run.settings.group(SalienceSettings)
-        prompt, output = run.started.prompt_token_ids, run.generated_ids
-        methods = group.methods() or None
+        source = self.source
+        assert run is not None and run.started is not None and isinstance(source, LocalModel)
+        prompt, output, settings = run.started.prompt_token_ids, run.generated_ids, run.settings
 
         def body(should_stop, progress) -> Iterator[Any]:
-            kwargs = {"methods": methods} if methods else {}
-            yield from salience_events(lm, prompt, output, step, ig_steps=group.ig_steps, ig_rule=group.ig_rule,
-                                       should_stop=should_stop, progress=progress, **kwargs)
+            yield from source.explain_step(prompt, output, step, settings, should_stop, progress)
 
         self._salience_run = run
         self.status.showMessage(f"Explaining step {step} of run #{run.index + 1}…")

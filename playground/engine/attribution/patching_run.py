@@ -16,8 +16,8 @@ from playground.engine.attribution.salience import context_texts
 from playground.engine.prompt import encode_prompt
 from playground.engine.run_context import RunContext
 from playground.engine.run_events import RunRecorder
-from playground.events import Event
-from playground.events.patching import PatchingDone, PatchingRow, PatchingStarted
+from playground.events import Event, PrefillDone
+from playground.events.patching import PatchingRow, PatchingStarted
 from playground.models.loaded import LoadedModel
 
 
@@ -58,7 +58,9 @@ def run_patching(lm: LoadedModel, settings: RunSettings, context: RunContext | N
     if not differ:
         raise ConfigError("the corrupted prompt is the clean one: change a few words in it")
     patcher = Patcher(lm)
+    start = time.perf_counter()
     clean, corrupted = patcher.record(clean_ids), patcher.record(corrupted_ids)
+    read_ms = (time.perf_counter() - start) * 1000
     answer, foil = answer_and_foil(lm, group, clean.logits, corrupted.logits)
     clean_diff = float(logit_diff(clean.logits, answer, foil))
     corrupted_diff = float(logit_diff(corrupted.logits, answer, foil))
@@ -66,11 +68,11 @@ def run_patching(lm: LoadedModel, settings: RunSettings, context: RunContext | N
         raise ConfigError("the two prompts give the same logit difference: nothing to recover (choose another "
                           "--patch-answer / --patch-foil)")
     return _rows(lm, settings, context, patcher, clean_ids, corrupted_ids, clean_text, maps, differ,
-                 clean, corrupted, answer, foil, clean_diff, corrupted_diff)
+                 clean, corrupted, answer, foil, clean_diff, corrupted_diff, read_ms)
 
 
 def _rows(lm, settings, context, patcher, clean_ids, corrupted_ids, clean_text, maps, differ, clean, corrupted,
-          answer, foil, clean_diff, corrupted_diff) -> Iterator[Event]:
+          answer, foil, clean_diff, corrupted_diff, read_ms) -> Iterator[Event]:
     recorder = RunRecorder(lm, settings, context, groups=(PatchingSettings,))
     yield recorder.started(list(clean_ids), clean_text)
     texts = context_texts(lm, [answer])[0], context_texts(lm, [foil])[0]
@@ -78,11 +80,14 @@ def _rows(lm, settings, context, patcher, clean_ids, corrupted_ids, clean_text, 
                           clean_ids=tuple(clean_ids), corrupted_ids=tuple(corrupted_ids), layers=patcher.layers,
                           maps=maps, answer_id=answer, answer_text=texts[0], foil_id=foil, foil_text=texts[1],
                           clean_diff=clean_diff, corrupted_diff=corrupted_diff, differ=differ)
+    recorder.prefill_ms = read_ms  # both prompts read once, their activations kept (no KV cache)
+    yield PrefillDone(prompt_tokens=len(clean_ids), prefill_ms=read_ms, kv_cache_bytes=0, forward_passes=2,
+                      deferred_tokens=0)
     row_index = 0
     figures: dict[str, float] = {}
     total = len(maps) * patcher.layers
     for kind in maps:
-        start, passes = time.perf_counter(), patcher.passes
+        start = time.perf_counter()
         for layer, share, seconds in patch_map_rows(patcher, kind, clean, corrupted, answer, foil):
             recorder.step_started()
             recorder.step_ended()
@@ -93,8 +98,6 @@ def _rows(lm, settings, context, patcher, clean_ids, corrupted_ids, clean_text, 
                 finished = recorder.finished((), "", "stopped", steps=0)
                 yield dataclasses.replace(finished, figures=figures, stop_note=f"stopped in the {kind} map")
                 return
-        seconds = time.perf_counter() - start
-        figures[f"{kind}_s"] = seconds
-        yield PatchingDone(map=kind, seconds=seconds, passes=patcher.passes - passes)
+        figures[f"{kind}_s"] = time.perf_counter() - start
     finished = recorder.finished((), "", "max_new_tokens", steps=0)
     yield dataclasses.replace(finished, figures=figures, stop_note="every block patched at every position")

@@ -14,7 +14,7 @@ from PySide6.QtCore import QRectF
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from playground.events import Event
-from playground.events.patching import MAP_TITLES, PATCH_MAPS, PatchingDone, PatchingRow, PatchingStarted
+from playground.events.patching import MAP_TITLES, PATCH_MAPS, PatchingRow, PatchingStarted
 from playground.state import Run, visible_token_text
 from playground.ui.style import rich_label
 from playground.ui.views import register_view
@@ -100,8 +100,7 @@ class PatchingView(View):
                 self.values = {kind: np.full((event.layers, len(event.clean_ids)), np.nan) for kind in event.maps}
             elif isinstance(event, PatchingRow) and event.map in self.values:
                 self.values[event.map][event.layer] = event.recovered
-            elif isinstance(event, PatchingDone):
-                self.times[event.map] = event.seconds
+                self.times[event.map] = self.times.get(event.map, 0.0) + event.seconds
         self._streaming = run.running
 
     def flush(self) -> None:
@@ -137,7 +136,7 @@ class PatchingView(View):
         parts = []
         for kind, values in self.values.items():
             done = int(np.isfinite(values).all(axis=1).sum())
-            when = f", {self.times[kind]:.1f} s" if kind in self.times else ""
+            when = f", {self.times[kind]:.1f} s" if kind in self.times else ""  # the rows' compute time
             best = np.nanmax(values) if np.isfinite(values).any() else float("nan")
             parts.append(f"{MAP_TITLES[kind]}: {done}/{values.shape[0]} blocks{when}, most recovered {best:.2f}")
         status = f" — run {self.ended}" if self.ended and self.ended != "max_new_tokens" else ""
