@@ -122,3 +122,9 @@ def test_refusals(tiny_lm):
     with pytest.raises(ConfigError, match="is the clean one"):
         list(run_strategy(tiny_lm, RunSettings(strategy="patching", prompt=CLEAN, chat=False,
                                                groups=(PatchingSettings(corrupted=CLEAN),))))
+
+
+def test_stop_ends_the_map_between_rows(tiny_lm):
+    events = list(run_strategy(tiny_lm, _settings(patch_maps="residual"), lambda: True))  # polled after each row
+    assert sum(isinstance(e, PatchingRow) for e in events) == 1
+    assert events[-1].stop_reason == "stopped" and "residual" in events[-1].stop_note

@@ -29,8 +29,12 @@ from playground.events.salience import SalienceAgreement, SalienceMap  # noqa: E
 TARGET = 5
 
 
-@pytest.fixture(scope="module")
-def case(tiny_lm):
+@pytest.fixture(scope="module", params=["llama", "gpt2"])  # GPT-2: learned positions added after the embedding
+def case(request, tiny_lm):
+    from support.tiny_models import build_tiny_lm
+
+    if request.param != "llama":
+        tiny_lm = build_tiny_lm(family=request.param)
     ids = tiny_lm.tokenizer("the cat sat on the mat")["input_ids"]
     f = TargetLogprob(tiny_lm, ids, TARGET)
 
