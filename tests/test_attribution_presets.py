@@ -40,6 +40,9 @@ def test_patching_capital_moves_france_to_the_last_position(default_lm):
         shares[layer] = ((diff - started.corrupted_diff) / (started.clean_diff - started.corrupted_diff)).tolist()
     assert shares[18][0] > 0.9 and shares[18][1] < 0.1  # " France" still holds it at block 18 ...
     assert shares[29][0] < 0.05 and shares[29][1] > 0.95  # ... the last position at the end
+    logits = patcher.patched_row("attention", 23, clean, corrupted, [last])  # the hand-off: one attention layer
+    diff = float(logits[0, started.answer_id] - logits[0, started.foil_id])
+    assert (diff - started.corrupted_diff) / (started.clean_diff - started.corrupted_diff) > 0.9  # 1.00 recorded
 
 
 def test_salience_capital_occlusion_ranks_is_then_france(default_lm):
