@@ -29,8 +29,7 @@ class PatchMap:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.plot = static_plot(None, f"Patched: {MAP_TITLES[kind]}", "position (clean token / corrupted token)",
-                                "block")
+        self.plot = static_plot(None, f"Patched: {MAP_TITLES[kind]}", "position", "block")
         item = self.plot.getPlotItem()
         item.getAxis("left").enableAutoSIPrefix(False)
         self.image = pg.ImageItem(axisOrder="row-major")
@@ -42,6 +41,7 @@ class PatchMap:
 
     def show_colorbar(self, shown: bool) -> None:
         self.colorbar.setVisible(shown)
+        self.plot.setMinimumWidth(300 if shown else 0)  # room for the bar beside the map
 
     def draw(self, values: np.ndarray, ticks: list[tuple[float, str]]) -> None:
         rows, n = values.shape
@@ -129,7 +129,8 @@ class PatchingView(View):
         corrupted = html.escape("".join(s.corrupted_tokens))
         self.header.setText(
             f"Clean <b>{clean}</b> → corrupted <b>{corrupted}</b> (positions "
-            f"{', '.join(str(p) for p in s.differ)} differ). Metric: logit({html.escape(repr(s.answer_text))}) − "
+            f"{', '.join(str(p) for p in s.differ)} differ; ticks read clean/corrupted there). "
+            f"Metric: logit({html.escape(repr(s.answer_text))}) − "
             f"logit({html.escape(repr(s.foil_text))}) at the last position: clean {s.clean_diff:.2f}, corrupted "
             f"{s.corrupted_diff:.2f}. A cell: (patched − corrupted) / (clean − corrupted), the clean activation "
             "at that block and position written into the corrupted run.")
