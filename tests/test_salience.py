@@ -107,3 +107,23 @@ def test_events_of_a_step(case):
     stopped = list(salience_events(c.lm, c.ids, output, 0, ("occlusion", "integrated_gradients"),
                                    should_stop=lambda: True))
     assert stopped == []
+
+
+def test_salience_at_the_run_end_and_stop_during_it(tiny_lm):
+    from playground.config import RunSettings
+    from playground.engine.run_context import RunContext
+    from playground.engine.strategies import run_strategy
+    from playground.events import RunFinished
+
+    settings = RunSettings.from_flat(strategy="greedy", prompt="the cat", chat=False, max_new_tokens=3,
+                                     salience="occlusion,ig", salience_step=-1, ig_steps=4)
+    events = list(run_strategy(tiny_lm, settings))
+    maps = [e for e in events if isinstance(e, SalienceMap)]
+    finished = events[-1]
+    assert isinstance(finished, RunFinished) and finished.cut_short == ()
+    assert [m.method for m in maps] == ["occlusion", "integrated_gradients"] and maps[0].step == 2
+    assert maps[0].target_id == finished.token_ids[2] and isinstance(events[-2], SalienceAgreement)
+    said: list[str] = []  # Stop pressed once the maps begin (their first progress message)
+    context = RunContext(should_stop=lambda: bool(said), progress=lambda message, _f: said.append(message))
+    events = list(run_strategy(tiny_lm, settings, context))
+    assert not any(isinstance(e, SalienceMap) for e in events) and events[-1].cut_short == ("salience",)

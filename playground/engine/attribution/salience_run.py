@@ -3,6 +3,7 @@ token (``salience.salience_events``), computed from the run's own prompt and tok
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from playground.config import RunSettings
@@ -35,4 +36,6 @@ def _with_salience(events: Iterator[Event], lm: LoadedModel, group: SalienceSett
             if step < len(output):
                 yield from salience_events(lm, prompt, output, step, methods, group.ig_steps, group.ig_rule,
                                            context.stopped, context.progress)
+                if context.stopped():  # Stop came during the maps: the final event says they were cut
+                    event = dataclasses.replace(event, cut_short=(*event.cut_short, "salience"))
         yield event
