@@ -94,8 +94,11 @@ class Patcher:
         finally:
             for handle in handles:
                 handle.remove()
-        assert all(t is not None for t in (*resid, *attention, *mlp))
-        return Recorded(logits.float(), resid, attention, mlp)  # type: ignore[arg-type]
+        def kept(values: list[torch.Tensor | None]) -> list[torch.Tensor]:
+            return [v for v in values if v is not None]
+        recorded = Recorded(logits.float(), kept(resid), kept(attention), kept(mlp))
+        assert len(recorded.resid) == len(recorded.attention) == len(recorded.mlp) == n, "a block was not seen"
+        return recorded
 
     @contextmanager
     def _from_block(self, start: int, state: torch.Tensor) -> Iterator[None]:
