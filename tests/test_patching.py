@@ -19,6 +19,9 @@ CLEAN, CORRUPTED = "the cat sat on the mat", "the mat sat on the cat"  # the sam
 # Each family's decoder blocks and output projections, written here (not read from the anatomy seam)
 PATHS = {"llama": ("model.layers", "self_attn.o_proj", "mlp.down_proj"),
          "gemma2": ("model.layers", "self_attn.o_proj", "mlp.down_proj"),
+         "gemma3": ("model.layers", "self_attn.o_proj", "mlp.down_proj"),
+         "qwen2": ("model.layers", "self_attn.o_proj", "mlp.down_proj"),
+         "phi3": ("model.layers", "self_attn.o_proj", "mlp.down_proj"),
          "gpt2": ("transformer.h", "attn.c_proj", "mlp.c_proj"),
          "gpt_neox": ("gpt_neox.layers", "attention.dense", "mlp.dense_4h_to_h")}
 
@@ -65,7 +68,7 @@ def _hand_cell(lm, family, kind, layer, position, clean_ids, corrupted_ids):
     return run(corrupted_ids, module, write_out)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2"])
+@pytest.mark.parametrize("family", list(PATHS))
 def test_a_cell_equals_two_hand_forwards(family):
     from support.tiny_models import build_tiny_lm
 

@@ -29,7 +29,8 @@ from playground.events.salience import SalienceAgreement, SalienceMap  # noqa: E
 TARGET = 5
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])  # GPT-2: learned positions added after the embedding
+# GPT-2: learned positions added after the embedding; Gemma 2: the embedding scaled by √d, soft-capped logits
+@pytest.fixture(scope="module", params=["llama", "gpt2", "gemma2"])
 def case(request, tiny_lm):
     from support.tiny_models import build_tiny_lm
 
