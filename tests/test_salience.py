@@ -18,11 +18,13 @@ from playground.config.errors import ConfigError  # noqa: E402
 from playground.engine.attribution.salience import (  # noqa: E402
     TargetLogprob,
     baseline_token,
+    context_texts,
     grad_x_input,
     integrated_gradients,
     occlusion,
     salience_events,
     spearman,
+    word_groups,
 )
 from playground.events.salience import SalienceAgreement, SalienceMap  # noqa: E402
 
@@ -52,6 +54,22 @@ def test_occlusion_equals_feature_ablation(case):
     mine = occlusion(c.f, c.base, batch=5)  # batches that do not divide the length
     assert np.abs(reference).max() > 0.05
     np.testing.assert_allclose(mine, reference, atol=1e-4)
+
+
+def test_occlusion_by_word_equals_feature_ablation_with_a_mask(case):
+    c = case
+    texts = context_texts(c.lm, c.ids)
+    groups = word_groups(texts)
+    assert len(set(groups)) < len(groups)  # some word is several tokens
+    mask = torch.tensor([groups])
+    reference = captum_attr.FeatureAblation(c.forward).attribute(c.x, baselines=c.base, feature_mask=mask)
+    np.testing.assert_allclose(occlusion(c.f, c.base, batch=3, groups=groups), reference[0].double().numpy(),
+                               atol=1e-4)
+
+
+def test_word_groups():
+    assert word_groups(["The", " cap", "ital", " of", ",", " Par", "is", "."]) == [0, 1, 1, 2, 3, 4, 4, 5]
+    assert word_groups(["(", "a", ")", "b"]) == [0, 1, 2, 3]
 
 
 def test_grad_x_input_equals_captum(case):

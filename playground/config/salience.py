@@ -51,6 +51,8 @@ class SalienceSettings(SettingsGroup):
                             minimum=2, maximum=512)
     ig_rule: str = setting("gausslegendre", "IG rule", "integrated gradients' quadrature (Captum's names)",
                            choices=IG_RULES)
+    occlude: str = setting("token", "occlude", "what occlusion hides at a time: one token, or a word (all its "
+                           "tokens; a word starts at a space or a punctuation mark)", choices=("token", "word"))
 
     def active(self) -> bool:
         return bool(self.salience.strip())

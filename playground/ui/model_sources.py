@@ -125,7 +125,7 @@ class LocalModel(ModelSource):
         group = settings.group(SalienceSettings)
         methods = group.methods() or SALIENCE_METHODS
         return salience_events(self.lm, prompt, output, step, methods, group.ig_steps, group.ig_rule,
-                               should_stop, progress)
+                               should_stop, progress, group.occlude)
 
     def takes_chooser(self, settings: RunSettings) -> bool:
         from playground.config.catalog import SHARED, get_strategy

@@ -33,6 +33,7 @@ from playground.models.anatomy import anatomy_of
 from playground.models.loaded import LoadedModel
 
 IG_RULES = ("gausslegendre", "riemann_trapezoid")
+OCCLUDE_UNITS = ("token", "word")
 DEFAULT_IG_STEPS = 32
 OCCLUSION_BATCH = 16
 IG_BATCH = 8
@@ -85,22 +86,40 @@ class TargetLogprob:
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1)[:, self.target]
 
 
+def word_groups(texts: Sequence[str]) -> list[int]:
+    """Each token's word number: a word starts at a token whose text starts with whitespace or is punctuation
+    (or follows punctuation), so "Paris" split into " Par" + "is" is one word."""
+    groups: list[int] = []
+    word = -1
+    after_mark = True
+    for text in texts:
+        mark = bool(text) and not text[0].isalnum() and not text[0].isspace()
+        if after_mark or not text or text[0].isspace() or mark:
+            word += 1
+        groups.append(word)
+        after_mark = mark
+    return groups
+
+
 def occlusion(f: TargetLogprob, baseline: int, should_stop: StopCheck | None = None,
-              batch: int = OCCLUSION_BATCH) -> np.ndarray:
-    """Per position: f(context) − f(context with that token replaced by ``baseline``)."""
+              batch: int = OCCLUSION_BATCH, groups: Sequence[int] | None = None) -> np.ndarray:
+    """Per position: f(context) − f(context with that token, or every token of its group (a word), replaced by
+    ``baseline``); a group's tokens share its score (Captum's ``FeatureAblation`` with that feature mask)."""
     ids = f.ids[0]
     n = ids.shape[0]
+    group = torch.tensor(list(groups) if groups is not None else list(range(n)), device=ids.device)  # [T]
+    count = int(group.max()) + 1
     with torch.no_grad():
         full = float(f(f.embed(f.ids))[0])
-        scores = np.zeros(n)
-        for start in range(0, n, batch):
+        by_group = np.zeros(count)
+        for start in range(0, count, batch):
             if should_stop is not None and should_stop():
                 raise SalienceStopped
-            rows = torch.arange(start, min(n, start + batch), device=ids.device)
-            occluded = ids.repeat(len(rows), 1)  # [b, T]
-            occluded[torch.arange(len(rows)), rows] = baseline
-            scores[start:start + len(rows)] = full - f(f.embed(occluded)).double().cpu().numpy()
-    return scores
+            rows = torch.arange(start, min(count, start + batch), device=ids.device)  # [b] groups
+            hidden = group[None, :] == rows[:, None]  # [b, T]
+            occluded = torch.where(hidden, torch.full_like(ids, baseline)[None], ids[None])
+            by_group[start:start + len(rows)] = full - f(f.embed(occluded)).double().cpu().numpy()
+    return by_group[group.cpu().numpy()]
 
 
 def _gradient(f: TargetLogprob, embeds: torch.Tensor) -> torch.Tensor:
@@ -172,12 +191,15 @@ def context_texts(lm: LoadedModel, ids: Sequence[int]) -> tuple[str, ...]:
 def salience_events(lm: LoadedModel, prompt_ids: Sequence[int], output_ids: Sequence[int], step: int,
                     methods: Sequence[str] = SALIENCE_METHODS, ig_steps: int = DEFAULT_IG_STEPS,
                     ig_rule: str = "gausslegendre", should_stop: StopCheck | None = None,
-                    progress: Progress | None = None) -> Iterator[SalienceMap | SalienceAgreement]:
+                    progress: Progress | None = None, occlude: str = "token"
+                    ) -> Iterator[SalienceMap | SalienceAgreement]:
     """The maps of step ``step`` (its token is ``output_ids[step]``), one per method, then their agreement.
     Stop between batches ends the stream after the maps already made (no agreement)."""
     unknown = [m for m in methods if m not in SALIENCE_METHODS]
     if unknown or not methods:
         raise ConfigError(f"salience methods must be among {', '.join(SALIENCE_METHODS)}, not {unknown or 'none'}")
+    if occlude not in OCCLUDE_UNITS:
+        raise ConfigError(f"occlusion hides a token or a word ({', '.join(OCCLUDE_UNITS)}), not {occlude!r}")
     if not 0 <= step < len(output_ids):
         raise ConfigError(f"step {step} is not in the run (it has steps 0 to {len(output_ids) - 1})")
     ig_points(ig_steps, ig_rule)
@@ -198,8 +220,10 @@ def salience_events(lm: LoadedModel, prompt_ids: Sequence[int], output_ids: Sequ
         figures: dict[str, float] = {}
         try:
             if method == "occlusion":
-                scores = occlusion(f, base, should_stop)
-                detail = f"each token replaced by {base_text!r} in turn; Δ log p"
+                words = occlude == "word"
+                scores = occlusion(f, base, should_stop, groups=word_groups(texts[:-1]) if words else None)
+                detail = (f"each {'word (all its tokens)' if words else 'token'} replaced by {base_text!r} in turn; "
+                          "Δ log p")
             elif method == "grad_x_input":
                 scores = grad_x_input(f)
                 detail = "∂ log p / ∂ embedding · embedding, summed over the embedding"

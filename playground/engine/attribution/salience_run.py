@@ -35,7 +35,7 @@ def _with_salience(events: Iterator[Event], lm: LoadedModel, group: SalienceSett
             step = group.salience_step if group.salience_step >= 0 else len(output) - 1
             if step < len(output):
                 yield from salience_events(lm, prompt, output, step, methods, group.ig_steps, group.ig_rule,
-                                           context.stopped, context.progress)
+                                           context.stopped, context.progress, group.occlude)
                 if context.stopped():  # Stop came during the maps: the final event says they were cut
                     event = dataclasses.replace(event, cut_short=(*event.cut_short, "salience"))
         yield event
