@@ -97,6 +97,7 @@ EXPECTED.update({"beam-forced-words"})  # constrained beam search (tests/test_fo
 EXPECTED.update({"beam-diverse-groups"})  # diverse beam search (tests/test_beam_groups_reference.py)
 EXPECTED.update({"steering-sweep-happy"})  # the steering sweep (tests/test_steering_sweep_preset.py)
 EXPECTED.update({"why-paris"})  # logit attribution, commitment and uncertainty (tests/test_dla_preset.py)
+EXPECTED.update({"salience-capital", "patching-capital"})  # salience and patching (tests/test_attribution_presets.py)
 CLICHE = "In the heart of"
 
 

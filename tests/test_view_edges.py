@@ -69,6 +69,8 @@ TINY_VECTOR = Path(__file__).parent / "data" / "steering" / "tiny-happy-sad.safe
 VIEW_RUNS.update({"steering": f"greedy --steer {TINY_VECTOR}:2 --steer-compare",  # the steering views
                   "steering-sweep": f"greedy --steer {TINY_VECTOR}:1 --steer-sweep=-2,2"})
 VIEW_RUNS["dla"] = "greedy --lens --attribute-steps 0,5"  # the "why this token" view: both strips, two attributions
+VIEW_RUNS.update({"salience": "greedy --salience all --ig-steps 8",  # salience and patching (attribution_maps)
+                  "patching": "patching --corrupted 'one two three one two three two one three'"})
 
 
 @dataclass

@@ -46,6 +46,7 @@ class Strategy:
     # Its rules over the shared settings, (settings) -> [(holds, message)], checked by ``RunSettings.validate``.
     checks: Callable[[Any], list[tuple[bool, str]]] | None = None
     order: int = AFTER_BUILT_INS  # its place in the strategy menu, --strategy's choices and --help
+    decodes: bool = True  # it generates tokens (False: it studies the prompt, as activation patching does)
 
 
 @dataclass(frozen=True)

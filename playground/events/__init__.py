@@ -28,6 +28,7 @@ from playground.events.dla import AttributionMissing, LogitAttribution
 from playground.events.kv import KVCompare, KVPhase, KVQuality, KVStarted, KVStep, KVSweep
 from playground.events.layers import LayersStarted, LayerStep
 from playground.events.panes import PaneFinished, PaneStarted, PaneToken
+from playground.events.patching import PatchingRow, PatchingStarted
 from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
 from playground.events.remote import RemoteStarted, RemoteTokenStep
 from playground.events.run import (
@@ -43,6 +44,7 @@ from playground.events.run import (
     TokenNumbers,
     TokenStep,
 )
+from playground.events.salience import SalienceAgreement, SalienceMap
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
 from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
 from playground.events.steps import StepEvent, UnitStep, is_step_event, is_unit_step, is_unit_step_type
@@ -84,6 +86,7 @@ Event: TypeAlias = (
     | SpeculativeStarted | SpeculativeRound
     | SteeringStarted | SteeringNorms | SteerStep
     | LogitAttribution | AttributionMissing
+    | SalienceMap | SalienceAgreement | PatchingStarted | PatchingRow
 )
 
 

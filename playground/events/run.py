@@ -231,10 +231,10 @@ class RunFinished:
     # End-of-run measurements the settings asked for that Stop skipped or cut short (their figures are left out):
     # "baseline" (plain greedy's speed), "full_model" (the full model's own decode, compared), "no_cache" (the
     # KV lab's decode without a cache), "batch_sweep" (its batch sizes; the sizes measured before Stop are kept),
-    # "log_likelihood" (side by side); and what a run needed before its first step: "quantized_copy" (Stop came
-    # while it was built: nothing was decoded or kept), "small_model" (Stop came while a separate small model was
-    # loaded: the drafter's, the amateur's or the cheap model's), "amateur_prefill" (the contrastive amateur's
-    # prompt read).
+    # "log_likelihood" (side by side), "salience" (--salience's maps); and what a run needed before its first
+    # step: "quantized_copy" (Stop came while it was built: nothing was decoded or kept), "small_model" (Stop
+    # came while a separate small model was loaded: the drafter's, the amateur's or the cheap model's),
+    # "amateur_prefill" (the contrastive amateur's prompt read).
     # Empty when nothing was cut.
     cut_short: tuple[str, ...] = ()
     # Why the run ended, in words, where the reason needs them (a constraint's: what it could not do); "" otherwise.

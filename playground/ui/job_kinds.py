@@ -22,6 +22,7 @@ class JobKind(str, Enum):
     TEST = ("test", "", False, True, False, False)  # the "Server…" dialog's test: the dialog shows its answer
     TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
     ATTRIBUTE = ("attribute", "Could not attribute the step", True, False, False, False)  # a view's Attribute
+    SALIENCE = ("salience", "Could not explain the step", True, False, False, False)  # the salience view's button
 
     failure: str
     stoppable: bool

@@ -43,6 +43,7 @@ from playground.ui.presenting import Presenter
 from playground.ui.presets_menu import add_presets_menu, show_preset
 from playground.ui.run_views import RunViews
 from playground.ui.runs_list import RunsList
+from playground.ui.salience_job import SalienceJobs
 from playground.ui.saved_runs import SavedRuns
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.style import configure_pyqtgraph
@@ -54,7 +55,7 @@ from playground.ui.worker import GeneratorJob, StepChooser
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
 
-class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, QMainWindow):
+class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMainWindow):
     closed = Signal()  # the window really closed
 
     def __init__(self, model_settings: ModelSettings | None = None, run_settings: RunSettings | None = None,
@@ -72,6 +73,7 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, QMainWindow):
         # A branch asked for while a run was live: settings, the branch, and what the source needs to continue it.
         self._pending: list[tuple[RunSettings, Branch | None, Any]] = []
         self._running_run: Run | None = None  # the run the current job decodes
+        self._salience_run: Run | None = None  # the run a salience job explains
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -106,6 +108,8 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, QMainWindow):
                 cast(Any, view).strength_requested.connect(self._steer_live)
             if view.attributes:  # an Attribute button (the "why this token" view): ui/attribution_job.py
                 cast(Any, view).attribution_requested.connect(self.attribute_step)
+            if view.explains_steps:  # "Explain step N" (the salience view): a salience job on the shown run
+                cast(Any, view).salience_requested.connect(self.explain_step)
         self.run_views = RunViews(self.views, self.docks, self.status)
         self.view_failures = self.run_views.failures  # (view, method) -> times it raised (logged once)
         self.saved_runs = SavedRuns(self, self.session, self.views, self.banner, self.status, self._list_and_show)

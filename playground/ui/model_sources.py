@@ -8,7 +8,7 @@ run from a local one by the events' own fields (the start event's device, whethe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import Progress, StopCheck
 from playground.config.steering import LiveStrength
+from playground.events.salience import SALIENCE_METHODS
 from playground.models.anatomy import model_support
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
@@ -120,6 +121,17 @@ class LocalModel(ModelSource):
         from playground.engine.layers.tune_job import train_for_model
 
         return train_for_model(self.lm.model, self.lm.tokenizer, should_stop, progress)
+
+    def explain_step(self, prompt: Sequence[int], output: Sequence[int], step: int, settings: RunSettings,
+                     should_stop: StopCheck, progress: Progress) -> Iterator[Any]:
+        """The salience view's "Explain step": the step's maps (``playground.ui.salience_job``)."""
+        from playground.config.salience import SalienceSettings
+        from playground.engine.attribution.salience import salience_events
+
+        group = settings.group(SalienceSettings)
+        methods = group.methods() or SALIENCE_METHODS
+        return salience_events(self.lm, prompt, output, step, methods, group.ig_steps, group.ig_rule,
+                               should_stop, progress, group.occlude)
 
     def takes_chooser(self, settings: RunSettings) -> bool:
         from playground.config.catalog import SHARED, get_strategy

@@ -65,6 +65,9 @@ class View(QWidget):
     # running run's live strength from it (``playground.config.steering.LiveStrength``).
     sets_strength: ClassVar[bool] = False
     attributes: ClassVar[bool] = False  # signal ``attribution_requested(step, against)``: the window attributes it
+    # On-demand salience: the view asks for a step's maps (the signal ``salience_requested(int)``); the window runs
+    # them as a job on the shown run (``playground.ui.salience_job``).
+    explains_steps: ClassVar[bool] = False
 
     branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
 
