@@ -98,6 +98,11 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
         (tiny_lm, RunSettings.from_flat(strategy="cascade", cascade_unit="response", cascade_threshold=1.0,
                                         cheap="layers", cheap_layers=1, max_new_tokens=3)),
         (tiny_lm, RunSettings.from_flat(max_new_tokens=3, steer=(f"{steering_file}:2",), steer_compare=True)),
+        # Logit attribution (step 9 is not there: its AttributionMissing), salience and patching.
+        (tiny_lm, RunSettings.from_flat(max_new_tokens=3, attribute_steps="0,9")),
+        (tiny_lm, RunSettings.from_flat(max_new_tokens=2, salience="all", ig_steps=4)),
+        (tiny_lm, RunSettings.from_flat(strategy="patching", chat=False, prompt="one two three",
+                                        corrupted="one two four", patch_maps="residual")),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
     polls: list[int] = []
