@@ -24,6 +24,7 @@ EXPECTED = {
     "test": ("model", False, False, None),
     "tune-lens": ("model", True, True, "Could not train the tuned lens: the body said no"),
     "attribute": ("runs", True, False, "Could not attribute the step: the body said no"),
+    "salience": ("runs", True, False, "Could not explain the step: the body said no"),
 }
 
 
