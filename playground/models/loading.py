@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from playground.config import ModelSettings
 from playground.config.catalog import Progress, StopCheck
-from playground.errors import UserError
 from playground.models.bundled import find_bundled
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
 from playground.models.gguf_reads import gguf_read_once
+from playground.models.load_errors import ModelLoadError
 from playground.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class ModelLoadError(UserError, ValueError):
-    """A model could not be loaded; the message is meant for the user."""
 
 
 class RemoteCodeRefused(ModelLoadError):
