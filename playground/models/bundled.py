@@ -41,6 +41,7 @@ class BundledModel:
     fetch: Callable[..., Path]  # (progress=None, *, force=False, should_stop=None) -> folder
     default: bool = False
     terms: str = ""  # a line to show on fetching, when its licence asks for one
+    gguf_sha256: str = ""  # of the GGUF it is converted from: that file opened elsewhere loads this folder
 
 
 def bundled_models() -> tuple[BundledModel, ...]:
@@ -48,9 +49,10 @@ def bundled_models() -> tuple[BundledModel, ...]:
         BundledModel(key=default_model.NAME.lower(), title=f"{default_model.NAME} (default)", download="93 MB",
                      family="Llama", folder=default_model.default_model_dir,
                      is_ready=default_model.is_default_model_ready, fetch=default_model.fetch_default_model,
-                     default=True),
+                     default=True, gguf_sha256=default_model.GGUF_SHA256),
         BundledModel(key=GEMMA_KEY, title="Gemma 3 270M (base)", download="238 MB", family="Gemma 3",
-                     folder=gemma_dir, is_ready=is_gemma_ready, fetch=fetch_gemma, terms=GEMMA_NOTICE),
+                     folder=gemma_dir, is_ready=is_gemma_ready, fetch=fetch_gemma, terms=GEMMA_NOTICE,
+                     gguf_sha256=GEMMA_SHA256),
     )
 
 
@@ -59,6 +61,14 @@ def find_bundled(name: str | None) -> BundledModel | None:
     for model in bundled_models():
         if (name is None and model.default) or (
                 name is not None and name.strip().lower() in (model.key, model.title.lower())):
+            return model
+    return None
+
+
+def bundled_with_gguf(sha256: str) -> BundledModel | None:
+    """The fetched bundled model converted from the GGUF with this hash (its folder is that file's float model)."""
+    for model in bundled_models():
+        if model.gguf_sha256 == sha256 and model.is_ready():
             return model
     return None
 

@@ -141,15 +141,17 @@ def describe_size(size: int) -> str:
     return f"{size} bytes"
 
 
-def converted_folder(gguf: Path, progress: Progress | None = None, should_stop: StopCheck | None = None) -> Path:
-    """The cached float model of ``gguf``, converted now (once) if the cache has none."""
+def converted_folder(gguf: Path, progress: Progress | None = None, should_stop: StopCheck | None = None,
+                     known: Callable[[str], Path | None] | None = None) -> Path:
+    """The cached float model of ``gguf``, converted now (once) if the cache has none; ``known(sha256)`` may name
+    a folder converted elsewhere from the same file (a bundled model's)."""
     say = progress or (lambda message, fraction: None)
     say(f"Checking {gguf.name} against the conversion cache…", 0.02)
     try:
         sha = file_sha256(gguf, should_stop)
     except OSError as error:
         raise ConversionFailed(f"could not read {gguf}: {error}") from error
-    found = cached_folder(sha)
+    found = (known(sha) if known is not None else None) or cached_folder(sha)
     if found is not None:
         return found
     root = cache_dir()

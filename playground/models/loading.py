@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from playground.config import ModelSettings
 from playground.config.catalog import Progress, StopCheck
-from playground.models.bundled import find_bundled
+from playground.models.bundled import bundled_with_gguf, find_bundled
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
 from playground.models.gguf_reads import gguf_read_once
@@ -113,7 +113,12 @@ def load_model(settings: ModelSettings, progress: Progress | None = None,
     if gguf_file:
         from playground.models.conversion_cache import converted_folder
 
-        folder = converted_folder(folder / gguf_file, say, should_stop)  # its own progress, 0 to 1, then the load's
+        def bundled_folder(sha256: str) -> Path | None:  # a bundled model's own GGUF, opened where it lies
+            model = bundled_with_gguf(sha256)
+            return model.folder() if model is not None else None
+
+        # The conversion's own progress, 0 to 1, then the load's.
+        folder = converted_folder(folder / gguf_file, say, should_stop, bundled_folder)
         gguf_file = None
     _check_remote_code(folder, settings)
     if settings.trust_remote_code:

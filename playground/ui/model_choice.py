@@ -138,6 +138,11 @@ class ModelChoice:
             f"a minute or two), or open another model on the left. {bundled.terms}",
             (f"Fetch {bundled.key}", lambda: self.fetch_default_model(bundled.key)))
 
+    def load_bundled(self, key: str) -> None:
+        """Select the bundled model ``key`` in the picker and load it (offering its fetch if it is not here)."""
+        self.picker.choose_path(key)
+        self.load_model(self.picker.model_settings())
+
     def offer_trust(self, refusal: Exception) -> None:
         """A model that ships code: say so, and let the user allow it for this model only."""
         spec = dataclasses.replace(self.model_spec, trust_remote_code=True)
@@ -244,4 +249,4 @@ class ModelChoice:
             return
         if self.job_kind is JobKind.FETCH:
             self.picker.update_fetch_button()
-            self.status.showMessage("Default model fetched", 5000)
+            self.status.showMessage("Model fetched", 5000)
