@@ -115,6 +115,14 @@ class ModelChoice:
         return is_default_model_ready()
 
     @staticmethod
+    def _is_bundled_name(path: str) -> bool:
+        from pathlib import Path
+
+        from playground.models.bundled import find_bundled
+
+        return not Path(path).expanduser().exists() and find_bundled(path) is not None
+
+    @staticmethod
     def _unfetched_bundled(path: str | None):  # -> BundledModel | None
         """The bundled model (not the default) ``path`` names, if it is not fetched yet."""
         from pathlib import Path
@@ -240,7 +248,9 @@ class ModelChoice:
                 if isinstance(item, LoadedModel):
                     self.banner.hide()  # an earlier failure no longer applies
                     self.set_model(item)
-                    self.picker.remember(item.path if self.model_spec.path else None)
+                    spec_path = self.model_spec.path  # a bundled model by its name (listed already), else its path
+                    if spec_path and not self._is_bundled_name(spec_path):
+                        self.picker.remember(item.path)
                     if self.model_spec.trust_remote_code:
                         self.banner.show_info(f"<b>Warning:</b> {item.name} runs Python code from its own folder "
                                               "(trust_remote_code is on for this model).")
