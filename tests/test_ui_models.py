@@ -104,6 +104,17 @@ def test_the_picker_offers_gemma_and_its_fetch_shows_the_terms_and_stops(qtbot, 
     qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
     assert w.lm is None and "fetching gemma-3-270m was stopped" in w.banner.label.text()
     assert not gemma_dir().exists() and w.picker.isEnabled()
+    # Tools → the conversion cache's entry: its size read as the menu opens, and a click empties it.
+    from playground.models.conversion_cache import cache_dir
+
+    (cache_dir() / "abc").mkdir(parents=True)
+    (cache_dir() / "abc" / "model.safetensors").write_bytes(bytes(2_500_000))
+    tools = next(a.menu() for a in w.menuBar().actions() if a.text() == "&Tools")
+    tools.aboutToShow.emit()
+    (entry,) = [a for a in tools.actions() if "GGUF conversion cache" in a.text()]
+    assert entry.text() == "Clear the GGUF conversion cache (2.5 MB)" and entry.isEnabled()
+    entry.trigger()
+    assert not cache_dir().exists() and "2.5 MB freed" in entry.text()
 
 
 def test_typing_a_model_id_from_the_local_hf_cache_loads_it(qtbot, window, tiny_lm, tmp_path, monkeypatch):
