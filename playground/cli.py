@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from playground.events import Event
 
 COMMANDS = ("app", "trace", "shot", "open", "html", "presets", "quant-report", "fetch-model", "models",
-            "install-desktop")
+            "install-desktop", "cache")
 
 
 def _prepare_environment() -> None:
@@ -83,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "smoothquant, awq")
     report.add_argument("--group-size", type=int, default=128, help="group size of the group-wise methods")
     report.add_argument("--eval-tokens", type=int, default=512, help="evaluation text tokens scored")
-    fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
+    fetch = commands.add_parser("fetch-model", help="download, verify and convert a bundled model once (the default "
+                                                     "one unless named)")
+    fetch.add_argument("name", nargs="?", default=None, metavar="NAME",
+                       help="smollm2-135m-instruct (the default) or gemma-3-270m")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
     models = commands.add_parser("models", help="list the models on this computer (Hugging Face cache, LM Studio, "
                                                 "Ollama, added folders) with their size and memory, nothing loaded")
@@ -95,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     desktop = commands.add_parser("install-desktop", help="add the app to the desktop's menus (a .desktop entry and "
                                                           "its icon under ~/.local/share)")
     desktop.add_argument("--uninstall", action="store_true", help="remove the entry and the icon")
+    cache = commands.add_parser("cache", help="the GGUF conversion cache: each .gguf converted once, with its size")
+    cache.add_argument("--clear", action="store_true", help="remove every cached conversion")
     return parser
 
 
@@ -103,10 +108,12 @@ def _progress_to_stderr(message: str, fraction: float) -> None:
 
 
 def _ensure_default_model(model) -> None:
-    from playground.models.default_model import fetch_default_model, is_default_model_ready
+    """The default model, or a bundled one named by ``--model`` (gemma-3-270m), fetched on first use."""
+    from playground.models.bundled import find_bundled
 
-    if model.path is None and not is_default_model_ready():
-        fetch_default_model(_progress_to_stderr)
+    bundled = find_bundled(model.path) if model.path is None or not Path(model.path).expanduser().exists() else None
+    if bundled is not None and not bundled.is_ready():
+        bundled.fetch(_progress_to_stderr)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -253,9 +260,34 @@ def cmd_quant_report(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from playground.models.default_model import fetch_default_model
+    from playground.models.bundled import bundled_keys, find_bundled
 
-    print(fetch_default_model(_progress_to_stderr, force=args.force))
+    bundled = find_bundled(args.name)
+    if bundled is None:
+        from playground.config import ConfigError
+
+        raise ConfigError(f"no bundled model named {args.name!r} (known: {', '.join(bundled_keys())})")
+    if bundled.terms and bundled.is_ready() and not args.force:  # a fetch says them in its progress
+        print(f"playground: {bundled.terms}", file=sys.stderr)
+    print(bundled.fetch(_progress_to_stderr, force=args.force))
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    import time
+
+    from playground.models.conversion_cache import cache_dir, cache_entries, cache_size, clear_cache, describe_size
+
+    if args.clear:
+        print(f"removed {describe_size(clear_cache())} from {cache_dir()}")
+        return 0
+    entries = cache_entries()
+    print(f"{cache_dir()}: {len(entries)} converted GGUF file{'s' * (len(entries) != 1)}, "
+          f"{describe_size(cache_size())} (`playground cache --clear` empties it)")
+    for entry in entries:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.converted_at))
+        print(f"  {describe_size(entry.size_bytes):>9}  {when}  {entry.source}  (sha256 {entry.sha256[:12]}…, "
+              f"converted in {entry.seconds:.0f} s)")
     return 0
 
 
@@ -290,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "html": cmd_html,
                 "presets": cmd_presets, "quant-report": cmd_quant_report, "fetch-model": cmd_fetch,
-                "models": cmd_models, "install-desktop": cmd_install_desktop}
+                "models": cmd_models, "install-desktop": cmd_install_desktop, "cache": cmd_cache}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -69,9 +69,11 @@ def settings_from_args(args: argparse.Namespace) -> tuple[ModelSettings, RunSett
     """The model and run settings the options ask for: the preset's (if any), then each option given."""
     from playground.presets import load_preset
 
-    model = ModelSettings(path=args.model, device=args.device, dtype=args.dtype,
+    preset = load_preset(args.preset) if args.preset else None
+    path = args.model if args.model is not None or preset is None else preset.model  # a preset's bundled model
+    model = ModelSettings(path=path, device=args.device, dtype=args.dtype,
                           trust_remote_code=args.trust_remote_code).validate()
-    base = load_preset(args.preset).settings if args.preset else RunSettings()
+    base = preset.settings if preset is not None else RunSettings()
     return model, settings_from_options(base, args).validate()
 
 

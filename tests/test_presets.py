@@ -95,6 +95,8 @@ EXPECTED.update({"ban-cliches"})  # phrase bans with backtracking (tests/test_ba
 EXPECTED.update({"contrastive-search-loop"})  # contrastive search (tests/test_contrastive_search.py)
 EXPECTED.update({"beam-forced-words"})  # constrained beam search (tests/test_forced_beam_reference.py)
 EXPECTED.update({"beam-diverse-groups"})  # diverse beam search (tests/test_beam_groups_reference.py)
+EXPECTED.update({"logit-lens-gemma", "early-exit-gemma", "quant-lab-int4-gemma",  # Gemma 3 270M's
+                 "kv-sliding-gemma"})  # (tests/test_gemma.py)
 EXPECTED.update({"steering-sweep-happy"})  # the steering sweep (tests/test_steering_sweep_preset.py)
 EXPECTED.update({"why-paris"})  # logit attribution, commitment and uncertainty (tests/test_dla_preset.py)
 EXPECTED.update({"salience-capital", "patching-capital"})  # salience and patching (tests/test_attribution_presets.py)

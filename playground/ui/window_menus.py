@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QMenuBar
+from PySide6.QtWidgets import QDockWidget, QMenu, QMenuBar
 
 from playground.ui.views.base import View
 
@@ -48,7 +48,34 @@ def add_tools_menu(menu_bar: QMenuBar, train_tuned_lens: Callable[[], None]) -> 
     action = tools.addAction("Train &tuned lens", train_tuned_lens)
     action.setToolTip("Train the loaded model's tuned lens on the shipped calibration text (a few minutes for "
                       "SmolLM2 on a CPU) and keep it in the user cache for --lens-kind tuned")
+    _add_cache_entry(tools)
     return action
+
+
+def _add_cache_entry(tools: QMenu) -> None:
+    """Tools → Clear the GGUF conversion cache (its size in the entry, read each time the menu opens)."""
+    from playground.models.conversion_cache import cache_dir, cache_size, clear_cache, describe_size
+
+    tools.addSeparator()
+    entry = tools.addAction("Clear the GGUF conversion cache")
+    entry.setToolTip("Each .gguf opened here is converted once into a float model kept in the user cache, so that "
+                     "later loads take seconds; clearing it frees the disk space (the next load converts again)")
+
+    def show_size() -> None:
+        size = cache_size()
+        entry.setText(f"Clear the GGUF conversion cache ({describe_size(size)})" if size
+                      else "GGUF conversion cache: empty")
+        entry.setEnabled(size > 0)
+        entry.setStatusTip(str(cache_dir()))
+
+    def clear() -> None:
+        freed = clear_cache()
+        entry.setText(f"GGUF conversion cache cleared ({describe_size(freed)} freed)")
+        entry.setEnabled(False)
+
+    entry.triggered.connect(clear)
+    tools.aboutToShow.connect(show_size)
+    tools.setToolTipsVisible(True)
 
 
 def add_view_menu(menu_bar: QMenuBar, docks: Iterable[QDockWidget], side_by_side: Callable[[], None],

