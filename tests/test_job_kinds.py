@@ -44,6 +44,8 @@ def test_a_job_of_each_kind_runs_and_fails_as_its_kind_says(qtbot, window, monke
     taken: list[tuple[str, object]] = []
     monkeypatch.setattr(w, "_take_model_items", lambda batch: taken.extend(("model", i) for i in batch))
     monkeypatch.setattr(w, "_apply_events", lambda batch: taken.extend(("runs", i) for i in batch))
+    # A salience job's maps join a run already decoded (the shown one), not the live run's events.
+    monkeypatch.setattr(w, "_take_salience_items", lambda batch: taken.extend(("runs", i) for i in batch))
     for name, (whose, stoppable, progress_shown, banner) in EXPECTED.items():
         release = threading.Event()
         taken.clear()
