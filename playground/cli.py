@@ -159,13 +159,13 @@ def cmd_shot(args: argparse.Namespace) -> int:
         if run_options_given(args):
             print("playground: note: run options are ignored with --from-trace (the saved run has its own)",
                   file=sys.stderr)
-        from playground.ui.animation import FORMATS, MAX_FRAMES, render_animation
-        from playground.ui.screenshot import render_trace
+        from playground.ui.animation import FORMATS
+        from playground.ui.screenshot import render_animation, render_trace
 
         if args.out.suffix.lower() in FORMATS:
             result, problems = render_animation(args.from_trace, args.out, width=args.width, height=args.height,
                                                 view=args.view, fps=args.fps, speed=args.speed, hover=args.hover,
-                                                max_frames=args.max_frames or MAX_FRAMES)
+                                                max_frames=args.max_frames)
             if problems:
                 print(f"playground: warning: {args.from_trace}: {problems}", file=sys.stderr)
             print(f"playground: wrote {result.frames} frames, {result.bytes / 1e6:.2f} MB, in {result.seconds:.1f} s",

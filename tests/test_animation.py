@@ -16,8 +16,9 @@ from playground.errors import ScreenshotError
 from playground.events import PrefillDone, TokenStep
 from playground.state import flowing_token_text
 from playground.traces import write_trace
-from playground.ui.animation import export_animation, render_animation, to_pillow
+from playground.ui.animation import export_animation, to_pillow
 from playground.ui.replay import Replay
+from playground.ui.screenshot import render_animation
 
 SIZE = (900, 560)  # the tokens view's frame: as small as its chart and text lay out at their ease
 

@@ -21,12 +21,13 @@ from PySide6.QtCore import Qt
 from windows import let_go, open_window
 
 from playground.config import RunSettings
-from playground.config.catalog import strategy_names
+from playground.config.catalog import get_strategy, strategy_names
 from playground.config.words import settings_from_pane
 from playground.engine.run_context import RunContext
 from playground.engine.strategies import run_strategy
 from playground.events import BeamStep, RunFinished, TokenStep
 from playground.events.panes import PaneToken
+from playground.events.patching import PatchingRow
 from playground.events.speculative import SpeculativeRound
 from playground.state import Run
 from playground.ui.main_window import MainWindow
@@ -65,9 +66,14 @@ STOP_CASES.update({"steering sweep": (f"greedy --steer {TINY_VECTOR}:1 --steer-s
                                       ("sweep_scores",), 1)})  # feeds both steering views
 
 
+# Strategies that decode no tokens (activation patching: a map's rows) have their Stop checked in their own tests
+# (tests/test_patching.py, tests/test_attribution_maps_window.py); here they feed the views' reset check only.
+VIEW_ONLY_CASES = {"patching": "patching --corrupted 'one two three one two three one two four'"}  # 3 maps
+
+
 def case_settings(name: str, max_new_tokens: int) -> RunSettings:
-    return settings_from_pane(RunSettings(prompt=PROMPT, chat=False, max_new_tokens=max_new_tokens),
-                              STOP_CASES[name][0])
+    options = STOP_CASES[name][0] if name in STOP_CASES else VIEW_ONLY_CASES[name]
+    return settings_from_pane(RunSettings(prompt=PROMPT, chat=False, max_new_tokens=max_new_tokens), options)
 
 
 def unit_key(event) -> tuple | None:
@@ -76,6 +82,8 @@ def unit_key(event) -> tuple | None:
         return (type(event).__name__,)
     if isinstance(event, PaneToken):
         return ("pane", event.pane)
+    if isinstance(event, PatchingRow):
+        return ("row",)
     return None
 
 
@@ -165,7 +173,8 @@ def generate(qtbot, w: MainWindow, settings: RunSettings) -> Run:
 
 
 def test_every_registered_strategy_has_a_stop_case():
-    assert set(strategy_names()) <= set(STOP_CASES)
+    assert set(strategy_names()) <= set(STOP_CASES) | set(VIEW_ONLY_CASES)
+    assert all(not get_strategy(name).decodes for name in VIEW_ONLY_CASES)
 
 
 @pytest.mark.parametrize("name", list(STOP_CASES))
@@ -315,7 +324,7 @@ def test_side_by_side_scoring_is_skipped_after_stop(long_lm):
 def _runs_for_views(lm) -> list[tuple[str, list, list, list]]:
     """Per case: (name, a whole run's events, a stopped run's events, a run's first events, cut mid-way)."""
     out = []
-    for name in STOP_CASES:
+    for name in [*STOP_CASES, *VIEW_ONLY_CASES]:
         settings = case_settings(name, max_new_tokens=6)
         whole = list(run_strategy(lm, settings))
         stopped: list = []

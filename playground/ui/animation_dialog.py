@@ -36,8 +36,6 @@ def export_selected_run(window, path: str | Path, view: str | None = None,
                         size: tuple[int, int] | None = None) -> AnimationResult | None:
     """The selected run to ``path``, replayed at the window's size (or ``size``); None when stopped or refused
     (the banner says why)."""
-    from playground.ui.main_window import MainWindow  # the window's own module imports this one
-
     run = _ended_run(window)
     if run is None:
         return None
@@ -52,7 +50,7 @@ def export_selected_run(window, path: str | Path, view: str | None = None,
 
     with tempfile.TemporaryDirectory() as tmp:
         store = QSettings(str(Path(tmp) / "settings.ini"), QSettings.Format.IniFormat)
-        replayer = MainWindow(None, run.settings, store=store)
+        replayer = type(window)(None, run.settings, store=store)  # a window of the same kind, never on screen
         replayer.setAttribute(Qt.WidgetAttribute.WA_DontShowOnScreen)
         width, height = size or (window.width(), window.height())
         replayer.resize(width, height)

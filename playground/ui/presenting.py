@@ -7,16 +7,13 @@ run; Esc or F11 leave and give the window back as it was (its docks, its fonts, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, QObject, Qt
 from PySide6.QtGui import QFont, QKeyEvent
 from PySide6.QtWidgets import QDockWidget, QWidget
 
 from playground.ui.replay import Replay
-
-if TYPE_CHECKING:
-    from playground.ui.main_window import MainWindow
 
 FONT_SCALE = 1.6  # the type on a projector at the back of a room
 NEXT_KEYS = {Qt.Key.Key_Right, Qt.Key.Key_Space, Qt.Key.Key_PageDown, Qt.Key.Key_Down}
@@ -33,7 +30,7 @@ def _application() -> QCoreApplication:
 class Presenter(QObject):
     """Presents ``window``'s selected run; ``active`` while it does. The window's own state is kept and put back."""
 
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: Any) -> None:  # the main window (whose module imports this one)
         super().__init__(window)
         self.window = window
         self.replay: Replay | None = None

@@ -15,6 +15,7 @@ from playground.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
     from playground.remote.source import RemoteSource
+    from playground.ui.animation import AnimationResult
 
 
 def _ensure_platform() -> None:
@@ -204,3 +205,43 @@ def render_trace(trace_path: str | Path, out_path: str | Path, width: int = 1500
             return save_picture(window, out_path, view, hover), trace.problems()
         finally:
             _close(window)
+
+
+def render_animation(trace_path: str | Path, out_path: str | Path, width: int = 1500, height: int = 950, *,
+                     view: str | None = None, fps: float | None = None, speed: float = 1.0, hover: bool = True,
+                     max_frames: int | None = None, quiet: bool = False) -> tuple[AnimationResult, str]:
+    """``shot --from-trace RUN --out run.gif``: the saved run replayed offscreen (``playground.ui.animation``);
+    returns the result and what of the trace could not be read."""
+    from PySide6.QtWidgets import QApplication
+
+    from playground.traces import TraceError, read_trace
+    from playground.ui.animation import MAX_FRAMES, AnimationPlan, check_output, export_animation
+
+    _ensure_platform()
+    check_output(Path(out_path))
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.processEvents()
+    try:
+        trace = read_trace(trace_path)
+    except TraceError as error:
+        raise ScreenshotError(str(error)) from error
+    settings, _unknown = RunSettings.from_plain_dict(trace.events[0].settings)
+
+    def told(plan: AnimationPlan) -> None:
+        if not quiet:
+            print(f"playground: animating {plan.describe()}", file=sys.stderr, flush=True)
+
+    def progress(done: int, total: int) -> None:
+        if not quiet and (done == total or done % max(1, total // 10) == 0):
+            print(f"[{done / total:4.0%}] frame {done} of {total}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        window = _window(None, settings, tmp, width, height)
+        try:
+            result = export_animation(window, trace.events, out_path, view=view, fps=fps, speed=speed, hover=hover,
+                                      max_frames=max_frames or MAX_FRAMES, size=(width, height) if view else None,
+                                      plan_told=told, progress=progress)
+        finally:
+            _close(window)
+    assert result is not None
+    return result, trace.problems()
