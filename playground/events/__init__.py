@@ -45,6 +45,7 @@ from playground.events.run import (
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
 from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
 from playground.events.steps import StepEvent, UnitStep, is_step_event, is_unit_step, is_unit_step_type
+from playground.events.watermark import WatermarkStarted, WatermarkStep
 
 # Every event class by its JSON ``type``.
 EVENT_TYPES: dict[str, type] = {}
@@ -82,6 +83,7 @@ Event: TypeAlias = (
     | QuantReady | QuantStep | QuantSummary | QuantTable
     | SpeculativeStarted | SpeculativeRound
     | SteeringStarted | SteeringNorms | SteerStep
+    | WatermarkStarted | WatermarkStep
 )
 
 

@@ -37,7 +37,7 @@ class Watermark(Sampler):
 
     def green_lists(self, vocab: int) -> GreenLists:
         if self.lists is None:
-            self.lists = GreenLists(kirchenbauer_key(self.settings, self.vocab_size or vocab))
+            self.lists = GreenLists.of(kirchenbauer_key(self.settings, self.vocab_size or vocab))
         return self.lists
 
     def apply(self, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -51,7 +51,19 @@ class KirchenbauerKey:
 
 
 class GreenLists:
-    """The green lists of one key, cached by seed (a lefthash green list is one of at most ``vocab`` lists)."""
+    """The green lists of one key, cached by seed (a lefthash green list is one of at most ``vocab`` lists);
+    ``of(key)`` shares one instance per key (the chain's entry, the live record and the detector reuse its cache)."""
+
+    _shared: OrderedDict[KirchenbauerKey, GreenLists] = OrderedDict()
+
+    @classmethod
+    def of(cls, key: KirchenbauerKey) -> GreenLists:
+        held = cls._shared.get(key)
+        if held is None:
+            held = cls._shared[key] = cls(key)
+            if len(cls._shared) > 4:
+                cls._shared.popitem(last=False)
+        return held
 
     def __init__(self, key: KirchenbauerKey, cache: int = 256) -> None:
         self.key = key
