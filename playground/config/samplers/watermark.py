@@ -56,8 +56,8 @@ class WatermarkSettings(SettingsGroup):
     bias: float = setting(2.0, "bias δ", "Kirchenbauer: added to every green token's logit (0.5–2 in the paper)",
                           minimum=0.0, widget_maximum=10.0, step=0.25, flag="--watermark-bias")
     hashing_key: int = setting(15485863, "hashing key", "Kirchenbauer: the secret that seeds the green lists "
-                               "(transformers' default: the millionth prime)", minimum=1, maximum=MAX_KEY,
-                               widget_maximum=2**31 - 1, hint="a key of 0 would seed every green list alike")
+                               "(transformers' default: the millionth prime)", minimum=1, maximum=2**31 - 1,
+                               hint="a key of 0 would seed every green list alike")
     seeding_scheme: str = setting("lefthash", "seeding scheme", "Kirchenbauer: lefthash seeds the green list from "
                                   "the previous token; selfhash from the context width's tokens ending in the "
                                   "candidate itself (the top 40 candidates are tried)", choices=SEEDING_SCHEMES)
