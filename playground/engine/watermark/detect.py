@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from playground.errors import UserError
 from playground.engine.watermark.kirchenbauer import GreenLists
 from playground.engine.watermark.synthid import SynthID
+from playground.errors import UserError
 
 
 class DetectionError(UserError, ValueError):

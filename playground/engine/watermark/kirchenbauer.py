@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -54,7 +55,7 @@ class GreenLists:
     """The green lists of one key, cached by seed (a lefthash green list is one of at most ``vocab`` lists);
     ``of(key)`` shares one instance per key (the chain's entry, the live record and the detector reuse its cache)."""
 
-    _shared: OrderedDict[KirchenbauerKey, GreenLists] = OrderedDict()
+    _shared: ClassVar[OrderedDict[KirchenbauerKey, GreenLists]] = OrderedDict()
 
     @classmethod
     def of(cls, key: KirchenbauerKey) -> GreenLists:

@@ -1,0 +1,87 @@
+"""A watermarked run end to end on the tiny model: greedy with green lists is transformers' ``generate`` with its
+``WatermarkingConfig``, token for token; the live record's colours and final z-score are transformers'
+``WatermarkDetector``'s on the run's ids (SynthID's: its processor's g-values); the view draws what the events say."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import SynthIDTextWatermarkLogitsProcessor, WatermarkDetector, WatermarkingConfig
+
+from playground.config import RunSettings
+from playground.engine.strategies import run_strategy
+from playground.events import RunStarted, TokenStep
+from playground.events.watermark import WatermarkStarted, WatermarkStep
+
+PROMPT = dict(prompt="Hello there, tell me", max_new_tokens=20, seed=3)
+
+
+def _run(tiny_lm, **values):
+    events = list(run_strategy(tiny_lm, RunSettings.from_flat(**PROMPT, **values)))
+    start = next(e for e in events if isinstance(e, RunStarted))
+    return events, start.prompt_token_ids, [e for e in events if isinstance(e, TokenStep)]
+
+
+@pytest.fixture(scope="module")
+def greedy_marked(tiny_lm):
+    return _run(tiny_lm, strategy="greedy", watermark="kirchenbauer", bias=4.0, greenlist_ratio=0.5)
+
+
+def test_greedy_green_lists_are_transformers_generate(tiny_lm, greedy_marked):
+    _, prompt_ids, steps = greedy_marked
+    config = WatermarkingConfig(greenlist_ratio=0.5, bias=4.0)
+    with torch.no_grad():
+        out = tiny_lm.model.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=20,
+                                     watermarking_config=config, pad_token_id=0)
+    theirs = out[0, len(prompt_ids):].tolist()
+    ours = [s.token_id for s in steps]
+    n = min(len(theirs), len(ours))
+    assert n >= 5 and ours[:n] == theirs[:n]
+    _, _, plain = _run(tiny_lm, strategy="greedy")
+    assert [s.token_id for s in plain] != ours  # precondition: the watermark changed the text
+
+
+def test_live_score_is_transformers_detector_on_the_run(tiny_lm, greedy_marked):
+    events, prompt_ids, steps = greedy_marked
+    marks = [e for e in events if isinstance(e, WatermarkStep)]
+    assert isinstance(next(e for e in events if isinstance(e, WatermarkStarted)), WatermarkStarted)
+    assert [m.step for m in marks] == [s.step for s in steps]
+    # The detector on the prompt's last token and the output: it scores exactly the generated tokens.
+    ids = [prompt_ids[-1], *(s.token_id for s in steps)]
+    detector = WatermarkDetector(tiny_lm.model.config, "cpu", WatermarkingConfig(greenlist_ratio=0.5, bias=4.0))
+    theirs = detector(torch.tensor([ids]), return_dict=True)
+    assert marks[-1].count == theirs.num_tokens_scored[0]
+    assert math.isclose(marks[-1].z_score, float(theirs.z_score[0]), rel_tol=1e-9)
+    assert sum(m.colour for m in marks) == theirs.num_green_tokens[0]
+    assert all(m.entropy is not None and m.kl is not None and m.kl >= 0 for m in marks)
+    assert max(m.kl for m in marks if m.kl is not None) > 1e-3
+
+
+def test_synthid_live_g_values_are_the_processors(tiny_lm):
+    events, _, steps = _run(tiny_lm, strategy="sample", watermark="synthid", ngram_len=3)
+    marks = [e for e in events if isinstance(e, WatermarkStep)]
+    keys = [654, 400, 836, 123, 340, 443, 597, 160, 57]
+    processor = SynthIDTextWatermarkLogitsProcessor(ngram_len=3, keys=keys, sampling_table_size=2**16,
+                                                    sampling_table_seed=0, context_history_size=1024, device="cpu")
+    generated = torch.tensor([[s.token_id for s in steps]])
+    g = processor.compute_g_values(generated)[0]  # the n-grams of the output: tokens from the third on
+    assert [tuple(row) for row in g.tolist()] == [m.g_values for m in marks[2:]]
+
+
+def test_the_view_draws_the_events(qtbot, greedy_marked):
+    from playground.state import Run
+    from playground.ui.views.watermark import WatermarkView
+
+    events, _, steps = greedy_marked
+    view = WatermarkView()
+    qtbot.addWidget(view)
+    view.show_run(Run.from_events(events))
+    marks = [e for e in events if isinstance(e, WatermarkStep)]
+    from playground.state import flowing_token_text
+
+    assert view.text.toPlainText() == "".join(flowing_token_text(s.text) for s in steps)
+    _, zs = view.z_curve.getData()
+    assert list(zs) == pytest.approx([m.z_score for m in marks])
+    assert f"{marks[-1].z_score:.2f}" in view.header.text()
