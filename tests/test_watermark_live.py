@@ -60,14 +60,20 @@ def test_live_score_is_transformers_detector_on_the_run(tiny_lm, greedy_marked):
 
 
 def test_synthid_live_g_values_are_the_processors(tiny_lm):
-    events, _, steps = _run(tiny_lm, strategy="sample", watermark="synthid", ngram_len=3)
+    events, _, steps = _run(tiny_lm, strategy="sample", watermark="synthid", ngram_len=2)
     marks = [e for e in events if isinstance(e, WatermarkStep)]
     keys = [654, 400, 836, 123, 340, 443, 597, 160, 57]
-    processor = SynthIDTextWatermarkLogitsProcessor(ngram_len=3, keys=keys, sampling_table_size=2**16,
+    processor = SynthIDTextWatermarkLogitsProcessor(ngram_len=2, keys=keys, sampling_table_size=2**16,
                                                     sampling_table_seed=0, context_history_size=1024, device="cpu")
     generated = torch.tensor([[s.token_id for s in steps]])
-    g = processor.compute_g_values(generated)[0]  # the n-grams of the output: tokens from the third on
-    assert [tuple(row) for row in g.tolist()] == [m.g_values for m in marks[2:]]
+    g = processor.compute_g_values(generated)[0]  # the n-grams of the output: tokens from the second on
+    assert [tuple(row) for row in g.tolist()] == [m.g_values for m in marks[1:]]
+    # The running score counts the steps whose context was fresh (the tournament acted), as fair coins' z.
+    scored = [sum(m.g_values) / len(keys) for m in marks if m.scored]
+    assert 0 < len(scored) < len(marks)  # precondition: some contexts repeated (2-grams on a tiny model)
+    mean = sum(scored) / len(scored)
+    assert marks[-1].count == len(scored)
+    assert math.isclose(marks[-1].z_score, (mean - 0.5) / math.sqrt(1 / (4 * len(scored) * len(keys))))
 
 
 def test_the_view_draws_the_events(qtbot, greedy_marked):
