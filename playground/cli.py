@@ -18,7 +18,7 @@ from playground.config import DEVICES, DTYPES
 if TYPE_CHECKING:
     from playground.events import Event
 
-COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model")
+COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model", "watermark-detect")
 
 
 def _prepare_environment() -> None:
@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "smoothquant, awq")
     report.add_argument("--group-size", type=int, default=128, help="group size of the group-wise methods")
     report.add_argument("--eval-tokens", type=int, default=512, help="evaluation text tokens scored")
+    detect = commands.add_parser("watermark-detect", help="score a text (or a saved run's output) for a watermark; "
+                                                          "--edit-budget: the score as the text is edited")
+    add_run_options(detect)
+    detect.add_argument("--text", default=None, help="the text to score")
+    detect.add_argument("--text-file", type=Path, default=None, help="a file with the text to score")
+    detect.add_argument("--from-trace", type=Path, default=None, metavar="RUN.jsonl",
+                        help="score this saved run's output (its watermark settings unless --watermark is given)")
+    detect.add_argument("--edit-budget", action="store_true",
+                        help="one JSON line per edit: replace every k-th word, delete the middle share")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
     return parser
@@ -194,6 +203,12 @@ def cmd_quant_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watermark_detect(args: argparse.Namespace) -> int:
+    from playground.cli_watermark import watermark_detect
+
+    return watermark_detect(args, _ensure_default_model, _progress_to_stderr)
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from playground.models.default_model import fetch_default_model
 
@@ -216,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "presets": cmd_presets,
-                "quant-report": cmd_quant_report, "fetch-model": cmd_fetch}
+                "quant-report": cmd_quant_report, "fetch-model": cmd_fetch, "watermark-detect": cmd_watermark_detect}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
