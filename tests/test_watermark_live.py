@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -91,3 +92,33 @@ def test_the_view_draws_the_events(qtbot, greedy_marked):
     _, zs = view.z_curve.getData()
     assert list(zs) == pytest.approx([m.z_score for m in marks])
     assert f"{marks[-1].z_score:.2f}" in view.header.text()
+
+
+def test_the_detector_panel_scores_as_you_type(qtbot, tiny_lm, greedy_marked):
+    from playground.config.samplers.watermark import WatermarkSettings
+    from playground.engine.watermark.score import detect_ids, encode, text_entropies
+    from playground.ui.views.watermark.detector import DetectorPanel
+
+    _, _, steps = greedy_marked
+    panel = DetectorPanel()
+    qtbot.addWidget(panel)
+    panel.set_model(tiny_lm.tokenizer, tiny_lm)
+    text = "".join(s.text for s in steps)
+    panel.use_settings(WatermarkSettings(watermark="kirchenbauer", greenlist_ratio=0.5, bias=4.0), text)
+    ids = encode(tiny_lm.tokenizer, text)
+    g = WatermarkSettings(watermark="kirchenbauer", greenlist_ratio=0.5)
+    expected = detect_ids(g, ids, tiny_lm.model.config.vocab_size)
+    assert panel.last is not None and math.isclose(panel.last.z_score, expected.z_score)
+    assert f"z = <b>{expected.z_score:.2f}</b>" in panel.result.text()
+    panel.input.setPlainText("a")  # typing: scored after the pause
+    qtbot.waitUntil(lambda: "too short" in panel.result.text(), timeout=2000)
+    panel.input.setPlainText(text)
+    entropies = text_entropies(tiny_lm, ids)
+    cut = round(sorted(entropies)[len(entropies) // 2], 2)  # SWEET at the median: about half the tokens count
+    panel.sweet.setValue(cut)  # the entropies come from a background pass, then the score
+    panel.score()
+    assert "entropies" in panel.result.text()
+    panel.wait_for_entropies()
+    sweet = detect_ids(dataclasses.replace(g, entropy_threshold=cut), ids, tiny_lm.model.config.vocab_size,
+                       entropies=entropies)
+    assert panel.last is not None and panel.last.scored == sweet.scored < expected.scored

@@ -12,38 +12,28 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
-from PySide6.QtWidgets import QHBoxLayout, QTextEdit, QVBoxLayout, QWidget
+from PySide6.QtGui import QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import QHBoxLayout, QTabWidget, QTextEdit, QVBoxLayout, QWidget
 
+from playground.config.samplers.watermark import WatermarkSettings
+from playground.events import RunFinished
 from playground.events.watermark import WatermarkStep
-from playground.state import flowing_token_text
+from playground.state import Run, flowing_token_text
 from playground.state.watermark import WatermarkState
 from playground.ui.style import mono_font, rich_label
 from playground.ui.views import register_view
 from playground.ui.views.base import FoldView
 from playground.ui.views.drawing import fill_with_scroll, static_plot
+from playground.ui.views.watermark.colours import colour_of
+from playground.ui.views.watermark.detector import DetectorPanel
 
-GREEN = "#44AA66"
-RED = "#CC4455"
-UNSCORED = "#BBBBBB"
 Z_COLOR = "#0077BB"
 KL_COLOR = "#009988"
 LOW_ENTROPY_BITS = 2.0
-
-
-def colour_of(mark: WatermarkStep) -> QColor:
-    """A token's background: green, red, or (SynthID) between them by its mean g-value; grey when not scored."""
-    if not mark.scored:
-        return QColor(UNSCORED)
-    red, green = QColor(RED), QColor(GREEN)
-    t = min(max(mark.colour, 0.0), 1.0)
-    mixed = QColor(round(red.red() + (green.red() - red.red()) * t), round(red.green() + (green.green() - red.green())
-                   * t), round(red.blue() + (green.blue() - red.blue()) * t))
-    mixed.setAlpha(150)
-    return mixed
 
 
 def header_text(state: WatermarkState) -> str:
@@ -121,7 +111,8 @@ class WatermarkView(FoldView):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.state: WatermarkState = WatermarkState()
-        content = QWidget(self)
+        self.tabs = QTabWidget(self)
+        content = QWidget(self.tabs)
         layout = QVBoxLayout(content)
         self.header = rich_label(content)
         layout.addWidget(self.header)
@@ -142,8 +133,23 @@ class WatermarkView(FoldView):
         for plot in (self.z_plot, self.entropy_plot, self.kl_plot):
             plots.addWidget(plot)
         layout.addLayout(plots, stretch=3)
-        fill_with_scroll(self, content)
+        self.tabs.addTab(content, "Live run")
+        self.detector = DetectorPanel(self.tabs)
+        self.tabs.addTab(self.detector, "Detector (any text)")
+        fill_with_scroll(self, self.tabs)
         self._start_drawing()
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """The loaded model's tokenizer (the window hands it to views that read typed text): the detector's."""
+        source = getattr(self.window(), "source", None)
+        self.detector.set_model(tokenizer, getattr(source, "lm", None))
+
+    def show_run(self, run: Run) -> None:
+        super().show_run(run)
+        finished = next((e for e in reversed(run.events) if isinstance(e, RunFinished)), None)
+        g = run.settings.group(WatermarkSettings)
+        if g.active():  # the detector starts from the shown run's key and output
+            self.detector.use_settings(g, finished.text if finished is not None else None)
 
     def _forget(self) -> None:
         self.text.forget()
