@@ -56,8 +56,21 @@ def test_live_score_is_transformers_detector_on_the_run(tiny_lm, greedy_marked):
     assert marks[-1].count == theirs.num_tokens_scored[0]
     assert math.isclose(marks[-1].z_score, float(theirs.z_score[0]), rel_tol=1e-9)
     assert sum(m.colour for m in marks) == theirs.num_green_tokens[0]
-    assert all(m.entropy is not None and m.kl is not None and m.kl >= 0 for m in marks)
-    assert max(m.kl for m in marks if m.kl is not None) > 1e-3
+    # Entropy and KL at each step, from the model's own logits and transformers' processor.
+    from transformers import WatermarkLogitsProcessor
+
+    processor = WatermarkLogitsProcessor(vocab_size=tiny_lm.model.config.vocab_size, device="cpu",
+                                         greenlist_ratio=0.5, bias=4.0)
+    context = torch.tensor([[*prompt_ids, *(s.token_id for s in steps)]])
+    with torch.no_grad():
+        logits = tiny_lm.model(context).logits[0, len(prompt_ids) - 1: -1].float()
+    for i, mark in enumerate(marks):
+        logp = logits[i].double().log_softmax(-1)
+        logq = processor(context[:, : len(prompt_ids) + i], logits[i: i + 1])[0].double().log_softmax(-1)
+        kl = float((logq.exp() * (logq - logp)).sum())
+        entropy = float(-(logp.exp() * logp).sum()) / math.log(2)
+        assert mark.kl is not None and math.isclose(mark.kl, kl, rel_tol=1e-3, abs_tol=1e-5), i
+        assert mark.entropy is not None and math.isclose(mark.entropy, entropy, rel_tol=1e-4), i
 
 
 def test_synthid_live_g_values_are_the_processors(tiny_lm):

@@ -36,6 +36,16 @@ def entropy_and_kl(raw: torch.Tensor, marked: torch.Tensor) -> tuple[float, floa
     return float(torch.special.entr(logp.exp()).sum()) / LN2, max(kl, 0.0)
 
 
+def entropy_and_green_kl(raw: torch.Tensor, green: torch.Tensor, bias: float) -> tuple[float, float]:
+    """The same for green lists without a second softmax: with P the model's green mass and Z = 1 + (e^δ − 1)·P,
+    the watermarked distribution is p·e^(δ·green)/Z, so KL = δ·e^δ·P/Z − ln Z."""
+    p = raw.float().softmax(-1)
+    green_mass = float(p[green.to(p.device)].sum()) if green.dtype == torch.bool else float((p * green).sum())
+    z = 1.0 + math.expm1(bias) * green_mass
+    kl = bias * math.exp(bias) * green_mass / z - math.log(z)
+    return float(torch.special.entr(p).sum()) / LN2, max(kl, 0.0)
+
+
 class WatermarkObserver(Observer):
     def __init__(self, g: WatermarkSettings, vocab_size: int) -> None:
         self.g = g
@@ -70,13 +80,16 @@ class WatermarkObserver(Observer):
               ) -> WatermarkStep:
         g_values: tuple[int, ...] = ()
         marked = None
+        entropy_kl: tuple[float, float] | None = None
         if self.lists is not None:
             width = self.g.context_width
             scored = ids.shape[1] >= width
             window = ids[0, ids.shape[1] - width:].tolist() if scored else []
             colour = float(self.lists.is_green(window, token)) if scored else 0.0
-            if raw is not None:
-                marked = self.lists.apply(ids, raw)[0]
+            if raw is not None and scored:
+                green = self.lists.apply(ids, raw)[1][0]
+                if green is not None:
+                    entropy_kl = entropy_and_green_kl(raw[0], green, self.g.bias)
             gained = colour
         else:
             assert self.synthid is not None
@@ -92,9 +105,9 @@ class WatermarkObserver(Observer):
             self.total += gained
             self.count += 1
         z = self._z()
-        entropy = kl = None
         if raw is not None and marked is not None:
-            entropy, kl = entropy_and_kl(raw[0], marked[0])
+            entropy_kl = entropy_and_kl(raw[0], marked[0])
+        entropy, kl = entropy_kl if entropy_kl is not None else (None, None)
         return WatermarkStep(step=index, token_id=token, scored=scored, colour=colour, g_values=g_values,
                              z_score=z, p_value=p_value(z) if math.isfinite(z) else math.nan, count=self.count,
                              entropy=entropy, kl=kl)

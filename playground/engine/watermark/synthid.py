@@ -20,6 +20,15 @@ MULTIPLIER = 6364136223846793005
 INCREMENT = 1
 
 
+def _wrap64(x: int) -> int:
+    return ((x + 2**63) % 2**64) - 2**63
+
+
+# A candidate's hash at a layer, ((h + t)·M + 1 + k)·M + 1, is (h·M² + M + k·M + 1) + t·M² in int64's wrapping
+# arithmetic: one term per step and layer, one per token, and a single [tokens, layers] addition.
+MULTIPLIER_SQUARED = _wrap64(MULTIPLIER * MULTIPLIER)
+
+
 def accumulate_hash(current: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
     """transformers' hash: for each entry of ``data``'s last axis, ``h = (h + d) · M + 1`` (int64, wrapping)."""
     for i in range(data.shape[-1]):
@@ -50,6 +59,7 @@ class SynthID:
         self.table = torch.randint(0, 2, (key.sampling_table_size,), generator=generator)
         self.keys = torch.tensor(key.keys, dtype=torch.long)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._float_tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def _tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         held = self._on.get(device)
@@ -57,16 +67,35 @@ class SynthID:
             held = self._on[device] = (self.table.to(device), self.keys.to(device))
         return held
 
+    def layer_g(self, context_hash: torch.Tensor, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The g-values [depth, n] as ``dtype`` (the tournament's): for a table of 2^b entries only the hash's low b
+        bits matter, and they add in int32 (half the work of the int64 hash)."""
+        table, keys = self._tensors(tokens.device)
+        size = table.shape[0]
+        if size & (size - 1):
+            return self.g_values_after(context_hash, tokens).T.to(dtype)
+        mask = size - 1
+        per_layer = context_hash * MULTIPLIER_SQUARED + (keys * MULTIPLIER + (MULTIPLIER + INCREMENT))
+        low_layers = (per_layer & mask).to(torch.int32)  # [depth]
+        low_tokens = ((tokens * MULTIPLIER_SQUARED) & mask).to(torch.int32)  # [n]
+        values = self._float_tables.get((tokens.device, dtype))
+        if values is None:
+            values = self._float_tables[(tokens.device, dtype)] = table.to(dtype)
+        return values[(low_layers[:, None] + low_tokens[None, :]) & mask]
+
     def context_hash(self, context: torch.Tensor) -> torch.Tensor:
         """[..., ngram_len − 1] contexts -> [...] their hashes."""
         return accumulate_hash(torch.ones(context.shape[:-1], dtype=torch.long, device=context.device), context)
 
     def g_values_after(self, context_hash: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The g-values [n, depth] of the candidates ``tokens`` [n] after a context of hash ``context_hash`` []."""
+        """The g-values [n, depth] of the candidates ``tokens`` [n] after a context of hash ``context_hash`` []
+        (transformers' hash, regrouped: see ``MULTIPLIER_SQUARED``)."""
         table, keys = self._tensors(tokens.device)
-        h = (context_hash + tokens) * MULTIPLIER + INCREMENT  # [n]
-        h = (h[:, None] + keys[None, :]) * MULTIPLIER + INCREMENT  # [n, depth]
-        return table[h % table.shape[0]]
+        per_layer = context_hash * MULTIPLIER_SQUARED + (keys * MULTIPLIER + (MULTIPLIER + INCREMENT))  # [depth]
+        h = (tokens * MULTIPLIER_SQUARED)[:, None] + per_layer[None, :]  # [n, depth]
+        size = table.shape[0]
+        index = h & (size - 1) if size & (size - 1) == 0 else h % size  # a power of two: the floor mod is a mask
+        return table[index]
 
     def g_values(self, ids: torch.Tensor) -> torch.Tensor:
         """transformers' ``compute_g_values`` on ``ids`` [batch, n]: [batch, n − (ngram_len − 1), depth]."""
@@ -120,10 +149,9 @@ class SynthID:
         """transformers' ``update_scores`` on the tokens still in play of ``logits`` [1, vocab]."""
         row = logits[0]
         kept = torch.isfinite(row).nonzero().squeeze(1)
-        g = self.g_values_after(context_hash, kept).to(row.dtype)  # [K, depth]
+        g = self.layer_g(context_hash, kept, row.dtype)  # [depth, K]
         probs = row[kept].softmax(dim=-1)
-        for layer in range(g.shape[1]):
-            g_layer = g[:, layer]
+        for g_layer in g:
             probs = probs * (1 + g_layer - (g_layer * probs).sum())
         out = torch.full_like(logits, float("-inf"))
         out[0, kept] = probs.log()
