@@ -96,6 +96,7 @@ EXPECTED.update({"contrastive-search-loop"})  # contrastive search (tests/test_c
 EXPECTED.update({"beam-forced-words"})  # constrained beam search (tests/test_forced_beam_reference.py)
 EXPECTED.update({"beam-diverse-groups"})  # diverse beam search (tests/test_beam_groups_reference.py)
 EXPECTED.update({"steering-sweep-happy"})  # the steering sweep (tests/test_steering_sweep_preset.py)
+EXPECTED.update({"watermark-vs-plain"})  # the watermark lab (its engine: tests/test_watermark_live.py)
 CLICHE = "In the heart of"
 
 

@@ -68,6 +68,7 @@ VIEW_RUNS: dict[str, str] = {
 TINY_VECTOR = Path(__file__).parent / "data" / "steering" / "tiny-happy-sad.safetensors"
 VIEW_RUNS.update({"steering": f"greedy --steer {TINY_VECTOR}:2 --steer-compare",  # the steering views
                   "steering-sweep": f"greedy --steer {TINY_VECTOR}:1 --steer-sweep=-2,2"})
+VIEW_RUNS.update({"watermark": "sample --watermark kirchenbauer --temperature 0.8"})  # the watermark lab
 
 
 @dataclass
