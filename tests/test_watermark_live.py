@@ -135,3 +135,15 @@ def test_the_detector_panel_scores_as_you_type(qtbot, tiny_lm, greedy_marked):
     sweet = detect_ids(dataclasses.replace(g, entropy_threshold=cut), ids, tiny_lm.model.config.vocab_size,
                        entropies=entropies)
     assert panel.last is not None and panel.last.scored == sweet.scored < expected.scored
+
+
+def test_greedy_speculation_keeps_the_green_lists(tiny_lm, greedy_marked):
+    """Speculative decoding verifies each drafted token under the watermarked chain at its own context: greedy
+    speculation writes the watermarked greedy text token for token."""
+    _, _, steps = greedy_marked
+    from playground.events import SpeculativeRound
+
+    events, _, speculated = _run(tiny_lm, strategy="speculative", draft="prompt-lookup", prompt_lookup_ngram=1,
+                                 watermark="kirchenbauer", bias=4.0, greenlist_ratio=0.5)
+    assert [s.token_id for s in speculated] == [s.token_id for s in steps]
+    assert sum(e.accepted for e in events if isinstance(e, SpeculativeRound)) > 0  # precondition: drafts were kept
