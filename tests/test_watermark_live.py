@@ -90,8 +90,10 @@ def test_synthid_live_g_values_are_the_processors(tiny_lm):
     assert math.isclose(marks[-1].z_score, (mean - 0.5) / math.sqrt(1 / (4 * len(scored) * len(keys))))
 
 
-def test_the_view_draws_the_events(qtbot, greedy_marked):
-    from playground.state import Run
+def test_the_view_draws_the_events_and_its_detector_scores_any_text(qtbot, tiny_lm, greedy_marked):
+    from playground.config.samplers.watermark import WatermarkSettings
+    from playground.engine.watermark.score import detect_ids, encode, text_entropies
+    from playground.state import Run, flowing_token_text
     from playground.ui.views.watermark import WatermarkView
 
     events, _, steps = greedy_marked
@@ -99,22 +101,12 @@ def test_the_view_draws_the_events(qtbot, greedy_marked):
     qtbot.addWidget(view)
     view.show_run(Run.from_events(events))
     marks = [e for e in events if isinstance(e, WatermarkStep)]
-    from playground.state import flowing_token_text
-
     assert view.text.toPlainText() == "".join(flowing_token_text(s.text) for s in steps)
     _, zs = view.z_curve.getData()
     assert list(zs) == pytest.approx([m.z_score for m in marks])
     assert f"{marks[-1].z_score:.2f}" in view.header.text()
-
-
-def test_the_detector_panel_scores_as_you_type(qtbot, tiny_lm, greedy_marked):
-    from playground.config.samplers.watermark import WatermarkSettings
-    from playground.engine.watermark.score import detect_ids, encode, text_entropies
-    from playground.ui.views.watermark.detector import DetectorPanel
-
-    _, _, steps = greedy_marked
-    panel = DetectorPanel()
-    qtbot.addWidget(panel)
+    # The detector tab: any text, scored as you type (one window for both checks).
+    panel = view.detector
     panel.set_model(tiny_lm.tokenizer, tiny_lm)
     text = "".join(s.text for s in steps)
     panel.use_settings(WatermarkSettings(watermark="kirchenbauer", greenlist_ratio=0.5, bias=4.0), text)
