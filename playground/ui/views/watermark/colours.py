@@ -16,7 +16,9 @@ def colour_of(mark: WatermarkStep) -> QColor:
     if not mark.scored:
         return QColor(UNSCORED)
     red, green = QColor(RED), QColor(GREEN)
-    t = min(max(mark.colour, 0.0), 1.0)
+    # SynthID's mean g-values gather around ½: stretched ×2.5 about it, so a layer's worth of difference shows.
+    t = (mark.colour - 0.5) * 2.5 + 0.5 if mark.g_values else mark.colour
+    t = min(max(t, 0.0), 1.0)
     mixed = QColor(round(red.red() + (green.red() - red.red()) * t), round(red.green() + (green.green() - red.green())
                    * t), round(red.blue() + (green.blue() - red.blue()) * t))
     mixed.setAlpha(150)

@@ -226,10 +226,11 @@ class DetectorPanel(QWidget):
     def _draw(self, ids: list[int], d: Detection) -> None:
         self.tokens.clear()
         cursor = QTextCursor(self.tokens.document())
+        synthid = (1,) if self.scheme.currentText() == "synthid" else ()  # (its colours: mean g-values)
         for i, token in enumerate(ids):
             colour = d.colours[i]
             mark = WatermarkStep(step=i, token_id=token, scored=colour is not None, colour=colour or 0.0,
-                                 g_values=(), z_score=0.0, p_value=1.0, count=0, entropy=None, kl=None)
+                                 g_values=synthid, z_score=0.0, p_value=1.0, count=0, entropy=None, kl=None)
             form = QTextCharFormat()
             form.setBackground(colour_of(mark))
             cursor.insertText(flowing_token_text(self.tokenizer.decode([token])), form)
