@@ -51,6 +51,7 @@ class WatermarkObserver(Observer):
         self.g = g
         self.lists = GreenLists.of(kirchenbauer_key(g, vocab_size)) if g.watermark == "kirchenbauer" else None
         self.synthid = SynthID(synthid_key(g)) if g.watermark == "synthid" else None
+        self.gains: list[float | None] = []  # per generated token: what it adds to the score (None: not scored)
         self.total = 0.0
         self.count = 0
 
@@ -101,9 +102,10 @@ class WatermarkObserver(Observer):
             values = wm.g_values_after(wm.context_hash(contexts[-1]), torch.tensor([token], device=ids.device))[0]
             g_values = tuple(int(v) for v in values.tolist())
             colour = gained = sum(g_values) / len(g_values)
-        if scored:
-            self.total += gained
-            self.count += 1
+        del self.gains[index:]  # a rollback (phrase bans) decodes this position again: the undone tokens leave
+        self.gains.append(gained if scored else None)
+        counted = [v for v in self.gains if v is not None]
+        self.total, self.count = sum(counted), len(counted)
         z = self._z()
         if raw is not None and marked is not None:
             entropy_kl = entropy_and_kl(raw[0], marked[0])
@@ -117,7 +119,7 @@ class WatermarkObserver(Observer):
             return math.nan
         if self.lists is not None:
             return z_of(self.total, self.count, self.g.greenlist_ratio)
-        depth = len(self.g.keys.split(","))
+        depth = len(parse_keys(self.g.keys))
         return (self.total / self.count - 0.5) / math.sqrt(1.0 / (4 * self.count * depth))
 
 
