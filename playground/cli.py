@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from playground.events import Event
 
 COMMANDS = ("app", "trace", "shot", "open", "html", "presets", "quant-report", "fetch-model", "models",
-            "install-desktop", "cache")
+            "install-desktop", "cache", "watermark-detect")
 
 
 def _prepare_environment() -> None:
@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", nargs="?", default=None, metavar="NAME",
                        help="smollm2-135m-instruct (the default) or gemma-3-270m")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
+    detect = commands.add_parser("watermark-detect", help="score a text (or a saved run's output) for a watermark; "
+                                                          "--edit-budget: the score as the text is edited")
+    add_run_options(detect)
+    detect.add_argument("--text", default=None, help="the text to score")
+    detect.add_argument("--text-file", type=Path, default=None, help="a file with the text to score")
+    detect.add_argument("--from-trace", type=Path, default=None, metavar="RUN.jsonl",
+                        help="score this saved run's output (its watermark settings unless --watermark is given)")
+    detect.add_argument("--edit-budget", action="store_true",
+                        help="one JSON line per edit: replace every k-th word, delete the middle share")
     models = commands.add_parser("models", help="list the models on this computer (Hugging Face cache, LM Studio, "
                                                 "Ollama, added folders) with their size and memory, nothing loaded")
     models.add_argument("--dtype", choices=DTYPES, default="auto", help="the memory column's dtype (auto: float32)")
@@ -259,6 +268,12 @@ def cmd_quant_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_watermark_detect(args: argparse.Namespace) -> int:
+    from playground.cli_watermark import watermark_detect
+
+    return watermark_detect(args, _ensure_default_model, _progress_to_stderr)
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from playground.models.bundled import bundled_keys, find_bundled
 
@@ -322,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "html": cmd_html,
                 "presets": cmd_presets, "quant-report": cmd_quant_report, "fetch-model": cmd_fetch,
-                "models": cmd_models, "install-desktop": cmd_install_desktop, "cache": cmd_cache}
+                "models": cmd_models, "install-desktop": cmd_install_desktop, "cache": cmd_cache,
+                "watermark-detect": cmd_watermark_detect}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

@@ -100,6 +100,7 @@ EXPECTED.update({"logit-lens-gemma", "early-exit-gemma", "quant-lab-int4-gemma",
 EXPECTED.update({"steering-sweep-happy"})  # the steering sweep (tests/test_steering_sweep_preset.py)
 EXPECTED.update({"why-paris"})  # logit attribution, commitment and uncertainty (tests/test_dla_preset.py)
 EXPECTED.update({"salience-capital", "patching-capital"})  # salience and patching (tests/test_attribution_presets.py)
+EXPECTED.update({"watermark-vs-plain"})  # the watermark lab (its engine: tests/test_watermark_live.py)
 CLICHE = "In the heart of"
 
 

@@ -14,7 +14,8 @@ from playground.engine.samplers import ENGINE_SAMPLERS
 EVERY = dict(guidance_scale=1.5, logit_bias=("3=+2",), repetition_penalty=1.2, no_repeat_ngram_size=2,
              presence_penalty=0.3, dry_multiplier=0.8, dry_sequence_breakers=(), temperature=0.9, top_k=20, top_p=0.95,
              min_p=0.01, typical_p=0.95, epsilon_cutoff=0.001, eta_cutoff=0.001, top_n_sigma=3.0, xtc_probability=0.5,
-             mirostat=2, top_a=0.01, tfs=0.99, adaptive_target=0.3, choices=("ab", "cd"), ban=("the",))
+             mirostat=2, top_a=0.01, tfs=0.99, adaptive_target=0.3, choices=("ab", "cd"), ban=("the",),
+             watermark="kirchenbauer")
 
 
 def test_every_declared_sampler_has_an_engine_object_and_applies_purely():

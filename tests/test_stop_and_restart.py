@@ -64,6 +64,7 @@ STOP_CASES: dict[str, tuple[str, tuple[str, ...], int]] = {
 TINY_VECTOR = Path(__file__).parent / "data" / "steering" / "tiny-happy-sad.safetensors"
 STOP_CASES.update({"steering sweep": (f"greedy --steer {TINY_VECTOR}:1 --steer-sweep=-2,2 --steer-compare",
                                       ("sweep_scores",), 1)})  # feeds both steering views
+STOP_CASES.update({"watermark": ("sample --watermark kirchenbauer --temperature 0.8", (), 1)})  # the watermark lab
 
 
 # Strategies that decode no tokens (activation patching: a map's rows) have their Stop checked in their own tests

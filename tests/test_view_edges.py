@@ -71,6 +71,7 @@ VIEW_RUNS.update({"steering": f"greedy --steer {TINY_VECTOR}:2 --steer-compare",
 VIEW_RUNS["dla"] = "greedy --lens --attribute-steps 0,5"  # the "why this token" view: both strips, two attributions
 VIEW_RUNS.update({"salience": "greedy --salience all --ig-steps 8",  # salience and patching (attribution_maps)
                   "patching": "patching --corrupted 'one two three one two three two one three'"})
+VIEW_RUNS.update({"watermark": "sample --watermark kirchenbauer --temperature 0.8"})  # the watermark lab
 
 
 @dataclass

@@ -48,6 +48,7 @@ from playground.events.salience import SalienceAgreement, SalienceMap
 from playground.events.speculative import SpeculativeRound, SpeculativeStarted
 from playground.events.steering import SteeringNorms, SteeringStarted, SteerStep
 from playground.events.steps import StepEvent, UnitStep, is_step_event, is_unit_step, is_unit_step_type
+from playground.events.watermark import WatermarkStarted, WatermarkStep
 
 # Every event class by its JSON ``type``.
 EVENT_TYPES: dict[str, type] = {}
@@ -87,6 +88,7 @@ Event: TypeAlias = (
     | SteeringStarted | SteeringNorms | SteerStep
     | LogitAttribution | AttributionMissing
     | SalienceMap | SalienceAgreement | PatchingStarted | PatchingRow
+    | WatermarkStarted | WatermarkStep
 )
 
 

@@ -1,0 +1,238 @@
+"""The detector for any text: paste or edit a text, choose the scheme and key, and each token's colour, the score
+and the verdict follow as you type (a short pause after the last key; the text is read with the loaded model's
+tokenizer). SWEET scores only the tokens the model was unsure of (entropy at least a threshold): one teacher-forced
+pass of the loaded model over the text, run off the window's thread (about a second for 80 tokens of the default
+model on a busy CPU), its entropies kept for the text. The score itself runs on the window's thread, debounced: on
+the default model's vocabulary about 1 ms for 80 tokens once their green lists are cached, a few tens of ms while
+they are new; the panel says how long each took."""
+
+from __future__ import annotations
+
+import html
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QTextCharFormat, QTextCursor
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QPlainTextEdit,
+    QSpinBox,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from playground.config.errors import ConfigError
+from playground.config.samplers.watermark import DEFAULT_KEYS, WatermarkSettings
+from playground.engine.watermark.detect import Detection, DetectionError
+from playground.errors import UserError
+from playground.events.watermark import WatermarkStep
+from playground.state import flowing_token_text
+from playground.ui.style import mono_font, rich_label
+from playground.ui.views.watermark.colours import colour_of
+
+DEBOUNCE_MS = 250
+POLL_MS = 50
+_ENTROPY_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweet-entropies")
+
+
+class DetectorPanel(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.tokenizer: Any = None
+        self.model: Any = None  # a LoadedModel, for SWEET's entropies and the vocabulary's size
+        layout = QVBoxLayout(self)
+        controls = QHBoxLayout()
+        form = QFormLayout()
+        self.scheme = QComboBox(self)
+        self.scheme.addItems(["kirchenbauer", "synthid"])
+        self.seeding = QComboBox(self)
+        self.seeding.addItems(["lefthash", "selfhash"])
+        self.gamma = QDoubleSpinBox(self)
+        self.gamma.setRange(0.01, 0.99)
+        self.gamma.setSingleStep(0.05)
+        self.gamma.setValue(0.25)
+        self.key = QSpinBox(self)
+        self.key.setRange(1, 2**31 - 1)
+        self.key.setValue(15485863)
+        self.width_box = QSpinBox(self)
+        self.width_box.setRange(1, 64)
+        self.keys = QLineEdit(DEFAULT_KEYS, self)
+        self.ngram = QSpinBox(self)
+        self.ngram.setRange(2, 64)
+        self.ngram.setValue(5)
+        self.threshold = QDoubleSpinBox(self)
+        self.threshold.setRange(0.0, 20.0)
+        self.threshold.setValue(4.0)
+        self.sweet = QDoubleSpinBox(self)
+        self.sweet.setRange(0.0, 16.0)
+        self.sweet.setSingleStep(0.25)
+        self.sweet.setSpecialValueText("off")
+        self.once = QCheckBox("count each n-gram once", self)
+        form.addRow("scheme", self.scheme)
+        form.addRow("green-list γ", self.gamma)
+        form.addRow("hashing key", self.key)
+        form.addRow("seeding", self.seeding)
+        form.addRow("context width", self.width_box)
+        form.addRow("SynthID keys", self.keys)
+        form.addRow("n-gram length", self.ngram)
+        form.addRow("z threshold", self.threshold)
+        form.addRow("SWEET entropy (bits)", self.sweet)
+        form.addRow("", self.once)
+        controls.addLayout(form)
+        self.input = QPlainTextEdit(self)
+        self.input.setPlaceholderText("Paste or write a text here: its score follows as you type.")
+        self.input.setFont(mono_font(10))
+        controls.addWidget(self.input, stretch=1)
+        layout.addLayout(controls, stretch=1)
+        self.result = rich_label(self)
+        layout.addWidget(self.result)
+        self.tokens = QTextEdit(self)
+        self.tokens.setReadOnly(True)
+        self.tokens.setFont(mono_font(10))
+        layout.addWidget(self.tokens, stretch=1)
+        self.timer = QTimer(self)
+        self.timer.setSingleShot(True)
+        self.timer.setInterval(DEBOUNCE_MS)
+        self.timer.timeout.connect(self.score)
+        self.input.textChanged.connect(self.timer.start)
+        for box in (self.scheme, self.seeding):
+            box.currentIndexChanged.connect(self.timer.start)
+        for spin in (self.gamma, self.key, self.width_box, self.ngram, self.threshold, self.sweet):
+            spin.valueChanged.connect(self.timer.start)
+        self.keys.textChanged.connect(self.timer.start)
+        self.once.toggled.connect(self.timer.start)
+        self.last: Detection | None = None
+        self._entropies: dict[tuple[int, ...], list[float]] = {}  # SWEET's, by the text's ids
+        self._pending: tuple[tuple[int, ...], Future] | None = None
+        self.poll = QTimer(self)
+        self.poll.setInterval(POLL_MS)
+        self.poll.timeout.connect(self._check_entropies)
+        self.score()
+
+    # --- what the view hands it -------------------------------------------------------------------------------
+    def set_model(self, tokenizer: Any, model: Any = None) -> None:
+        self.tokenizer, self.model = tokenizer, model
+        self.timer.start()
+
+    def use_settings(self, g: WatermarkSettings, text: str | None = None) -> None:
+        """Take a run's watermark (and its output, to score it)."""
+        if g.watermark in ("kirchenbauer", "synthid"):
+            self.scheme.setCurrentText(g.watermark)
+        self.gamma.setValue(g.greenlist_ratio)
+        self.key.setValue(g.hashing_key)
+        self.seeding.setCurrentText(g.seeding_scheme)
+        self.width_box.setValue(g.context_width)
+        self.keys.setText(g.keys)
+        self.ngram.setValue(g.ngram_len)
+        self.threshold.setValue(g.z_threshold)
+        if text is not None:
+            self.input.setPlainText(text)
+        self.score()
+
+    def settings(self) -> WatermarkSettings:
+        g = WatermarkSettings(watermark=self.scheme.currentText(), greenlist_ratio=self.gamma.value(),
+                              hashing_key=self.key.value(), seeding_scheme=self.seeding.currentText(),
+                              context_width=self.width_box.value(), keys=self.keys.text(),
+                              ngram_len=self.ngram.value(), z_threshold=self.threshold.value(),
+                              entropy_threshold=self.sweet.value(), ignore_repeated_ngrams=self.once.isChecked())
+        g.validate()
+        return g
+
+    # --- scoring ----------------------------------------------------------------------------------------------
+    def score(self) -> None:
+        self.timer.stop()
+        text = self.input.toPlainText()
+        if self.tokenizer is None:
+            self._say("Load a model: the text is read with its tokenizer (the green lists are the vocabulary's).")
+            return
+        if not text.strip():
+            self._say("Paste or write a text above to score it.")
+            return
+        from playground.engine.watermark.score import detect_ids, encode, text_entropies
+
+        began = time.perf_counter()
+        try:
+            g = self.settings()
+            ids = encode(self.tokenizer, text)
+            vocab = int(self.model.model.config.vocab_size) if self.model is not None else len(self.tokenizer)
+            entropies = None
+            if g.entropy_threshold > 0:
+                if self.model is None:
+                    raise DetectionError("SWEET needs the loaded model's entropies: load a model here (a server "
+                                         "does not give them)")
+                entropies = self._entropies.get(tuple(ids))
+                if entropies is None:
+                    self._start_entropies(tuple(ids), text_entropies)
+                    self._say("SWEET: reading the model's entropies over the text (off the window's thread)…")
+                    return
+            d = detect_ids(g, ids, vocab, entropies=entropies)
+        except (UserError, ConfigError) as error:
+            self.last = None
+            self._say(f"<span style='color:#AA3333'>{html.escape(str(error))}</span>")
+            return
+        ms = (time.perf_counter() - began) * 1000
+        self.last = d
+        verdict = "<b style='color:#227744'>watermarked</b>" if d.prediction else "<b>not watermarked</b>"
+        sweet = f", SWEET ≥ {g.entropy_threshold:g} bits" if g.entropy_threshold > 0 else ""
+        what = "green" if g.watermark == "kirchenbauer" else "mean g"
+        self.result.setText(f"z = <b>{d.z_score:.2f}</b> (threshold {d.threshold:g}), p = {d.p_value:.2e}: {verdict}"
+                            f" · {what} {d.green_fraction:.0%} of {d.scored} scored tokens{sweet} · scored in "
+                            f"{ms:.0f} ms")
+        self._draw(ids, d)
+
+    def _start_entropies(self, ids: tuple[int, ...], compute: Any) -> None:
+        if self._pending is not None and self._pending[0] == ids:
+            return
+        self._pending = (ids, _ENTROPY_POOL.submit(compute, self.model, list(ids)))
+        self.poll.start()
+
+    def _check_entropies(self) -> None:
+        if self._pending is None:
+            self.poll.stop()
+            return
+        ids, future = self._pending
+        if not future.done():
+            return
+        self.poll.stop()
+        self._pending = None
+        try:
+            self._entropies[ids] = future.result()
+        except Exception as error:  # the model failed on the text: say so, keep the panel alive
+            self._say(f"<span style='color:#AA3333'>SWEET could not read the entropies: {html.escape(str(error))}"
+                      "</span>")
+            return
+        if len(self._entropies) > 32:
+            self._entropies.pop(next(iter(self._entropies)))
+        self.score()
+
+    def wait_for_entropies(self, timeout_s: float = 30.0) -> None:
+        """Block until SWEET's pending entropies are in and scored (screenshots, tests)."""
+        if self._pending is not None:
+            self._pending[1].result(timeout=timeout_s)
+            self._check_entropies()
+
+    def _say(self, message: str) -> None:
+        self.result.setText(message)
+        self.tokens.clear()
+
+    def _draw(self, ids: list[int], d: Detection) -> None:
+        self.tokens.clear()
+        cursor = QTextCursor(self.tokens.document())
+        synthid = (1,) if self.scheme.currentText() == "synthid" else ()  # (its colours: mean g-values)
+        for i, token in enumerate(ids):
+            colour = d.colours[i]
+            mark = WatermarkStep(step=i, token_id=token, scored=colour is not None, colour=colour or 0.0,
+                                 g_values=synthid, z_score=0.0, p_value=1.0, count=0, entropy=None, kl=None)
+            form = QTextCharFormat()
+            form.setBackground(colour_of(mark))
+            cursor.insertText(flowing_token_text(self.tokenizer.decode([token])), form)
+
+
