@@ -317,8 +317,8 @@ def fresh_window(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened: 
 @pytest.fixture(scope="module")
 def shared_windows(qapp, tmp_path_factory, edge_lm):
     """One window per open mode, every view's run shown in it in turn, as a user runs one strategy after another
-    (a window and its teardown cost about 0.7 s of CPU each: a window per check, 30 of them, made this file 38 s
-    of CPU, against 21 s with these two and the four below). The view being checked is the one each run draws (it
+    (a window and its teardown cost about 0.7 s of CPU each: a window per check, 30 of them, made this file 34 s
+    of CPU, against 20 s with these two and the four below). The view being checked is the one each run draws (it
     resets on the run's start), behind another tab in the "after" window, as in a window of its own; the shared
     window is resized between runs, which every view but those of ``RESIZE_CUTS_TEXTS`` must follow (each test
     checks it): ``get(opened, name)`` gives None for those, which need a window of their own."""
