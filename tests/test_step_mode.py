@@ -26,12 +26,39 @@ def next_logits(lm, ids: list[int]) -> torch.Tensor:
         return lm.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
 
 
-@pytest.fixture
-def window(qtbot, tiny_lm, tmp_path):
-    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings(prompt=PROMPT, chat=False, max_new_tokens=6))
-    w.step_mode.setChecked(True)
+@pytest.fixture(scope="module")
+def shared_window(qapp, tiny_lm, tmp_path_factory):
+    """One window for the checks that step a run and look at it (a window and its teardown cost about 0.7 s of CPU);
+    closing one mid-step has its own."""
+    from PySide6.QtCore import QCoreApplication, QEvent, QSettings
+
+    from playground.ui.main_window import MainWindow
+
+    store = QSettings(str(tmp_path_factory.mktemp("step-window") / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(store=store)
+    w.resize(1500, 950)
+    w.show()
+    w.set_model(tiny_lm)
     yield w
     let_go(w)
+    w.close()
+    w.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
+
+
+def stepping(w, settings: RunSettings):
+    """``w`` set to run ``settings`` in step mode (nothing running, no step bar left from an earlier check)."""
+    assert not w.busy and not w.views["tokens"].step_bar.isVisible()
+    w.set_run_settings(settings)
+    assert w.current_settings() == settings
+    w.step_mode.setChecked(True)
+    return w
+
+
+@pytest.fixture
+def window(shared_window):
+    yield stepping(shared_window, RunSettings(prompt=PROMPT, chat=False, max_new_tokens=6))
+    let_go(shared_window)
 
 
 def wait_for_choice(qtbot, w, step: int):
@@ -136,12 +163,11 @@ def test_closing_the_window_while_a_step_waits(qtbot, tiny_lm, tmp_path):
     assert run.finished is not None and run.finished.stop_reason == "stopped"
 
 
-def test_sampling_space_takes_the_seeded_draw(qtbot, tiny_lm, tmp_path):
+def test_sampling_space_takes_the_seeded_draw(qtbot, tiny_lm, shared_window):
     settings = RunSettings(prompt=PROMPT, chat=False, strategy="sample", temperature=1.5, seed=11, max_new_tokens=3)
     plain = [e.token_id for e in run_sampling(tiny_lm, settings) if isinstance(e, TokenStep)]
-    w = open_window(qtbot, tmp_path, tiny_lm, settings)
+    w = stepping(shared_window, settings)
     try:
-        w.step_mode.setChecked(True)
         w.generate()
         for i in range(3):
             bar = wait_for_choice(qtbot, w, i)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
-from windows import let_go, open_window
+from windows import let_go
 
 from playground.config import RunSettings
 from playground.config.words import settings_from_pane
@@ -32,13 +32,44 @@ def long_lm():
     return build_tiny_lm(seed=0, max_positions=4096)
 
 
-@pytest.fixture
-def window(qtbot, long_lm, tmp_path):
-    variants.clear()
-    w = open_window(qtbot, tmp_path, long_lm, RunSettings(max_new_tokens=8), size=(1400, 900))
+@pytest.fixture(scope="module")
+def shared_window(qapp, long_lm, tmp_path_factory):
+    """One window for every check, each stopping a run and then running again in it (as a user does; a window and
+    its teardown cost about 0.7 s of CPU)."""
+    from PySide6.QtCore import QCoreApplication, QEvent, QSettings
+
+    store = QSettings(str(tmp_path_factory.mktemp("stop-window") / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(run_settings=RunSettings(max_new_tokens=8), store=store)
+    w.resize(1400, 900)
+    w.show()
+    w.set_model(long_lm)
     yield w
     let_go(w)
+    w.close()
+    w.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
+
+
+@pytest.fixture
+def window(shared_window):
     variants.clear()
+    assert not shared_window.busy
+    yield shared_window
+    let_go(shared_window)
+    variants.clear()
+
+
+def record_messages(w: MainWindow, monkeypatch) -> list[str]:
+    """The status bar's messages from now on (the window's own showMessage again after the test)."""
+    messages: list[str] = []
+    real_show = w.status.showMessage
+
+    def show(text, *args):
+        messages.append(text)
+        return real_show(text, *args)
+
+    monkeypatch.setattr(w.status, "showMessage", show)
+    return messages
 
 
 class Seen(list):
@@ -104,12 +135,10 @@ BUILDS = {  # a run whose quantized copy is built before its first event
 
 
 @pytest.mark.parametrize("name", list(BUILDS))
-def test_stop_while_a_quantized_copy_is_built(qtbot, window, seen, name):
+def test_stop_while_a_quantized_copy_is_built(qtbot, window, seen, monkeypatch, name):
     w = window
     seen.stop_when = lambda items: items[-1][0] == "progress"  # the build's first report
-    messages: list[str] = []
-    real_show = w.status.showMessage
-    w.status.showMessage = lambda text, *args: (messages.append(text), real_show(text, *args))[-1]
+    messages = record_messages(w, monkeypatch)
     run = generate(qtbot, w, BUILDS[name])
 
     assert seen.at is not None, "the build reported no progress"
@@ -131,11 +160,9 @@ def test_stop_while_a_quantized_copy_is_built(qtbot, window, seen, name):
     assert w.generate_button.isEnabled() and not w.stop_button.isEnabled()
 
 
-def test_the_kv_lab_shows_prompt_progress_and_stops_between_chunks(qtbot, window, seen):
+def test_the_kv_lab_shows_prompt_progress_and_stops_between_chunks(qtbot, window, seen, monkeypatch):
     w = window
-    messages: list[str] = []
-    real_show = w.status.showMessage
-    w.status.showMessage = lambda text, *args: (messages.append(text), real_show(text, *args))[-1]
+    messages = record_messages(w, monkeypatch)
     seen.stop_when = lambda items: isinstance(items[-1][1], PrefillProgress)
     run = generate(qtbot, w, "kv-cache --paged --kv-dtype int8 --no-compare-no-cache", prompt=LONG)
 

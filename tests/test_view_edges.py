@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyqtgraph as pg
 import pytest
-from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt
+from PySide6.QtCore import QCoreApplication, QEvent, QPoint, QRect, QRectF, QSettings, QSize, Qt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QTextEdit,
     QWidget,
 )
-from windows import open_window
+from windows import let_go, open_window
 
 from playground.config import RunSettings
 from playground.config.words import settings_from_pane
@@ -295,11 +295,11 @@ def edge_lm():
     return build_tiny_lm(seed=0, max_positions=4096)
 
 
-def show_live_run(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened: str = "during") -> MainWindow:
-    """The window at ``size`` after a run of view ``name``'s strategy, generated live (the worker streams it in
+def show_live_run(qtbot, w: MainWindow, name: str, size: tuple[int, int], opened: str = "during") -> MainWindow:
+    """Window ``w`` at ``size`` after a run of view ``name``'s strategy, generated live (the worker streams it in
     batches, as a user sees it), with that view's dock in front during the run (``opened`` "during") or behind
     another one until the run has ended ("after": first shown then)."""
-    w = open_window(qtbot, tmp_path, lm, view_settings(name), size=size, name=f"{name}-{size[0]}.ini")
+    w.resize(*size)
     settings = view_settings(name)
     w.set_run_settings(settings)
     assert w.current_settings() == settings
@@ -311,6 +311,42 @@ def show_live_run(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened:
     w.docks[name].raise_()
     _settle(qtbot, w.views[name])
     return w
+
+
+def fresh_window(qtbot, tmp_path, lm, name: str, size: tuple[int, int], opened: str) -> MainWindow:
+    w = open_window(qtbot, tmp_path, lm, view_settings(name), size=size, name=f"{name}-{size[0]}.ini")
+    return show_live_run(qtbot, w, name, size, opened)
+
+
+@pytest.fixture(scope="module")
+def shared_windows(qapp, tmp_path_factory, edge_lm):
+    """One window per open mode, every view's run shown in it in turn, as a user runs one strategy after another
+    (a window and its teardown cost about 0.7 s of CPU each: a window per check, 30 of them, made this file 34 s
+    of CPU, against 20 s with these two and the four below). The view being checked is the one each run draws (it
+    resets on the run's start), behind another tab in the "after" window, as in a window of its own; the shared
+    window is resized between runs, which every view but those of ``RESIZE_CUTS_TEXTS`` must follow (each test
+    checks it): ``get(opened, name)`` gives None for those, which need a window of their own."""
+    folder = tmp_path_factory.mktemp("edge-windows")
+    made: dict[str, MainWindow] = {}
+
+    def get(opened: str, name: str) -> MainWindow | None:
+        if name in RESIZE_CUTS_TEXTS:
+            return None
+        if opened not in made:
+            store = QSettings(str(folder / f"{opened}.ini"), QSettings.Format.IniFormat)
+            w = MainWindow(store=store)
+            w.resize(*FIRST_SIZE[opened])
+            w.show()
+            w.set_model(edge_lm)
+            made[opened] = w
+        return made[opened]
+
+    yield get
+    for w in made.values():
+        let_go(w)
+        w.close()
+        w.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
 
 
 def test_every_registered_view_has_a_run():
@@ -367,10 +403,14 @@ RESIZE_CUTS_TEXTS = {
 @pytest.mark.parametrize("opened", ["during", "after"], ids=["opened-during-the-run-at-1500x950-then-1280x800",
                                                             "opened-after-it-at-1280x800-then-1500x950"])
 @pytest.mark.parametrize("name", list(VIEW_RUNS))
-def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, name, opened):
+def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, shared_windows, name, opened):
     first = FIRST_SIZE[opened]
     second = SMALL_SIZE if first == DEFAULT_SIZE else DEFAULT_SIZE
-    w = show_live_run(qtbot, tmp_path, edge_lm, name, first, opened)
+    shared = shared_windows(opened, name)
+    if shared is None:
+        w = fresh_window(qtbot, tmp_path, edge_lm, name, first, opened)
+    else:
+        w = show_live_run(qtbot, shared, name, first, opened)
     run = w.session.selected
     assert run is not None and run.error is None and run.finished is not None
     problems = texts_problems(w, name, first)
@@ -381,7 +421,7 @@ def test_every_view_shows_its_texts_whole(qtbot, tmp_path, edge_lm, name, opened
     if name not in RESIZE_CUTS_TEXTS:
         assert not resized, "resized:\n" + "\n".join(resized)
         return
-    fresh = show_live_run(qtbot, tmp_path, edge_lm, name, second, opened)
+    fresh = fresh_window(qtbot, tmp_path, edge_lm, name, second, opened)  # a window opened at that size
     problems = texts_problems(fresh, name, second)
     assert not problems, "\n".join(problems)
     assert resized, f"the {name} view now lays itself out again on a resize: take it out of RESIZE_CUTS_TEXTS"

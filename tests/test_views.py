@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
-from windows import open_window
+from windows import let_go, open_window
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -30,6 +30,34 @@ RUN_TIMEOUT_MS = 20000
 def generate(qtbot, w: MainWindow) -> None:
     qtbot.mouseClick(w.generate_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
+
+
+@pytest.fixture(scope="module")
+def shared_window(qapp, tmp_path_factory, tiny_lm):
+    """One window for the checks that only run something and look at that run (as a user runs one thing after
+    another; each window and its teardown cost about 0.7 s of CPU). Those checking a first run, a launch or the
+    layout open their own."""
+    from PySide6.QtCore import QCoreApplication, QEvent, QSettings
+
+    store = QSettings(str(tmp_path_factory.mktemp("views-window") / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(store=store)
+    w.resize(1500, 950)
+    w.show()
+    w.set_model(tiny_lm)
+    yield w
+    let_go(w)
+    w.close()
+    w.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
+
+
+def run_in(qtbot, w: MainWindow, settings: RunSettings):
+    """The shared window's run of ``settings`` (its last), started with Generate, another dock in front first."""
+    w.set_run_settings(settings)
+    assert w.current_settings() == settings
+    w.docks["compare"].raise_()  # no run of these asks for it: the run's own view must come to the front
+    generate(qtbot, w)
+    return w.session.runs[-1]
 
 
 def test_a_registered_view_gets_a_runs_events_without_any_other_change(qtbot, tmp_path, tiny_lm):
@@ -143,10 +171,9 @@ def test_a_damaged_trace_opens_what_it_can_and_says_what_it_skipped(qtbot, tmp_p
     assert w.banner.kind == "error" and "missing.jsonl" in w.banner.label.text()
 
 
-def test_each_view_exports_png_and_svg_and_tokens_exports_csv(qtbot, tmp_path, tiny_lm):
-    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings(prompt="Hello", max_new_tokens=6))
-    generate(qtbot, w)
-    run = w.session.runs[0]
+def test_each_view_exports_png_and_svg_and_tokens_exports_csv(qtbot, tmp_path, shared_window):
+    w = shared_window
+    run = run_in(qtbot, w, RunSettings(prompt="Hello", max_new_tokens=6))
     for name in w.views:
         png = w.export_view(name, tmp_path / f"{name}.png")
         svg = w.export_view(name, tmp_path / f"{name}.svg")
@@ -165,15 +192,17 @@ def test_each_view_exports_png_and_svg_and_tokens_exports_csv(qtbot, tmp_path, t
     assert "use .png, .svg, .csv" in w.banner.label.text()
 
 
-def test_a_preset_fills_the_form_shows_its_view_and_runs(qtbot, tmp_path, tiny_lm):
+def test_a_preset_fills_the_form_shows_its_view_and_runs(qtbot, shared_window):
     from playground.presets import load_preset
 
-    w = open_window(qtbot, tmp_path, tiny_lm)
+    w = shared_window
+    runs = len(w.session.runs)
+    w.docks["compare"].raise_()
     w.apply_preset("beam-length-penalty-2", run=True)
     qtbot.waitUntil(lambda: not w.busy, timeout=RUN_TIMEOUT_MS)
     preset = load_preset("beam-length-penalty-2")
     assert w.current_settings() == preset.settings
-    assert w.session.runs[0].settings == preset.settings
+    assert len(w.session.runs) == runs + 1 and w.session.runs[-1].settings == preset.settings
     assert w.docks["beam"].pages.currentWidget() is w.views["beam"]
 
 
@@ -311,22 +340,21 @@ def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path,
     ({"lens": True}, "layers"),  # the lens the user switched on
     ({"strategy": "early-exit", "max_new_tokens": 3}, "layers"),
 ])
-def test_the_view_a_run_asked_for_comes_to_the_front(qtbot, tmp_path, tiny_lm, settings, front):
+def test_the_view_a_run_asked_for_comes_to_the_front(qtbot, shared_window, settings, front):
     settings = {"prompt": "Hello", "max_new_tokens": 3, **settings}
-    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(**settings))
-    generate(qtbot, w)
+    w = shared_window
+    run_in(qtbot, w, RunSettings.from_flat(**settings))
     qtbot.wait(50)
     visible = [name for name, dock in w.docks.items() if not dock.visibleRegion().isEmpty()]
     assert front in visible and all(other not in visible for other in ("tokens", "beam", "speculative", "layers")
                                     if other != front)
 
 
-def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, tmp_path, tiny_lm):
+def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, shared_window):
     # A beam run's strategy yields beam steps; with --paged it also yields KV steps, which only the events tell.
-    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(strategy="beam", num_beams=2, paged=True,
-                                                                    max_new_tokens=4, prompt="Hello"))
-    generate(qtbot, w)
-    run = w.session.runs[0]
+    w = shared_window
+    run = run_in(qtbot, w, RunSettings.from_flat(strategy="beam", num_beams=2, paged=True, max_new_tokens=4,
+                                                 prompt="Hello"))
     assert w.docks["kv"].pages.currentWidget() is w.views["kv"]
     assert w.views["kv"].state.count == sum(type(e).__name__ == "KVStep" for e in run.events) == 4
     assert w.docks["speculative"].pages.currentWidget() is w.docks["speculative"].empty
@@ -336,8 +364,8 @@ def test_a_view_whose_events_come_during_the_run_is_shown_then(qtbot, tmp_path, 
     ({"strategy": "speculative", "baseline_tokens": 0}, "prefill: step 1"),  # read with the first draft
     ({"strategy": "greedy"}, "prefill "),  # its own pass, in ms
 ])
-def test_the_status_bar_says_where_the_prompt_was_read(qtbot, tmp_path, tiny_lm, settings, expected):
-    w = open_window(qtbot, tmp_path, tiny_lm, RunSettings.from_flat(prompt="Hello", max_new_tokens=3, **settings))
-    generate(qtbot, w)
+def test_the_status_bar_says_where_the_prompt_was_read(qtbot, shared_window, settings, expected):
+    w = shared_window
+    run_in(qtbot, w, RunSettings.from_flat(prompt="Hello", max_new_tokens=3, **settings))
     text = w.status.labels["prefill"].text()
     assert text.startswith(expected) and (expected != "prefill " or text.endswith(" ms"))

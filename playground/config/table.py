@@ -7,6 +7,7 @@ validation all read the same row, so adding a setting touches one place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass
@@ -58,15 +59,23 @@ class Row:
         return self.spec.flag or "--" + self.name.replace("_", "-")
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    # get_type_hints evaluates every annotation string again on each call; settings classes are built at import
+    # and never change, and their settings are checked on every construction (a third of a tiny run's CPU).
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _rows(cls: type) -> tuple[Row, ...]:
+    hints = _hints(cls)
+    return tuple(Row(f.name, hints[f.name], f.default, f.metadata["setting"])
+                 for f in dataclasses.fields(cls) if f.metadata.get("setting") is not None)
+
+
 def rows(cls: type) -> list[Row]:
     """The table of a settings dataclass, in declaration order (fields without a row are skipped)."""
-    hints = typing.get_type_hints(cls)
-    found = []
-    for f in dataclasses.fields(cls):
-        spec = f.metadata.get("setting")
-        if spec is not None:
-            found.append(Row(f.name, hints[f.name], f.default, spec))
-    return found
+    return list(_rows(cls))  # a fresh list: a caller may change its own
 
 
 def _num(x: float) -> str:
@@ -125,7 +134,7 @@ def plain_value(value: Any) -> Any:
 
 def from_plain(cls: type, plain: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Field values of ``cls`` found in ``plain`` (JSON values converted back), and the keys it did not know."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     unknown = []
