@@ -103,6 +103,7 @@ def all_events(tiny_lm, tiny_lm_eos, long_lm, banned_beam_events, llama_server_u
         (tiny_lm, RunSettings.from_flat(max_new_tokens=2, salience="all", ig_steps=4)),
         (tiny_lm, RunSettings.from_flat(strategy="patching", chat=False, prompt="one two three",
                                         corrupted="one two four", patch_maps="residual")),
+        (tiny_lm, RunSettings.from_flat(strategy="sample", max_new_tokens=3, watermark="kirchenbauer", seed=1)),
     ]
     events = [e for lm, settings in runs for e in run_strategy(lm, settings)]
     polls: list[int] = []
