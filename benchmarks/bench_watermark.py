@@ -93,7 +93,7 @@ def isolated(lm, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict
     """Per scheme: the chain entry's ``apply`` and the live record's time per token (ms), on the plain run's
     teacher-forced logits, the green-list caches cleared before each run."""
     from playground.engine.observers.watermark import WatermarkObserver
-    from playground.engine.watermark.kirchenbauer import GreenLists
+    from playground.watermarking.kirchenbauer import GreenLists
 
     settings = RunSettings.from_flat(prompt=PROMPT, strategy="sample", seed=0, max_new_tokens=args.new_tokens)
     events = list(run_strategy(lm, settings.validate()))

@@ -26,12 +26,12 @@ import torch
 from playground.config import ModelSettings, RunSettings
 from playground.config.samplers.watermark import WatermarkSettings
 from playground.engine.strategies import run_strategy
-from playground.engine.watermark.detect import DetectionError
 from playground.engine.watermark.score import detect_text
 from playground.events import RunFinished, RunStarted, TokenStep
 from playground.events.watermark import WatermarkStep
 from playground.models.default_model import fetch_default_model
 from playground.models.loading import load_model
+from playground.watermarking.detect import DetectionError
 
 PROMPTS = ("Write a short story about a robot who learns to paint.", "Explain how a bicycle works.",
            "Describe a walk through a forest in autumn.", "Write a letter to a friend about your new job.",

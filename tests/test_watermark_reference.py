@@ -21,8 +21,8 @@ from transformers import (
 
 from playground.config import RunSettings
 from playground.engine.processors import SamplerRun, build_pipeline
-from playground.engine.watermark import GreenLists, KirchenbauerKey, SynthID, SynthIDKey
-from playground.engine.watermark.detect import detect_kirchenbauer, detect_synthid
+from playground.watermarking import GreenLists, KirchenbauerKey, SynthID, SynthIDKey
+from playground.watermarking.detect import detect_kirchenbauer, detect_synthid
 
 VOCAB = 320
 SCHEMES = [("lefthash", 1), ("lefthash", 3), ("selfhash", 1), ("selfhash", 4)]

@@ -1,5 +1,5 @@
 """The watermark's live record: after each generated token, its colour and the running score as the detector
-computes them (``playground.engine.watermark.detect``: the same green lists and g-values), the model's entropy
+computes them (``playground.watermarking.detect``: the same green lists and g-values), the model's entropy
 where it was drawn and the KL from the model's distribution to the watermarked one (both from the step's raw logits,
 at temperature 1; a strategy that hands the loop no logits leaves them unknown)."""
 
@@ -13,9 +13,9 @@ import torch
 
 from playground.config.samplers.watermark import WatermarkSettings, parse_keys
 from playground.engine.observe import Observer, register_observer
-from playground.engine.watermark import GreenLists, SynthID, kirchenbauer_key, synthid_key
-from playground.engine.watermark.detect import p_value, z_of
 from playground.events.watermark import WatermarkStarted, WatermarkStep
+from playground.watermarking import GreenLists, SynthID, kirchenbauer_key, synthid_key
+from playground.watermarking.detect import p_value, z_of
 
 if TYPE_CHECKING:
     from playground.config import RunSettings

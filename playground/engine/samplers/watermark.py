@@ -11,7 +11,7 @@ import torch
 from playground.config.errors import ConfigError
 from playground.config.samplers.watermark import WatermarkSettings
 from playground.engine.samplers.base import BuildContext, Sampler, engine_sampler
-from playground.engine.watermark import GreenLists, SynthID, kirchenbauer_key, synthid_key
+from playground.watermarking import GreenLists, SynthID, kirchenbauer_key, synthid_key
 
 
 @engine_sampler

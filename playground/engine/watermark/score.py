@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from playground.config.samplers.watermark import WatermarkSettings
-from playground.engine.watermark import GreenLists, SynthID, kirchenbauer_key, synthid_key
-from playground.engine.watermark.detect import Detection, DetectionError, detect_kirchenbauer, detect_synthid
+from playground.watermarking import GreenLists, SynthID, kirchenbauer_key, synthid_key
+from playground.watermarking.detect import Detection, DetectionError, detect_kirchenbauer, detect_synthid
 
 # Words an edit puts in place of the text's own (a plain stand-in for a person's rewording).
 REPLACEMENTS = ("the", "a", "very", "quite", "then", "and", "so", "it", "this", "one", "some", "just", "also",

@@ -21,7 +21,7 @@ def _watermark(c: _Chain, s: RunSettings, context: np.ndarray, start: int, *_: o
     c.flag(np.ones(rows, dtype=bool), _UNKNOWN)
     if g.watermark != "kirchenbauer":
         return
-    from playground.engine.watermark import GreenLists, kirchenbauer_key
+    from playground.watermarking import GreenLists, kirchenbauer_key
 
     sizes = [st.raw_top.vocab_size for st in c.run.steps if st.raw_top is not None]
     vocab = sizes[0] if sizes else int(np.max(c.ids, initial=0)) + 1

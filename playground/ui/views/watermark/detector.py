@@ -31,12 +31,12 @@ from PySide6.QtWidgets import (
 
 from playground.config.errors import ConfigError
 from playground.config.samplers.watermark import DEFAULT_KEYS, WatermarkSettings
-from playground.engine.watermark.detect import Detection, DetectionError
 from playground.errors import UserError
 from playground.events.watermark import WatermarkStep
 from playground.state import flowing_token_text
 from playground.ui.style import mono_font, rich_label
 from playground.ui.views.watermark.colours import colour_of
+from playground.watermarking.detect import Detection, DetectionError
 
 DEBOUNCE_MS = 250
 POLL_MS = 50

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from playground.engine.watermark.kirchenbauer import GreenLists
-from playground.engine.watermark.synthid import SynthID
 from playground.errors import UserError
+from playground.watermarking.kirchenbauer import GreenLists
+from playground.watermarking.synthid import SynthID
 
 
 class DetectionError(UserError, ValueError):
