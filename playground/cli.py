@@ -18,7 +18,7 @@ from playground.config import DEVICES, DTYPES
 if TYPE_CHECKING:
     from playground.events import Event
 
-COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model")
+COMMANDS = ("app", "trace", "shot", "open", "presets", "quant-report", "fetch-model", "steer-build")
 
 
 def _prepare_environment() -> None:
@@ -69,7 +69,33 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--eval-tokens", type=int, default=512, help="evaluation text tokens scored")
     fetch = commands.add_parser("fetch-model", help="download, verify and convert the default model once")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again even if present")
+    _add_steer_build(commands)
     return parser
+
+
+# --method's words: "mean" is the mean difference (CAA); the engine's names are accepted too
+STEER_METHODS = {"mean": "mean-diff", "mean-diff": "mean-diff", "pca": "pca", "actadd": "actadd"}
+
+
+def _add_steer_build(commands) -> None:
+    build = commands.add_parser(
+        "steer-build", help="build a steering vector from a contrast set and save it (.gguf: a llama.cpp control "
+                            "vector, as llama-server --control-vector-scaled reads; .safetensors: ours)")
+    build.add_argument("--set", dest="contrast", required=True, metavar="NAME|FILE.json",
+                       help="a shipped contrast set (happy-sad, formal-casual, english-french) or a JSON file of the "
+                            "same form (resources/steering/*.json)")
+    build.add_argument("--method", choices=tuple(STEER_METHODS), default=None,
+                       help="mean: the mean difference at the last token (CAA); pca: the first principal component "
+                            "of the pairs' differences (repeng); actadd: the first pair at every position, added at "
+                            "the front (.safetensors only); default: the set's own")
+    build.add_argument("--layers", default="", metavar="A-B",
+                       help="the decoder blocks N, from 0, both ends included (as --steer-layers); default: every "
+                            "block but the first")
+    build.add_argument("--out", type=Path, required=True, metavar="FILE.gguf|FILE.safetensors",
+                       help="the file to write; its suffix picks the format")
+    build.add_argument("--model", default=None, help="as for the app (default: SmolLM2-135M-Instruct)")
+    build.add_argument("--device", choices=DEVICES, default="auto")
+    build.add_argument("--dtype", choices=DTYPES, default="auto")
 
 
 def _progress_to_stderr(message: str, fraction: float) -> None:
@@ -201,6 +227,72 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_steer_build(args: argparse.Namespace) -> int:
+    """Build a steering vector and save it; progress on stderr, the file written on stdout. Ctrl-C (SIGINT) asks
+    the build to stop after the example being read: nothing is written, exit status 130 (a second Ctrl-C
+    interrupts at once)."""
+    import signal
+
+    from playground.config import ConfigError, ModelSettings
+    from playground.config.steering import parse_layer_range
+    from playground.engine.steering.build import default_layers
+    from playground.engine.steering.contrast_sets import load_contrast_set
+
+    out = Path(args.out).expanduser()
+    suffix = out.suffix.lower()
+    if suffix not in (".gguf", ".safetensors"):
+        raise ConfigError(f"--out {args.out}: the suffix must be .gguf (a llama.cpp control vector) or .safetensors "
+                          f"(got {suffix or 'none'})")
+    shipped = load_contrast_set(args.contrast)
+    method = STEER_METHODS[args.method] if args.method else shipped.method
+    shipped.contrast.check(method)
+    try:
+        span = parse_layer_range(args.layers)
+    except ValueError as error:
+        raise ConfigError(f"--layers: {error}") from None
+    if suffix == ".gguf" and method == "actadd":
+        raise ConfigError("--method actadd adds per-position rows at the front, which a llama.cpp control vector "
+                          "(.gguf) cannot hold: write a .safetensors file")
+    if suffix == ".gguf" and span is not None and span[0] == 0:
+        raise ConfigError(f"--layers {args.layers}: llama.cpp never steers block 0 and refuses a control vector "
+                          "naming it: start at block 1 for a .gguf (or write a .safetensors file)")
+    model_settings = ModelSettings(path=args.model, device=args.device, dtype=args.dtype).validate()
+    _ensure_default_model(model_settings)
+    from playground.engine.run_context import RunContext
+    from playground.engine.steering.build import build_vector
+    from playground.engine.steering.files import save_vector
+    from playground.models.anatomy import anatomy_of
+    from playground.models.loading import load_model
+
+    lm = load_model(model_settings, _progress_to_stderr)
+    count = anatomy_of(lm.model).count
+    layers = tuple(range(span[0], span[1] + 1)) if span is not None else default_layers(count)
+    asked = {"stop": False}
+
+    def on_interrupt(signum, frame) -> None:
+        asked["stop"] = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts at once
+        print("playground: stopping after this example (Ctrl-C again to interrupt now)…", file=sys.stderr,
+              flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        vector = build_vector(lm, shipped.contrast, method=method, layers=layers,
+                              context=RunContext(should_stop=lambda: asked["stop"], progress=_progress_to_stderr))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if vector is None:
+        print("playground: stopped: no vector was written", file=sys.stderr)
+        return 130
+    path = save_vector(vector, out)
+    norms = ", ".join(f"{n}: {vector.norm(n):.2f}" for n in vector.layers[:3])
+    more = " …" if len(vector.layers) > 3 else ""
+    print(f"playground: {method} vector of {shipped.name} on {lm.name}, blocks {vector.layers[0]}–"
+          f"{vector.layers[-1]} (norms {norms}{more}); use it with --steer {path}:STRENGTH", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _prepare_environment()
     from playground.config.plugins import CapabilityError, load_capabilities
@@ -216,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.insert(0, "app")  # `playground [run options]` opens the app
     args = parser.parse_args(argv)
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "presets": cmd_presets,
-                "quant-report": cmd_quant_report, "fetch-model": cmd_fetch}
+                "quant-report": cmd_quant_report, "fetch-model": cmd_fetch,
+                "steer-build": cmd_steer_build}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
