@@ -73,10 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --method's words: "mean" is the mean difference (CAA); the engine's names are accepted too
-STEER_METHODS = {"mean": "mean-diff", "mean-diff": "mean-diff", "pca": "pca", "actadd": "actadd"}
-
-
 def _add_steer_build(commands) -> None:
     build = commands.add_parser(
         "steer-build", help="build a steering vector from a contrast set and save it (.gguf: a llama.cpp control "
@@ -84,7 +80,7 @@ def _add_steer_build(commands) -> None:
     build.add_argument("--set", dest="contrast", required=True, metavar="NAME|FILE.json",
                        help="a shipped contrast set (happy-sad, formal-casual, english-french) or a JSON file of the "
                             "same form (resources/steering/*.json)")
-    build.add_argument("--method", choices=tuple(STEER_METHODS), default=None,
+    build.add_argument("--method", choices=("mean", "pca", "actadd", "mean-diff"), default=None,
                        help="mean: the mean difference at the last token (CAA); pca: the first principal component "
                             "of the pairs' differences (repeng); actadd: the first pair at every position, added at "
                             "the front (.safetensors only); default: the set's own")
@@ -233,29 +229,10 @@ def cmd_steer_build(args: argparse.Namespace) -> int:
     interrupts at once)."""
     import signal
 
-    from playground.config import ConfigError, ModelSettings
-    from playground.config.steering import parse_layer_range
-    from playground.engine.steering.build import default_layers
-    from playground.engine.steering.contrast_sets import load_contrast_set
+    from playground.config import ModelSettings
+    from playground.engine.steering.build import BuildPlan
 
-    out = Path(args.out).expanduser()
-    suffix = out.suffix.lower()
-    if suffix not in (".gguf", ".safetensors"):
-        raise ConfigError(f"--out {args.out}: the suffix must be .gguf (a llama.cpp control vector) or .safetensors "
-                          f"(got {suffix or 'none'})")
-    shipped = load_contrast_set(args.contrast)
-    method = STEER_METHODS[args.method] if args.method else shipped.method
-    shipped.contrast.check(method)
-    try:
-        span = parse_layer_range(args.layers)
-    except ValueError as error:
-        raise ConfigError(f"--layers: {error}") from None
-    if suffix == ".gguf" and method == "actadd":
-        raise ConfigError("--method actadd adds per-position rows at the front, which a llama.cpp control vector "
-                          "(.gguf) cannot hold: write a .safetensors file")
-    if suffix == ".gguf" and span is not None and span[0] == 0:
-        raise ConfigError(f"--layers {args.layers}: llama.cpp never steers block 0 and refuses a control vector "
-                          "naming it: start at block 1 for a .gguf (or write a .safetensors file)")
+    plan = BuildPlan.of(args.contrast, args.method, args.layers, args.out)
     model_settings = ModelSettings(path=args.model, device=args.device, dtype=args.dtype).validate()
     _ensure_default_model(model_settings)
     from playground.engine.run_context import RunContext
@@ -265,8 +242,7 @@ def cmd_steer_build(args: argparse.Namespace) -> int:
     from playground.models.loading import load_model
 
     lm = load_model(model_settings, _progress_to_stderr)
-    count = anatomy_of(lm.model).count
-    layers = tuple(range(span[0], span[1] + 1)) if span is not None else default_layers(count)
+    layers = plan.layers(anatomy_of(lm.model).count)
     asked = {"stop": False}
 
     def on_interrupt(signum, frame) -> None:
@@ -277,17 +253,17 @@ def cmd_steer_build(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        vector = build_vector(lm, shipped.contrast, method=method, layers=layers,
+        vector = build_vector(lm, plan.contrast, method=plan.method, layers=layers,
                               context=RunContext(should_stop=lambda: asked["stop"], progress=_progress_to_stderr))
     finally:
         signal.signal(signal.SIGINT, previous)
     if vector is None:
         print("playground: stopped: no vector was written", file=sys.stderr)
         return 130
-    path = save_vector(vector, out)
+    path = save_vector(vector, plan.out)
     norms = ", ".join(f"{n}: {vector.norm(n):.2f}" for n in vector.layers[:3])
     more = " …" if len(vector.layers) > 3 else ""
-    print(f"playground: {method} vector of {shipped.name} on {lm.name}, blocks {vector.layers[0]}–"
+    print(f"playground: {plan.method} vector of {plan.contrast.name} on {lm.name}, blocks {vector.layers[0]}–"
           f"{vector.layers[-1]} (norms {norms}{more}); use it with --steer {path}:STRENGTH", file=sys.stderr)
     print(path)
     return 0

@@ -102,7 +102,7 @@ def test_ctrl_c_stops_the_build_and_writes_nothing(folder, tmp_path, monkeypatch
     (["--set", "happy-glad"], "no shipped contrast set named 'happy-glad'; known: english-french, formal-casual"),
     (["--out", "v.txt"], "the suffix must be .gguf (a llama.cpp control vector) or .safetensors (got .txt)"),
     (["--method", "actadd"], "a llama.cpp control vector (.gguf) cannot hold: write a .safetensors file"),
-    (["--layers", "3-1"], "--layers: '3-1': a range goes upwards"),
+    (["--layers", "3-1"], "steering blocks '3-1': a range goes upwards"),
     (["--layers", "0-1"], "llama.cpp never steers block 0"),
     (["--layers", "1-5"], "steering blocks must be between 0 and 2"),  # the tiny model has 3 blocks
 ])
