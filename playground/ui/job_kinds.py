@@ -21,6 +21,8 @@ class JobKind(str, Enum):
     CONNECT = ("connect", "Could not connect to the server", False, True, False, False)
     TEST = ("test", "", False, True, False, False)  # the "Server…" dialog's test: the dialog shows its answer
     TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
+    # the "Build a steering vector" dialog's build: its items (the file written) and its progress go to the dialog
+    STEER_BUILD = ("steer-build", "Could not build the steering vector", True, True, True, False)
 
     failure: str
     stoppable: bool

@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -49,6 +49,9 @@ from playground.ui.window_layout import ViewDock
 from playground.ui.window_menus import add_file_menu, add_tools_menu, add_view_menu
 from playground.ui.worker import GeneratorJob, StepChooser
 
+if TYPE_CHECKING:
+    from playground.ui.steer_build_dialog import SteerBuildDialog
+
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
 
@@ -70,6 +73,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         # A branch asked for while a run was live: settings, the branch, and what the source needs to continue it.
         self._pending: list[tuple[RunSettings, Branch | None, Any]] = []
         self._running_run: Run | None = None  # the run the current job decodes
+        self.steer_build_dialog: SteerBuildDialog | None = None  # made when first opened
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -114,6 +118,7 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         self.stop_button.clicked.connect(self.stop)
         self.step_mode.toggled.connect(self._step_mode_toggled)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.generate)  # calls it when activated
+        self.controls.steer_field().build_requested.connect(self.open_steer_build)
         self.picker.load_requested.connect(self.load_model)
         self.picker.fetch_requested.connect(self.fetch_default_model)
         self.picker.server_requested.connect(self.connect_server)
@@ -148,7 +153,8 @@ class MainWindow(ModelChoice, BackgroundJobs, QMainWindow):
         docks: list[QDockWidget] = [*self.docks.values(), self.settings_dock, self.runs_dock]
         self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
                                                           self.reset_layout)
-        self.tune_lens_action = add_tools_menu(self.menuBar(), self.train_tuned_lens)  # after View: menus keep places
+        self.tune_lens_action, self.steer_build_action = add_tools_menu(  # after View: menus keep places
+            self.menuBar(), self.train_tuned_lens, self.open_steer_build)
 
     # --- the settings form and presets (playground.ui.presets_menu) ---------------------------------------
     def current_settings(self) -> RunSettings:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QWidget
 
 from playground.config import ModelSettings
 from playground.models.loaded import LoadedModel
@@ -25,8 +26,9 @@ from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
 
 if TYPE_CHECKING:
+    from playground.ui.steer_build_dialog import SteerBuildDialog
     from playground.ui.views.base import View
-    from playground.ui.worker import JobBody
+    from playground.ui.worker import GeneratorJob, JobBody
 
 
 class ModelChoice:
@@ -43,6 +45,8 @@ class ModelChoice:
     busy: bool
     job_kind: JobKind | None
     views: dict[str, View]
+    job: GeneratorJob | None
+    steer_build_dialog: SteerBuildDialog | None
 
     if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
         def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
@@ -157,6 +161,48 @@ class ModelChoice:
         self.status.showMessage("Training the tuned lens…")
         self._start_job(body, JobKind.TUNE_LENS)
 
+    # --- the "Build a steering vector" dialog (the settings' steering field, Tools) ----------------------------
+    def open_steer_build(self) -> None:
+        """The dialog, made once and shown (not modal: its build is the window's one job, so Generate waits)."""
+        from playground.ui.steer_build_dialog import SteerBuildDialog
+
+        if self.steer_build_dialog is None:
+            dialog = SteerBuildDialog(cast(QWidget, self))
+            dialog.build_requested.connect(self._start_steer_build)
+            dialog.stop_requested.connect(self._stop_steer_build)
+            self.steer_build_dialog = dialog
+        self.steer_build_dialog.show()
+        self.steer_build_dialog.raise_()
+        if self.lm is None:
+            self.steer_build_dialog.show_error("Load a local model first: the vector is read from its residual "
+                                               "stream (a server's model is out of reach)")
+
+    def _start_steer_build(self, plan: Any) -> None:
+        dialog = self.steer_build_dialog
+        assert dialog is not None  # it asked
+        lm = self.lm
+        if lm is None or self.busy:
+            dialog.show_error("Load a local model first: the vector is read from its residual stream" if lm is None
+                              else "The window is busy (a run or a model job): stop it or wait, then build again")
+            return
+
+        def body(should_stop, progress) -> Iterator[Any]:
+            from playground.engine.steering.build import build_and_save
+            from playground.models.anatomy import anatomy_of
+
+            path = build_and_save(lm, plan.contrast, plan.out, method=plan.method,
+                                  layers=plan.layers(anatomy_of(lm.model).count), should_stop=should_stop,
+                                  progress=progress)
+            if path is not None:
+                yield path
+
+        self.status.showMessage("Building a steering vector…")
+        self._start_job(body, JobKind.STEER_BUILD)
+
+    def _stop_steer_build(self) -> None:
+        if self.job is not None and self.job_kind is JobKind.STEER_BUILD:
+            self.job.stop()
+
     def _load_fetched_model(self) -> None:
         """The default model is fetched: load it, on the device and dtype the picker shows."""
         self.load_model(ModelSettings(path=None, device=self.picker.device.currentText(),
@@ -211,6 +257,13 @@ class ModelChoice:
                                               "(trust_remote_code is on for this model).")
                 else:
                     self.offer_trust(item)
+            return
+        if self.job_kind is JobKind.STEER_BUILD:
+            for path in batch:
+                self.controls.steer_field().add(str(path))
+                if self.steer_build_dialog is not None:
+                    self.steer_build_dialog.show_done(path)
+                self.status.showMessage(f"Steering vector saved: {path} (in the steering field)", 10000)
             return
         if self.job_kind is JobKind.FETCH:
             self.picker.update_fetch_button()
