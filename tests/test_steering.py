@@ -280,9 +280,9 @@ def test_projections_norms_and_the_unsteered_comparison(lm, two_vectors):
         assert step.kl == pytest.approx(float((p * (p.log() - q.log())).sum()), rel=1e-3, abs=1e-6)
     norms = next(e for e in events if isinstance(e, SteeringNorms))
     prompt = len(prompt_ids(lm))
-    assert norms.positions == prompt
-    assert norms.residual_norms == pytest.approx(
-        [float(seen[n][:prompt].norm(dim=-1).mean()) for n in range(LAYERS)], rel=1e-4)
+    assert norms.positions == prompt - 1  # position 0, the attention sink, left out
+    by_hand = [float(np.median(np.linalg.norm(seen[n][1:prompt].double().numpy(), axis=-1))) for n in range(LAYERS)]
+    assert norms.residual_norms == pytest.approx(by_hand, rel=1e-4)
 
 
 # -- building vectors -----------------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def forward(lm, ids, hook: HandHook | None = None) -> np.ndarray:
 
 def reference(lm, vector, prompt_ids, token_ids, strength=STRENGTH):
     """Per generated token: projections [blocks, tokens], steered and unsteered probability, KL; and the prompt's
-    mean residual norm per block."""
+    median residual norm per block over its positions after the first (NumPy's median)."""
     ids = [*prompt_ids, *token_ids]
     hook = HandHook(lm, vector, strength)
     steered = forward(lm, ids, hook)
@@ -107,7 +107,8 @@ def reference(lm, vector, prompt_ids, token_ids, strength=STRENGTH):
     layers = sorted(vector.directions)
     units = {n: vector.directions[n] / np.linalg.norm(vector.directions[n]) for n in layers}
     projections = np.stack([hook.seen[n][rows].numpy() @ units[n] for n in layers])
-    norms = {n: float(hook.seen[n][: len(prompt_ids)].norm(dim=-1).mean()) for n in layers}
+    norms = {n: float(np.median(np.linalg.norm(hook.seen[n][1 : len(prompt_ids)].double().numpy(), axis=-1)))
+             for n in layers}
     return projections, p_s, p_u, kl, norms
 
 
