@@ -6,7 +6,8 @@
 - Per token, with the unsteered comparison recorded (``--steer-compare``): the chosen token's steered and unsteered
   probability and KL(steered ‖ unsteered) (a plot and a table); without it, how to turn it on and what it costs.
 - The strength also relative to the steered blocks' residual norm (strength × ‖direction‖ / median ‖h‖ over the
-  prompt's positions after the first: position 0, the attention sink, has a norm many times the others'): a unit-norm PCA direction and a mean difference of the same bare strength push very differently.
+  prompt's positions after the first: position 0, the attention sink, has a norm many times the others'): a
+  unit-norm PCA direction and a mean difference of the same bare strength push very differently.
 """
 
 from __future__ import annotations
