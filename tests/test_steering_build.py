@@ -1,13 +1,11 @@
-"""Building a steering vector from the command line (``playground steer-build``, through its real entry point) and in
-the window (the "Build a steering vector" dialog, from the steering field's "Build…"): the vector equals the mean
-difference (or principal component) computed here from transformers' ``output_hidden_states``; progress goes to
-stderr / the dialog; Ctrl-C or Stop ends it cleanly (nothing written); bad input gets a message, not a
-traceback."""
+"""Building a steering vector from the command line (``playground steer-build``, through its real entry point): the
+vector equals the mean difference (or principal component) computed here from transformers' ``output_hidden_states``;
+progress goes to stderr, the file to stdout; Ctrl-C stops it cleanly (nothing written); bad input gets a message,
+not a traceback. (The window's dialog: tests/test_steering_view.py, in that module's window.)"""
 
 from __future__ import annotations
 
 import io
-import json
 import signal
 import sys
 
@@ -16,7 +14,7 @@ import pytest
 import torch
 
 from playground.cli import main
-from playground.engine.steering.contrast_sets import SETS_DIR, load_contrast_set
+from playground.engine.steering.contrast_sets import load_contrast_set
 from playground.engine.steering.files import load_vector
 
 
@@ -124,58 +122,3 @@ def test_a_contrast_file_is_read_and_a_damaged_one_named(folder, tmp_path, capsy
     bad.write_text('{"positive": ["a"]}')
     assert main(["steer-build", "--set", str(bad), "--out", str(tmp_path / "v.gguf")]) == 2
     assert f"contrast set file {bad} is not a valid contrast set" in capsys.readouterr().err
-
-
-# --- the window's dialog ----------------------------------------------------------------------------------------
-def fill(dialog, contrast: str, method: str, layers: str, out) -> None:
-    dialog.contrast.setCurrentText(contrast)
-    dialog.method.setCurrentText(method)
-    dialog.layers.setText(layers)
-    dialog.out.setText(str(out))
-
-
-def test_the_dialog_builds_off_the_gui_thread_fills_the_field_and_stops(qtbot, deep_lm, tmp_path):
-    from windows import let_go, open_window
-
-    w = open_window(qtbot, tmp_path, lm=deep_lm, size=None)
-    try:
-        field = w.controls.steer_field()
-        field.set_specs(("other.gguf:2",))
-        field.build_button.click()
-        dialog = w.steer_build_dialog
-        assert dialog is not None and dialog.isVisible()
-
-        # bad input: said in the dialog, no job
-        fill(dialog, "happy-sad", "mean", "0-1", tmp_path / "bad.gguf")
-        dialog.build_button.click()
-        assert "llama.cpp never steers block 0" in dialog.message.text() and w.job is None
-
-        out = tmp_path / "happy.gguf"
-        fill(dialog, "happy-sad", "mean", "1-1", out)
-        dialog.build_button.click()
-        assert w.job is not None and w.busy and not w.generate_button.isEnabled()  # the window's one job
-        assert dialog.stop_button.isEnabled() and not dialog.build_button.isEnabled()
-        qtbot.waitUntil(lambda: not w.busy, timeout=30000)
-        assert dialog.written == out and "Saved" in dialog.message.text() and dialog.progress.value() == 1000
-        assert field.specs() == ("other.gguf:2", str(out))  # added after what was there
-        contrast = load_contrast_set("happy-sad").contrast
-        pos, neg = last_token_states(deep_lm, contrast.positive, 1), last_token_states(deep_lm, contrast.negative, 1)
-        made = load_vector(out)
-        assert made.layers == (1,)
-        np.testing.assert_allclose(made.directions[1], pos.mean(0) - neg.mean(0), rtol=1e-4, atol=1e-5)
-
-        # Stop: a long set, stopped at its first progress report; nothing saved, the field unchanged
-        many = tmp_path / "many.json"
-        spec = json.loads((SETS_DIR / "happy-sad.json").read_text())
-        spec["positive"], spec["negative"] = spec["positive"] * 100, spec["negative"] * 100
-        many.write_text(json.dumps(spec))
-        stopped = tmp_path / "stopped.safetensors"
-        fill(dialog, str(many), "mean", "", stopped)
-        dialog.build_button.click()
-        qtbot.waitUntil(lambda: dialog.progress.value() > 0 or not w.busy, timeout=30000)
-        dialog.stop_button.click()
-        qtbot.waitUntil(lambda: not w.busy, timeout=30000)
-        assert not stopped.exists() and "Stopped: nothing was saved" in dialog.message.text()
-        assert field.specs() == ("other.gguf:2", str(out)) and dialog.build_button.isEnabled()
-    finally:
-        let_go(w)
