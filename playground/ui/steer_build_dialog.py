@@ -61,6 +61,7 @@ class SteerBuildDialog(QDialog):
         self.contrast = QComboBox()
         self.contrast.setEditable(True)
         self.contrast.addItems(shipped_names())
+        self.contrast.setCurrentText("happy-sad")  # the README's example (any shipped set or a file)
         self.contrast.setToolTip("A shipped contrast set, or a JSON file of the same form (positive and negative "
                                  "examples: resources/steering/*.json)")
         browse_set = QPushButton("File…")
