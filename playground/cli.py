@@ -230,7 +230,7 @@ def cmd_steer_build(args: argparse.Namespace) -> int:
     import signal
 
     from playground.config import ModelSettings
-    from playground.engine.steering.build import BuildPlan
+    from playground.engine.steering.contrast_sets import BuildPlan
 
     plan = BuildPlan.of(args.contrast, args.method, args.layers, args.out)
     model_settings = ModelSettings(path=args.model, device=args.device, dtype=args.dtype).validate()

@@ -23,6 +23,7 @@ EXPECTED = {
     "connect": ("model", False, False, "Could not connect to the server: the body said no"),
     "test": ("model", False, False, None),
     "tune-lens": ("model", True, True, "Could not train the tuned lens: the body said no"),
+    "steer-build": ("model", True, True, "Could not build the steering vector: the body said no"),
 }
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QWidget
 
-from playground.config import ModelSettings
+from playground.config import ConfigError, ModelSettings
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
 from playground.ui.banner import MessageBanner
@@ -177,25 +177,28 @@ class ModelChoice:
             self.steer_build_dialog.show_error("Load a local model first: the vector is read from its residual "
                                                "stream (a server's model is out of reach)")
 
-    def _start_steer_build(self, plan: Any) -> None:
+    def _start_steer_build(self, request: Any) -> None:
+        """The dialog's Build: its fields checked by the local model source, then its build as the window's job."""
         dialog = self.steer_build_dialog
         assert dialog is not None  # it asked
-        lm = self.lm
-        if lm is None or self.busy:
-            dialog.show_error("Load a local model first: the vector is read from its residual stream" if lm is None
-                              else "The window is busy (a run or a model job): stop it or wait, then build again")
+        source = self.source
+        if not isinstance(source, LocalModel) or self.busy:
+            dialog.show_error("Load a local model first: the vector is read from its residual stream"
+                              if not isinstance(source, LocalModel) else
+                              "The window is busy (a run or a model job): stop it or wait, then build again")
+            return
+        try:
+            plan = source.steer_build_plan(request.contrast, request.method, request.layers, request.out)
+        except ConfigError as error:
+            dialog.show_error(str(error))
             return
 
         def body(should_stop, progress) -> Iterator[Any]:
-            from playground.engine.steering.build import build_and_save
-            from playground.models.anatomy import anatomy_of
-
-            path = build_and_save(lm, plan.contrast, plan.out, method=plan.method,
-                                  layers=plan.layers(anatomy_of(lm.model).count), should_stop=should_stop,
-                                  progress=progress)
+            path = source.build_steering_vector(plan, should_stop, progress)
             if path is not None:
                 yield path
 
+        dialog.show_started()
         self.status.showMessage("Building a steering vector…")
         self._start_job(body, JobKind.STEER_BUILD)
 

@@ -1,16 +1,17 @@
 """The "Build steering vector" dialog: a contrast set (shipped or a JSON file), the method, the blocks and the
 file to write; Build and Stop, with the build's progress.
 
-As the server dialog does, the dialog never touches the model: Build is a request (``build_requested``, a checked
-``BuildPlan``) that the window answers with its one background job (off the GUI thread; the model is never read by
-two jobs at once), Stop asks the window to stop it, and the window hands back the progress, a failure, and the
-file written (``show_progress`` / ``show_error`` / ``show_done``); the window then puts the file into the form's
-steering field.
+As the server dialog does, the dialog never touches the model: Build is a request (``build_requested``, the fields
+as a ``BuildRequest``) that the window has the local model source check and then answers with its one background
+job (off the GUI thread; the model is never read by two jobs at once); Stop asks the window to stop it, and the
+window hands back the start, the progress, a failure, and the file written (``show_started`` / ``show_progress`` /
+``show_error`` / ``show_done``); the window then puts the file into the form's steering field.
 """
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -29,10 +30,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from playground.config import ConfigError
-from playground.engine.steering.build import BuildPlan
-from playground.engine.steering.contrast_sets import shipped_names
 from playground.models.paths import steering_dir
+from playground.presets import RESOURCES_DIR
 from playground.ui.style import ERROR_FG, INFO_FG
 
 OWN_METHOD = "the set's own"
@@ -42,8 +41,21 @@ METHOD_HELP = ("mean: the mean difference of the examples' last-token residuals 
                "every position, added at the front (Turner et al.; .safetensors only)")
 
 
+def shipped_names() -> list[str]:
+    """The contrast sets shipped in resources/steering/ (``playground steer-build --set NAME``)."""
+    return sorted(p.stem for p in (RESOURCES_DIR / "steering").glob("*.json"))
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    contrast: str  # a shipped set's name or a JSON file
+    method: str | None  # None: the set's own
+    layers: str  # "A-B", "N" or "" (every block but the first)
+    out: str
+
+
 class SteerBuildDialog(QDialog):
-    build_requested = Signal(object)  # a BuildPlan: the window builds and saves it (a background job)
+    build_requested = Signal(object)  # a BuildRequest: the window checks it, builds and saves (a background job)
     stop_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -132,24 +144,16 @@ class SteerBuildDialog(QDialog):
         if path:
             self.out.setText(path)
 
-    def plan(self) -> BuildPlan:
-        """What the fields ask for, checked (ConfigError saying what is wrong)."""
+    def request(self) -> BuildRequest:
+        """What the fields ask for (the window has it checked)."""
         method = self.method.currentText()
-        return BuildPlan.of(self.contrast.currentText().strip(), None if method == OWN_METHOD else method,
+        return BuildRequest(self.contrast.currentText().strip(), None if method == OWN_METHOD else method,
                             self.layers.text(), self.out.text().strip())
 
     # --- build and stop ---------------------------------------------------------------------------------------
     def _build(self) -> None:
-        try:
-            plan = self.plan()
-        except ConfigError as error:
-            self.show_error(str(error))
-            return
         self.written, self.failed = None, False
-        self.progress.setValue(0)
-        self._say("Starting…", INFO_FG)
-        self._set_building(True)
-        self.build_requested.emit(plan)
+        self.build_requested.emit(self.request())
 
     def _set_building(self, on: bool) -> None:
         self.building = on
@@ -162,6 +166,12 @@ class SteerBuildDialog(QDialog):
         self.message.setText(f"<span style='color:{color}'>{text}</span>")
 
     # --- the window's answers ---------------------------------------------------------------------------------
+    def show_started(self) -> None:
+        """The fields were checked and the build is under way."""
+        self.progress.setValue(0)
+        self._say("Starting…", INFO_FG)
+        self._set_building(True)
+
     def show_progress(self, message: str, fraction: float) -> None:
         self.progress.setValue(round(max(0.0, min(1.0, fraction)) * 1000))
         self._say(html.escape(message), INFO_FG)
