@@ -464,3 +464,53 @@ def test_steering_nests_inside_quant_and_keeps_step_mode(lm, two_vectors):
     settings = RunSettings.from_flat(prompt=PROMPT, chat=False, max_new_tokens=3, steer=(f"{two_vectors[0]}:4",))
     chosen = tokens_of(list(run_strategy(lm, settings, chooser=chooser)))
     assert asked == [0, 1, 2] and chosen == tokens_of(steer_run(lm, f"{two_vectors[0]}:4"))[:3]
+
+
+# -- the readings at their edges (a mutation run over engine/steering/hooks.py left these unchecked) --------------
+
+def test_an_actadd_front_longer_than_the_prompt_is_added_and_taken_off_the_readings_at_its_positions(lm, tmp_path):
+    """The front rows reach past the prompt into the first generated positions: each is added at its own position
+    (prefill and decode steps), and each step's reading is block 1's output there before its row was added."""
+    prompt = len(prompt_ids(lm))
+    hidden = lm.model.config.hidden_size
+    rows = np.random.default_rng(5).standard_normal((prompt + 3, hidden)).astype(np.float32)
+    vector = SteeringVector({1: rows}, hidden_size=hidden, layer_count=LAYERS, method="actadd", name="long front")
+    path = save_vector(vector, tmp_path / "long-front.safetensors")
+    events = steer_run(lm, f"{path}:2")
+    generated = tokens_of(events)
+    ids = prompt_ids(lm) + generated
+    front = torch.from_numpy(rows) * 2.0
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module, args, output):  # the whole sequence at once: row j at position j
+        h = output[0] if isinstance(output, tuple) else output
+        seen["before"] = h[0].clone()
+        h = torch.cat([h[:, : front.shape[0]] + front, h[:, front.shape[0]:]], dim=1)
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    handle = blocks(lm.model)[1].register_forward_hook(hook)
+    try:
+        with torch.inference_mode():
+            logits = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    finally:
+        handle.remove()
+    assert logits[prompt - 1 : -1].argmax(-1).tolist() == generated
+    unit = rows.sum(0) / np.linalg.norm(rows.sum(0))
+    steps = [e for e in events if isinstance(e, SteerStep)]
+    for j, step in enumerate(steps):  # steps 0-3 are read where a front row was added
+        expected = float(seen["before"][prompt - 1 + j].numpy() @ unit)
+        assert step.projections[0][0] == pytest.approx(expected, rel=1e-4, abs=1e-4), j  # its one block
+
+
+def test_readings_without_a_pass_and_for_a_block_the_pass_did_not_run(lm):
+    from playground.engine.steering.hooks import SteeringHooks
+
+    vector = random_vector(lm, 7, layers=(0, 1))
+    hooks = SteeringHooks(lm.model, [vector], (1.0,), (0, 1))
+    assert hooks.readings([(0, -1)]) == []  # no target pass yet
+    with hooks.installed(), hooks.active(), torch.inference_mode():
+        lm.model(input_ids=torch.tensor([prompt_ids(lm)]))
+    assert hooks.readings([]) == []  # nothing asked
+    del hooks.outputs[1]  # block 1 did not run in this pass (an early exit)
+    (reading,) = hooks.readings([(0, -1)])
+    assert reading[0][0] == reading[0][0] and reading[1][0] != reading[1][0]  # block 1: NaN
