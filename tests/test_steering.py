@@ -508,9 +508,23 @@ def test_readings_without_a_pass_and_for_a_block_the_pass_did_not_run(lm):
     vector = random_vector(lm, 7, layers=(0, 1))
     hooks = SteeringHooks(lm.model, [vector], (1.0,), (0, 1))
     assert hooks.readings([(0, -1)]) == []  # no target pass yet
+    assert hooks.residual_norms() == (0.0, 0.0)  # none measured yet
     with hooks.installed(), hooks.active(), torch.inference_mode():
         lm.model(input_ids=torch.tensor([prompt_ids(lm)]))
     assert hooks.readings([]) == []  # nothing asked
     del hooks.outputs[1]  # block 1 did not run in this pass (an early exit)
     (reading,) = hooks.readings([(0, -1)])
     assert reading[0][0] == reading[0][0] and reading[1][0] != reading[1][0]  # block 1: NaN
+
+
+def test_two_vectors_on_different_blocks_add_each_where_it_has_a_direction(lm, tmp_path):
+    one = save_vector(random_vector(lm, 8, layers=(0, 1)), tmp_path / "early.safetensors")
+    two = save_vector(random_vector(lm, 9, layers=(1, 2)), tmp_path / "late.safetensors")
+    events = steer_run(lm, f"{one}:3", f"{two}:-2")
+    with HandHook(lm.model, hand_adds(lm, [(one, 3.0), (two, -2.0)], span=(0, 2))):
+        expected, _ = generate(lm)
+    assert tokens_of(events) == expected
+    start = next(e for e in events if isinstance(e, SteeringStarted))
+    assert start.layers == (0, 1, 2) and [v.layers for v in start.vectors] == [(0, 1), (1, 2)]
+    step = next(e for e in events if isinstance(e, SteerStep))
+    assert step.projections[0][2] is None and step.projections[1][0] is None  # no direction there: no reading
