@@ -520,11 +520,39 @@ def test_readings_without_a_pass_and_for_a_block_the_pass_did_not_run(lm):
 def test_two_vectors_on_different_blocks_add_each_where_it_has_a_direction(lm, tmp_path):
     one = save_vector(random_vector(lm, 8, layers=(0, 1)), tmp_path / "early.safetensors")
     two = save_vector(random_vector(lm, 9, layers=(1, 2)), tmp_path / "late.safetensors")
-    events = steer_run(lm, f"{one}:3", f"{two}:-2")
-    with HandHook(lm.model, hand_adds(lm, [(one, 3.0), (two, -2.0)], span=(0, 2))):
-        expected, _ = generate(lm)
+    events = steer_run(lm, f"{one}:3", str(two))  # the second at the default strength, 1
+    with HandHook(lm.model, hand_adds(lm, [(one, 3.0), (two, 1.0)], span=(0, 2))):
+        expected, logits = generate(lm)
     assert tokens_of(events) == expected
+    for step, row in zip([e for e in events if isinstance(e, TokenStep)], logits, strict=True):
+        assert step.raw_prob == pytest.approx(float(torch.softmax(row[0], -1)[step.token_id]), rel=1e-4)
     start = next(e for e in events if isinstance(e, SteeringStarted))
     assert start.layers == (0, 1, 2) and [v.layers for v in start.vectors] == [(0, 1), (1, 2)]
     step = next(e for e in events if isinstance(e, SteerStep))
     assert step.projections[0][2] is None and step.projections[1][0] is None  # no direction there: no reading
+
+
+def test_two_actadd_fronts_of_different_lengths_add_up_row_by_row(lm, tmp_path):
+    hidden = lm.model.config.hidden_size
+    rng = np.random.default_rng(11)
+    short, long = (rng.standard_normal((k, hidden)).astype(np.float32) for k in (2, 4))
+    paths = [save_vector(SteeringVector({1: rows}, hidden_size=hidden, layer_count=LAYERS, method="actadd"),
+                         tmp_path / f"front{len(rows)}.safetensors") for rows in (short, long)]
+    events = steer_run(lm, f"{paths[0]}:4", f"{paths[1]}:-3")
+    front = torch.from_numpy(long) * -3.0
+    front[:2] += torch.from_numpy(short) * 4.0  # the shorter front padded with zeros
+
+    def hook(module, args, output):
+        h = output[0] if isinstance(output, tuple) else output
+        if h.shape[1] >= front.shape[0]:  # the prefill (the prompt is longer than the fronts)
+            h = torch.cat([h[:, : front.shape[0]] + front, h[:, front.shape[0]:]], dim=1)
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    handle = blocks(lm.model)[1].register_forward_hook(hook)
+    try:
+        expected, logits = generate(lm)
+    finally:
+        handle.remove()
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert [s.token_id for s in steps] == expected
+    assert steps[0].raw_prob == pytest.approx(float(torch.softmax(logits[0][0], -1)[expected[0]]), rel=1e-4)

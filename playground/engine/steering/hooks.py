@@ -78,7 +78,6 @@ class SteeringHooks:
         self.norms_done = False
         self.norm_rows: dict[int, list[torch.Tensor]] = {}  # block -> ‖h‖ at the prompt's positions, per pass
         self.norm_positions = 0
-        self.passes = 0  # target passes so far (steered)
 
     # -- strengths -------------------------------------------------------------------------------------------------
     def _current(self) -> tuple[float, ...]:
@@ -123,7 +122,6 @@ class SteeringHooks:
         if not self.on:
             return
         self.refresh()
-        self.passes += 1
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         self.start = self.outputs_start = int(cache.get_seq_length()) if cache is not None else 0
         self.outputs = {}
