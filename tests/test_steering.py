@@ -396,7 +396,8 @@ def test_a_strength_that_makes_the_logits_non_finite_ends_the_run_with_a_message
     events = steer_run(lm, f"{two_vectors[0]}:1e39")
     done = events[-1]
     assert isinstance(done, RunFinished) and done.stop_reason == "non_finite"
-    assert "not finite" in done.stop_note and "lower it" in done.stop_note
+    assert done.stop_note == ("the steered model's logits are not finite (strength 1e+39 on blocks 0–2): the "
+                              "strength is too large for this model; lower it (stopped before step 0)")
     assert not any(isinstance(e, TokenStep) for e in events)
     # A live change to it mid-run: the tokens before it are kept
     live = LiveStrength()
@@ -556,3 +557,61 @@ def test_two_actadd_fronts_of_different_lengths_add_up_row_by_row(lm, tmp_path):
     steps = [e for e in events if isinstance(e, TokenStep)]
     assert [s.token_id for s in steps] == expected
     assert steps[0].raw_prob == pytest.approx(float(torch.softmax(logits[0][0], -1)[expected[0]]), rel=1e-4)
+
+
+def test_an_actadd_front_past_the_prompt_in_beam_search_is_added_at_its_positions(lm, tmp_path):
+    """Beam search runs through transformers' generate (its cache comes as ``past_key_values``): the front rows
+    reaching past the prompt land at their own positions on every beam."""
+    prompt = len(prompt_ids(lm))
+    hidden = lm.model.config.hidden_size
+    rows = np.random.default_rng(13).standard_normal((prompt + 3, hidden)).astype(np.float32)
+    path = save_vector(SteeringVector({1: rows}, hidden_size=hidden, layer_count=LAYERS, method="actadd"),
+                       tmp_path / "beam-front.safetensors")
+    events = steer_run(lm, f"{path}:3", strategy="beam", num_beams=3)
+    at = {"start": 0}
+
+    def hook(module, args, output):  # generate's passes: the prompt, then one position per beam at a time
+        h = output[0] if isinstance(output, tuple) else output
+        start, length = at["start"], h.shape[1]
+        rows_here = front[start : start + length]  # the loop's front
+        h = torch.cat([h[:, : rows_here.shape[0]] + rows_here, h[:, rows_here.shape[0]:]], dim=1)
+        at["start"] = start + length
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    beams = {}
+    for kept in (len(rows), prompt):  # every row, or the prompt's rows only
+        front = torch.from_numpy(rows[:kept]) * 3.0
+        at["start"] = 0
+        handle = blocks(lm.model)[1].register_forward_hook(hook)
+        try:
+            beams[kept] = generate(lm, num_beams=3, early_stopping=True, length_penalty=1.0)[0]
+        finally:
+            handle.remove()
+    assert beams[len(rows)] != beams[prompt], "precondition: the rows past the prompt change the beams"
+    assert list(events[-1].token_ids) == beams[len(rows)]
+
+
+@pytest.mark.parametrize("chunks", [(1,), (2,), (3, 4)], ids=["one-token", "two-tokens", "two-chunks"])
+def test_the_residual_norm_is_the_median_past_position_0_however_the_prompt_is_read(lm, chunks):
+    """By hand: NumPy's median of ‖h‖ over the prompt's positions but the first (a one-token prompt: that one), the
+    prompt read in one pass or in chunks into one cache (as a long prompt is)."""
+    from transformers import DynamicCache
+
+    from playground.engine.steering.hooks import SteeringHooks
+
+    ids = prompt_ids(lm)[: sum(chunks)]
+    assert len(ids) == sum(chunks)
+    hooks = SteeringHooks(lm.model, [random_vector(lm, 3, layers=(0, 1))], (0.0,), (0, 1))
+    hooks.prompt_len = len(ids)
+    cache = DynamicCache(config=lm.model.config)
+    first = 0
+    with hooks.installed(), hooks.active(), torch.inference_mode():
+        for size in chunks:
+            lm.model(input_ids=torch.tensor([ids[first : first + size]]), cache=cache, use_cache=True)
+            first += size
+    with torch.inference_mode():
+        states = lm.model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    kept = slice(1, None) if len(ids) > 1 else slice(0, 1)
+    by_hand = [float(np.median(np.linalg.norm(states[n + 1][0, kept].double().numpy(), axis=-1))) for n in (0, 1)]
+    assert hooks.residual_norms() == pytest.approx(by_hand, rel=1e-5)
+    assert hooks.norm_positions == max(len(ids) - 1, 1)
