@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from playground.events import Event
 
 COMMANDS = ("app", "trace", "shot", "open", "html", "presets", "quant-report", "fetch-model", "models",
-            "install-desktop", "cache", "watermark-detect")
+            "install-desktop", "cache", "watermark-detect", "steer-build")
 
 
 def _prepare_environment() -> None:
@@ -109,7 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     desktop.add_argument("--uninstall", action="store_true", help="remove the entry and the icon")
     cache = commands.add_parser("cache", help="the GGUF conversion cache: each .gguf converted once, with its size")
     cache.add_argument("--clear", action="store_true", help="remove every cached conversion")
+    _add_steer_build(commands)
     return parser
+
+
+def _add_steer_build(commands) -> None:
+    build = commands.add_parser(
+        "steer-build", help="build a steering vector from a contrast set and save it (.gguf: a llama.cpp control "
+                            "vector, as llama-server --control-vector-scaled reads; .safetensors: ours)")
+    build.add_argument("--set", dest="contrast", required=True, metavar="NAME|FILE.json",
+                       help="a shipped contrast set (happy-sad, formal-casual, english-french) or a JSON file of the "
+                            "same form (resources/steering/*.json)")
+    build.add_argument("--method", choices=("mean", "pca", "actadd", "mean-diff"), default=None,
+                       help="mean: the mean difference at the last token (CAA); pca: the first principal component "
+                            "of the pairs' differences (repeng); actadd: the first pair at every position, added at "
+                            "the front (.safetensors only); default: the set's own")
+    build.add_argument("--layers", default="", metavar="A-B",
+                       help="the decoder blocks N, from 0, both ends included (as --steer-layers); default: every "
+                            "block but the first")
+    build.add_argument("--out", type=Path, required=True, metavar="FILE.gguf|FILE.safetensors",
+                       help="the file to write; its suffix picks the format")
+    build.add_argument("--model", default=None, help="as for the app (default: SmolLM2-135M-Instruct)")
+    build.add_argument("--device", choices=DEVICES, default="auto")
+    build.add_argument("--dtype", choices=DTYPES, default="auto")
 
 
 def _progress_to_stderr(message: str, fraction: float) -> None:
@@ -321,6 +343,52 @@ def cmd_install_desktop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_steer_build(args: argparse.Namespace) -> int:
+    """Build a steering vector and save it; progress on stderr, the file written on stdout. Ctrl-C (SIGINT) asks
+    the build to stop after the example being read: nothing is written, exit status 130 (a second Ctrl-C
+    interrupts at once)."""
+    import signal
+
+    from playground.config import ModelSettings
+    from playground.engine.steering.contrast_sets import BuildPlan
+
+    plan = BuildPlan.of(args.contrast, args.method, args.layers, args.out)
+    model_settings = ModelSettings(path=args.model, device=args.device, dtype=args.dtype).validate()
+    _ensure_default_model(model_settings)
+    from playground.engine.run_context import RunContext
+    from playground.engine.steering.build import build_vector
+    from playground.engine.steering.files import save_vector
+    from playground.models.anatomy import anatomy_of
+    from playground.models.loading import load_model
+
+    lm = load_model(model_settings, _progress_to_stderr)
+    layers = plan.layers(anatomy_of(lm.model).count)
+    asked = {"stop": False}
+
+    def on_interrupt(signum, frame) -> None:
+        asked["stop"] = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts at once
+        print("playground: stopping after this example (Ctrl-C again to interrupt now)…", file=sys.stderr,
+              flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        vector = build_vector(lm, plan.contrast, method=plan.method, layers=layers,
+                              context=RunContext(should_stop=lambda: asked["stop"], progress=_progress_to_stderr))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if vector is None:
+        print("playground: stopped: no vector was written", file=sys.stderr)
+        return 130
+    path = save_vector(vector, plan.out)
+    norms = ", ".join(f"{n}: {vector.norm(n):.2f}" for n in vector.layers[:3])
+    more = " …" if len(vector.layers) > 3 else ""
+    print(f"playground: {plan.method} vector of {plan.contrast.name} on {lm.name}, blocks {vector.layers[0]}–"
+          f"{vector.layers[-1]} (norms {norms}{more}); use it with --steer {path}:STRENGTH", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _prepare_environment()
     from playground.config.plugins import CapabilityError, load_capabilities
@@ -338,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"app": cmd_app, "trace": cmd_trace, "shot": cmd_shot, "open": cmd_open, "html": cmd_html,
                 "presets": cmd_presets, "quant-report": cmd_quant_report, "fetch-model": cmd_fetch,
                 "models": cmd_models, "install-desktop": cmd_install_desktop, "cache": cmd_cache,
-                "watermark-detect": cmd_watermark_detect}
+                "watermark-detect": cmd_watermark_detect, "steer-build": cmd_steer_build}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

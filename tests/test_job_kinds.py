@@ -25,6 +25,7 @@ EXPECTED = {
     "tune-lens": ("model", True, True, "Could not train the tuned lens: the body said no"),
     "attribute": ("runs", True, False, "Could not attribute the step: the body said no"),
     "salience": ("runs", True, False, "Could not explain the step: the body said no"),
+    "steer-build": ("model", True, True, "Could not build the steering vector: the body said no"),
 }
 
 

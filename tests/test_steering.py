@@ -280,9 +280,9 @@ def test_projections_norms_and_the_unsteered_comparison(lm, two_vectors):
         assert step.kl == pytest.approx(float((p * (p.log() - q.log())).sum()), rel=1e-3, abs=1e-6)
     norms = next(e for e in events if isinstance(e, SteeringNorms))
     prompt = len(prompt_ids(lm))
-    assert norms.positions == prompt
-    assert norms.residual_norms == pytest.approx(
-        [float(seen[n][:prompt].norm(dim=-1).mean()) for n in range(LAYERS)], rel=1e-4)
+    assert norms.positions == prompt - 1  # position 0, the attention sink, left out
+    by_hand = [float(np.median(np.linalg.norm(seen[n][1:prompt].double().numpy(), axis=-1))) for n in range(LAYERS)]
+    assert norms.residual_norms == pytest.approx(by_hand, rel=1e-4)
 
 
 # -- building vectors -----------------------------------------------------------------------------------------------
@@ -396,7 +396,8 @@ def test_a_strength_that_makes_the_logits_non_finite_ends_the_run_with_a_message
     events = steer_run(lm, f"{two_vectors[0]}:1e39")
     done = events[-1]
     assert isinstance(done, RunFinished) and done.stop_reason == "non_finite"
-    assert "not finite" in done.stop_note and "lower it" in done.stop_note
+    assert done.stop_note == ("the steered model's logits are not finite (strength 1e+39 on blocks 0–2): the "
+                              "strength is too large for this model; lower it (stopped before step 0)")
     assert not any(isinstance(e, TokenStep) for e in events)
     # A live change to it mid-run: the tokens before it are kept
     live = LiveStrength()
@@ -464,3 +465,153 @@ def test_steering_nests_inside_quant_and_keeps_step_mode(lm, two_vectors):
     settings = RunSettings.from_flat(prompt=PROMPT, chat=False, max_new_tokens=3, steer=(f"{two_vectors[0]}:4",))
     chosen = tokens_of(list(run_strategy(lm, settings, chooser=chooser)))
     assert asked == [0, 1, 2] and chosen == tokens_of(steer_run(lm, f"{two_vectors[0]}:4"))[:3]
+
+
+# -- the readings at their edges (a mutation run over engine/steering/hooks.py left these unchecked) --------------
+
+def test_an_actadd_front_longer_than_the_prompt_is_added_and_taken_off_the_readings_at_its_positions(lm, tmp_path):
+    """The front rows reach past the prompt into the first generated positions: each is added at its own position
+    (prefill and decode steps), and each step's reading is block 1's output there before its row was added."""
+    prompt = len(prompt_ids(lm))
+    hidden = lm.model.config.hidden_size
+    rows = np.random.default_rng(5).standard_normal((prompt + 3, hidden)).astype(np.float32)
+    vector = SteeringVector({1: rows}, hidden_size=hidden, layer_count=LAYERS, method="actadd", name="long front")
+    path = save_vector(vector, tmp_path / "long-front.safetensors")
+    events = steer_run(lm, f"{path}:2")
+    generated = tokens_of(events)
+    ids = prompt_ids(lm) + generated
+    front = torch.from_numpy(rows) * 2.0
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(module, args, output):  # the whole sequence at once: row j at position j
+        h = output[0] if isinstance(output, tuple) else output
+        seen["before"] = h[0].clone()
+        h = torch.cat([h[:, : front.shape[0]] + front, h[:, front.shape[0]:]], dim=1)
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    handle = blocks(lm.model)[1].register_forward_hook(hook)
+    try:
+        with torch.inference_mode():
+            logits = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    finally:
+        handle.remove()
+    assert logits[prompt - 1 : -1].argmax(-1).tolist() == generated
+    unit = rows.sum(0) / np.linalg.norm(rows.sum(0))
+    steps = [e for e in events if isinstance(e, SteerStep)]
+    for j, step in enumerate(steps):  # steps 0-3 are read where a front row was added
+        expected = float(seen["before"][prompt - 1 + j].numpy() @ unit)
+        assert step.projections[0][0] == pytest.approx(expected, rel=1e-4, abs=1e-4), j  # its one block
+
+
+def test_readings_without_a_pass_and_for_a_block_the_pass_did_not_run(lm):
+    from playground.engine.steering.hooks import SteeringHooks
+
+    vector = random_vector(lm, 7, layers=(0, 1))
+    hooks = SteeringHooks(lm.model, [vector], (1.0,), (0, 1))
+    assert hooks.readings([(0, -1)]) == []  # no target pass yet
+    assert hooks.residual_norms() == (0.0, 0.0)  # none measured yet
+    with hooks.installed(), hooks.active(), torch.inference_mode():
+        lm.model(input_ids=torch.tensor([prompt_ids(lm)]))
+    assert hooks.readings([]) == []  # nothing asked
+    del hooks.outputs[1]  # block 1 did not run in this pass (an early exit)
+    (reading,) = hooks.readings([(0, -1)])
+    assert reading[0][0] == reading[0][0] and reading[1][0] != reading[1][0]  # block 1: NaN
+
+
+def test_two_vectors_on_different_blocks_add_each_where_it_has_a_direction(lm, tmp_path):
+    one = save_vector(random_vector(lm, 8, layers=(0, 1)), tmp_path / "early.safetensors")
+    two = save_vector(random_vector(lm, 9, layers=(1, 2)), tmp_path / "late.safetensors")
+    events = steer_run(lm, f"{one}:3", str(two))  # the second at the default strength, 1
+    with HandHook(lm.model, hand_adds(lm, [(one, 3.0), (two, 1.0)], span=(0, 2))):
+        expected, logits = generate(lm)
+    assert tokens_of(events) == expected
+    for step, row in zip([e for e in events if isinstance(e, TokenStep)], logits, strict=True):
+        assert step.raw_prob == pytest.approx(float(torch.softmax(row[0], -1)[step.token_id]), rel=1e-4)
+    start = next(e for e in events if isinstance(e, SteeringStarted))
+    assert start.layers == (0, 1, 2) and [v.layers for v in start.vectors] == [(0, 1), (1, 2)]
+    step = next(e for e in events if isinstance(e, SteerStep))
+    assert step.projections[0][2] is None and step.projections[1][0] is None  # no direction there: no reading
+
+
+def test_two_actadd_fronts_of_different_lengths_add_up_row_by_row(lm, tmp_path):
+    hidden = lm.model.config.hidden_size
+    rng = np.random.default_rng(11)
+    short, long = (rng.standard_normal((k, hidden)).astype(np.float32) for k in (2, 4))
+    paths = [save_vector(SteeringVector({1: rows}, hidden_size=hidden, layer_count=LAYERS, method="actadd"),
+                         tmp_path / f"front{len(rows)}.safetensors") for rows in (short, long)]
+    events = steer_run(lm, f"{paths[0]}:4", f"{paths[1]}:-3")
+    front = torch.from_numpy(long) * -3.0
+    front[:2] += torch.from_numpy(short) * 4.0  # the shorter front padded with zeros
+
+    def hook(module, args, output):
+        h = output[0] if isinstance(output, tuple) else output
+        if h.shape[1] >= front.shape[0]:  # the prefill (the prompt is longer than the fronts)
+            h = torch.cat([h[:, : front.shape[0]] + front, h[:, front.shape[0]:]], dim=1)
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    handle = blocks(lm.model)[1].register_forward_hook(hook)
+    try:
+        expected, logits = generate(lm)
+    finally:
+        handle.remove()
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert [s.token_id for s in steps] == expected
+    assert steps[0].raw_prob == pytest.approx(float(torch.softmax(logits[0][0], -1)[expected[0]]), rel=1e-4)
+
+
+def test_an_actadd_front_past_the_prompt_in_beam_search_is_added_at_its_positions(lm, tmp_path):
+    """Beam search runs through transformers' generate (its cache comes as ``past_key_values``): the front rows
+    reaching past the prompt land at their own positions on every beam."""
+    prompt = len(prompt_ids(lm))
+    hidden = lm.model.config.hidden_size
+    rows = np.random.default_rng(13).standard_normal((prompt + 3, hidden)).astype(np.float32)
+    path = save_vector(SteeringVector({1: rows}, hidden_size=hidden, layer_count=LAYERS, method="actadd"),
+                       tmp_path / "beam-front.safetensors")
+    events = steer_run(lm, f"{path}:3", strategy="beam", num_beams=3)
+    at = {"start": 0}
+
+    def hook(module, args, output):  # generate's passes: the prompt, then one position per beam at a time
+        h = output[0] if isinstance(output, tuple) else output
+        start, length = at["start"], h.shape[1]
+        rows_here = front[start : start + length]  # the loop's front
+        h = torch.cat([h[:, : rows_here.shape[0]] + rows_here, h[:, rows_here.shape[0]:]], dim=1)
+        at["start"] = start + length
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    beams = {}
+    for kept in (len(rows), prompt):  # every row, or the prompt's rows only
+        front = torch.from_numpy(rows[:kept]) * 3.0
+        at["start"] = 0
+        handle = blocks(lm.model)[1].register_forward_hook(hook)
+        try:
+            beams[kept] = generate(lm, num_beams=3, early_stopping=True, length_penalty=1.0)[0]
+        finally:
+            handle.remove()
+    assert beams[len(rows)] != beams[prompt], "precondition: the rows past the prompt change the beams"
+    assert list(events[-1].token_ids) == beams[len(rows)]
+
+
+@pytest.mark.parametrize("chunks", [(1,), (2,), (3, 4)], ids=["one-token", "two-tokens", "two-chunks"])
+def test_the_residual_norm_is_the_median_past_position_0_however_the_prompt_is_read(lm, chunks):
+    """By hand: NumPy's median of ‖h‖ over the prompt's positions but the first (a one-token prompt: that one), the
+    prompt read in one pass or in chunks into one cache (as a long prompt is)."""
+    from transformers import DynamicCache
+
+    from playground.engine.steering.hooks import SteeringHooks
+
+    ids = prompt_ids(lm)[: sum(chunks)]
+    assert len(ids) == sum(chunks)
+    hooks = SteeringHooks(lm.model, [random_vector(lm, 3, layers=(0, 1))], (0.0,), (0, 1))
+    hooks.prompt_len = len(ids)
+    cache = DynamicCache(config=lm.model.config)
+    first = 0
+    with hooks.installed(), hooks.active(), torch.inference_mode():
+        for size in chunks:
+            lm.model(input_ids=torch.tensor([ids[first : first + size]]), cache=cache, use_cache=True)
+            first += size
+    with torch.inference_mode():
+        states = lm.model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    kept = slice(1, None) if len(ids) > 1 else slice(0, 1)
+    by_hand = [float(np.median(np.linalg.norm(states[n + 1][0, kept].double().numpy(), axis=-1))) for n in (0, 1)]
+    assert hooks.residual_norms() == pytest.approx(by_hand, rel=1e-5)
+    assert hooks.norm_positions == max(len(ids) - 1, 1)

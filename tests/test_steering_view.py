@@ -6,8 +6,10 @@
   strength × direction), live and from a saved run; without --steer-compare it says how to turn the comparison on.
 - The sweep: each pane's tokens are greedy under the hand-written hook at its strength; its mean KL and its
   perplexity under the unsteered model (table cells and figures) are computed here with NumPy.
-- In the real window (step mode holds the run at a step): moving the slider sets the running run's strength, the
-  next token's ``steer`` event records it, and the text marks the change with a tooltip old → new.
+- In the real window (one for the module; step mode holds the run at a step): moving the slider sets the running
+  run's strength, the next token's ``steer`` event records it, and the text marks the change with a tooltip old → new.
+- The steering field's Build… dialog builds a vector as the window's job (the mean difference computed here from
+  ``output_hidden_states``), puts it into the field, and Stop saves nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from playground.events.panes import PaneFinished
 from playground.events.steering import SteerStep
 from playground.state import Run
 from playground.traces import read_trace, write_trace
-from playground.ui.style import configure_pyqtgraph, format_percent
+from playground.ui.style import format_percent
 from playground.ui.views.steering import SteeringSweepView, SteeringView
 from playground.ui.views.steering.sweep import ROWS
 
@@ -94,7 +96,7 @@ def forward(lm, ids, hook: HandHook | None = None) -> np.ndarray:
 
 def reference(lm, vector, prompt_ids, token_ids, strength=STRENGTH):
     """Per generated token: projections [blocks, tokens], steered and unsteered probability, KL; and the prompt's
-    mean residual norm per block."""
+    median residual norm per block over its positions after the first (NumPy's median)."""
     ids = [*prompt_ids, *token_ids]
     hook = HandHook(lm, vector, strength)
     steered = forward(lm, ids, hook)
@@ -107,16 +109,43 @@ def reference(lm, vector, prompt_ids, token_ids, strength=STRENGTH):
     layers = sorted(vector.directions)
     units = {n: vector.directions[n] / np.linalg.norm(vector.directions[n]) for n in layers}
     projections = np.stack([hook.seen[n][rows].numpy() @ units[n] for n in layers])
-    norms = {n: float(hook.seen[n][: len(prompt_ids)].norm(dim=-1).mean()) for n in layers}
+    norms = {n: float(np.median(np.linalg.norm(hook.seen[n][1 : len(prompt_ids)].double().numpy(), axis=-1)))
+             for n in layers}
     return projections, p_s, p_u, kl, norms
 
 
+class _KeepOpen:
+    """Stands in for qtbot when opening the module's window: qtbot would close it after the first test."""
+
+    @staticmethod
+    def addWidget(_widget) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def shared_window(qapp, tiny_lm, vector, tmp_path_factory):
+    """One window for the module (a window costs over half a second of CPU to build): its steering views show the
+    runs of the view tests, its slider steers a run, its steering field builds a vector."""
+    w = open_window(_KeepOpen, tmp_path_factory.mktemp("steer-window"), tiny_lm, settings(vector[1]),
+                    size=(1400, 900))
+    yield w
+    let_go(w)
+    w.close()
+    w.deleteLater()
+
+
 @pytest.fixture
-def view(qtbot) -> SteeringView:
-    configure_pyqtgraph()
-    v = SteeringView()
-    qtbot.addWidget(v)
-    v.resize(1100, 900)
+def window(qtbot, shared_window):
+    let_go(shared_window)  # a case that failed mid-run leaves no job to the next one
+    assert not shared_window.busy
+    yield shared_window
+    let_go(shared_window)
+
+
+@pytest.fixture
+def view(window) -> SteeringView:
+    v = window.views["steering"]
+    v.reset()
     return v
 
 
@@ -173,17 +202,16 @@ def test_without_the_comparison_the_view_says_how_to_turn_it_on(view, tiny_lm, v
     assert view.table.item(0, 3).text() == "—"
 
 
-def test_the_sweep_panes_their_mean_kl_and_perplexity(qtbot, tiny_lm, vector):
+def test_the_sweep_panes_their_mean_kl_and_perplexity(window, tiny_lm, vector):
     built, path = vector
     strengths = (-4.0, 3.0)
     sweep = list(run_strategy(tiny_lm, settings(path, steer_sweep="-4, 3")))
     prompt_ids = next(e for e in sweep if isinstance(e, RunStarted)).prompt_token_ids
     finished = [e for e in sweep if isinstance(e, PaneFinished)]
     assert [e.figures["strength"] for e in finished] == [0.0, *strengths]
-    configure_pyqtgraph()
-    view = SteeringSweepView()
-    qtbot.addWidget(view)
-    view.resize(1200, 700)
+    view = window.views["steering-sweep"]
+    assert isinstance(view, SteeringSweepView)
+    view.reset()
     view.show_run(Run.from_events(sweep))
     rows = {key: i for i, (key, _, _) in enumerate(ROWS)}
     for pane, strength in enumerate((0.0, *strengths)):
@@ -203,9 +231,10 @@ def test_the_sweep_panes_their_mean_kl_and_perplexity(qtbot, tiny_lm, vector):
     assert kl.mean() > 0 and finished[0].figures["mean_kl"] == 0.0
 
 
-def test_the_slider_sets_the_running_runs_strength_and_the_text_marks_it(qtbot, tiny_lm, vector, tmp_path):
+def test_the_slider_sets_the_running_runs_strength_and_the_text_marks_it(qtbot, window, vector):
     _, path = vector
-    w = open_window(qtbot, tmp_path, tiny_lm, settings(path))
+    w = window
+    w.set_run_settings(settings(path))
     try:
         w.step_mode.setChecked(True)
         w.generate()
@@ -237,3 +266,72 @@ def test_the_slider_sets_the_running_runs_strength_and_the_text_marks_it(qtbot, 
         assert not view.slider.isEnabled()
     finally:
         let_go(w)
+        w.step_mode.setChecked(False)
+
+
+# --- building a vector in the window ----------------------------------------------------------------------------
+def fill(dialog, contrast: str, method: str, layers: str, out) -> None:
+    dialog.contrast.setCurrentText(contrast)
+    dialog.method.setCurrentText(method)
+    dialog.layers.setText(layers)
+    dialog.out.setText(str(out))
+
+
+def last_token_states(lm, texts, block: int) -> np.ndarray:
+    """hidden_states[block + 1] (block ``block``'s output) at each text's last token, [texts, hidden]."""
+    rows = []
+    for text in texts:
+        with torch.inference_mode():
+            out = lm.model(torch.tensor([lm.tokenizer(text)["input_ids"]]), output_hidden_states=True)
+        rows.append(out.hidden_states[block + 1][0, -1].double().numpy())
+    return np.stack(rows)
+
+
+def test_the_build_dialog_builds_off_the_gui_thread_fills_the_field_and_stops(qtbot, window, tiny_lm, tmp_path):
+    """The steering field's Build… opens the dialog; its build is the window's one job (Generate waits), its file
+    goes into the field after what was there and equals the mean difference computed here; Stop saves nothing."""
+    import json
+
+    from playground.engine.steering.contrast_sets import SETS_DIR, load_contrast_set
+    from playground.engine.steering.files import load_vector
+
+    w = window
+    field = w.controls.steer_field()
+    field.set_specs(("other.gguf:2",))
+    field.build_button.click()
+    dialog = w.steer_build_dialog
+    assert dialog is not None and dialog.isVisible()
+    try:
+        fill(dialog, "happy-sad", "mean", "0-1", tmp_path / "bad.gguf")  # bad input: said, no job
+        dialog.build_button.click()
+        assert "llama.cpp never steers block 0" in dialog.message.text() and w.job is None
+
+        out = tmp_path / "happy.safetensors"
+        fill(dialog, "happy-sad", "mean", "0-0", out)
+        dialog.build_button.click()
+        assert w.busy and not w.generate_button.isEnabled()  # the window's one job
+        assert dialog.stop_button.isEnabled() and not dialog.build_button.isEnabled()
+        qtbot.waitUntil(lambda: not w.busy, timeout=WAIT_MS)
+        assert dialog.written == out and "Saved" in dialog.message.text() and dialog.progress.value() == 1000
+        assert field.specs() == ("other.gguf:2", str(out))
+        contrast = load_contrast_set("happy-sad").contrast
+        pos, neg = last_token_states(tiny_lm, contrast.positive, 0), last_token_states(tiny_lm, contrast.negative, 0)
+        made = load_vector(out)
+        assert made.layers == (0,) and made.method == "mean-diff"
+        np.testing.assert_allclose(made.directions[0], pos.mean(0) - neg.mean(0), rtol=1e-4, atol=1e-5)
+
+        # Stop: a long set stopped at its first progress report; nothing saved, the field as it was
+        many = tmp_path / "many.json"
+        spec = json.loads((SETS_DIR / "happy-sad.json").read_text())
+        spec["positive"], spec["negative"] = spec["positive"] * 100, spec["negative"] * 100
+        many.write_text(json.dumps(spec))
+        stopped = tmp_path / "stopped.safetensors"
+        fill(dialog, str(many), "mean", "", stopped)
+        dialog.build_button.click()
+        qtbot.waitUntil(lambda: dialog.progress.value() > 0 or not w.busy, timeout=WAIT_MS)
+        dialog.stop_button.click()
+        qtbot.waitUntil(lambda: not w.busy, timeout=WAIT_MS)
+        assert not stopped.exists() and "Stopped: nothing was saved" in dialog.message.text()
+        assert field.specs() == ("other.gguf:2", str(out)) and dialog.build_button.isEnabled()
+    finally:
+        dialog.close()

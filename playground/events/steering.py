@@ -47,13 +47,15 @@ class SteeringStarted:
 
 @dataclass(frozen=True)
 class SteeringNorms:
-    """Before the first token's events: each steered block's mean residual norm over the prompt's positions (its
-    output before this block's own vector is added; earlier blocks' steering is in it)."""
+    """Before the first token's events: each steered block's median residual norm over the prompt's positions after
+    the first (its output before this block's own vector is added; earlier blocks' steering is in it). Position 0,
+    the attention sink, has a norm many times the others' and is left out, unless the prompt is that one
+    position. (Runs saved before this measured the mean over every prompt position.)"""
 
     type: ClassVar[str] = "steer_norms"
     layers: tuple[int, ...]  # as ``SteeringStarted.layers``
-    residual_norms: tuple[float, ...]  # mean ‖h_N‖ per block
-    positions: int  # prompt positions the means are over
+    residual_norms: tuple[float, ...]  # median ‖h_N‖ per block
+    positions: int  # prompt positions the medians are over
 
 
 @dataclass(frozen=True)

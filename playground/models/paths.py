@@ -13,3 +13,8 @@ def cache_root() -> Path:
 
 def models_dir() -> Path:
     return cache_root() / "models"
+
+
+def steering_dir() -> Path:
+    """Where the window's "Build steering vector" dialog saves a vector unless told otherwise."""
+    return cache_root() / "steering"

@@ -8,8 +8,9 @@ follows its ``steer`` event (same ``step``).
 
 For the heat map the projections grow as a blocks × tokens matrix per vector by whole columns with capacity
 doubling, so folding a token costs time proportional to its blocks. ``relative_strength`` is a strength shown
-against the block's residual: strength × ‖direction‖ / mean ‖h‖ over the prompt (a PCA direction is unit-norm, a
-mean difference is not, so the bare strength of two vectors says little about how hard each pushes).
+against the block's residual: strength × ‖direction‖ / median ‖h‖ over the prompt's positions after the first (a
+PCA direction is unit-norm, a mean difference is not, so the bare strength of two vectors says little about how
+hard each pushes; position 0, the attention sink, has a norm many times the others' and is left out).
 """
 
 from __future__ import annotations
@@ -120,13 +121,13 @@ class SteeringState(Fold):
         return self._maps[vector].view.copy()
 
     def residual_norm(self, layer: int) -> float | None:
-        """Block ``layer``'s mean residual norm over the prompt (None: not recorded)."""
+        """Block ``layer``'s median residual norm over the prompt but its first position (None: not recorded)."""
         if self.norms is None or layer not in self.norms.layers:
             return None
         return self.norms.residual_norms[self.norms.layers.index(layer)]
 
     def relative_strength(self, strength: float, vector: int, layer: int) -> float | None:
-        """``strength`` × ‖direction at ``layer``‖ / mean ‖h_layer‖: how large the added vector is against the
+        """``strength`` × ‖direction at ``layer``‖ / median ‖h_layer‖: how large the added vector is against the
         residual it is added to (None where the vector has no direction there or the norm is not known)."""
         if self.started is None or vector >= len(self.started.vectors):
             return None

@@ -22,6 +22,9 @@ from playground.ui.runs_list import RunsList
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.worker import GeneratorJob, JobBody
 
+if TYPE_CHECKING:
+    from playground.ui.steer_build_dialog import SteerBuildDialog
+
 # Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
 # finishes in the background and the process exits without waiting for it, see ``app.launch``).
 CLOSE_GRACE_MS = 150
@@ -48,6 +51,7 @@ class BackgroundJobs:
     generate_button: QPushButton
     stop_button: QPushButton
     _pending: list[tuple[RunSettings, Branch | None, Any]]  # a branch asked for while a run was live
+    steer_build_dialog: SteerBuildDialog | None  # the "Build a steering vector" dialog, once opened
 
     if TYPE_CHECKING:  # the window's (MainWindow) and ModelChoice's; declared for the type checker only
         @property
@@ -84,6 +88,8 @@ class BackgroundJobs:
     def _on_progress(self, message: str, fraction: float) -> None:
         self.picker.show_progress(message, fraction)
         self.status.showMessage(message)
+        if self.job_kind is JobKind.STEER_BUILD and self.steer_build_dialog is not None:
+            self.steer_build_dialog.show_progress(message, fraction)
 
     def _on_failed(self, message: str) -> None:
         kind = self.job_kind
@@ -91,6 +97,8 @@ class BackgroundJobs:
             if self.picker.server_dialog is not None:
                 self.picker.server_dialog.show_error(message)
             return
+        if kind is JobKind.STEER_BUILD and self.steer_build_dialog is not None:
+            self.steer_build_dialog.show_error(message)  # and the banner, below
         what = kind.failure if kind is not None else "Failed"
         run = self.session.fail(message) if kind is JobKind.RUN else None
         if run is not None:
@@ -103,6 +111,8 @@ class BackgroundJobs:
         job = self.job
         if kind is JobKind.RUN:
             self._run_ended(job)
+        elif kind is JobKind.STEER_BUILD and self.steer_build_dialog is not None:
+            self.steer_build_dialog.job_ended()
         self.job, self.job_kind = None, None
         if job is not None:
             job.deleteLater()

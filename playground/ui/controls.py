@@ -34,6 +34,7 @@ from playground.config.samplers import SAMPLER_GROUPS
 from playground.ui.ban_form import BanLines
 from playground.ui.constraint_editor import ConstraintEditor
 from playground.ui.sampler_form import LogitBiasEditor, SamplerChainList
+from playground.ui.steer_field import SteerField
 
 STOP_SEPARATOR = "|"
 SECTIONS = {"generation": "Generation", "sampling": "Sampling (sample only)", "penalties": "Penalties"}
@@ -95,6 +96,11 @@ def _constraint_binding(row: Row) -> Binding:
     return Binding(row, editor, editor.text, editor.setText)
 
 
+def _steer_binding(row: Row) -> Binding:
+    field = SteerField(row.spec.help, parse_stop_strings, format_stop_strings)
+    return Binding(row, field, field.specs, field.set_specs)
+
+
 # Settings whose widget is more than a table row makes (the chain's order, entries whose spaces matter, the
 # constraint's editors that check it as it is typed).
 CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_binding, "logit_bias": _bias_binding,
@@ -102,14 +108,15 @@ CUSTOM_BINDINGS: dict[str, Callable[[Row], Binding]] = {"samplers": _chain_bindi
                                                          "force_words": _lines_binding,  # "a|b" is one entry
                                                          "json_schema": _constraint_binding,
                                                          "regex": _constraint_binding,
-                                                         "grammar": _constraint_binding}
+                                                         "grammar": _constraint_binding,
+                                                         "steer": _steer_binding}  # and its "Build…" button
 
 
 def _change_signal(widget: QWidget) -> Any:
     """The signal a binding's widget sends when the user changes its value."""
     if isinstance(widget, SamplerChainList):
         return widget.order_changed
-    if isinstance(widget, (LogitBiasEditor, ConstraintEditor)):
+    if isinstance(widget, (LogitBiasEditor, ConstraintEditor, SteerField)):
         return widget.changed
     if isinstance(widget, QCheckBox):
         return widget.toggled
@@ -226,7 +233,7 @@ class RunControls(QWidget):
             if isinstance(b.widget, SamplerChainList):
                 form.addRow(b.widget)  # the box's title names it; the list wants the width
                 continue
-            if not isinstance(b.widget, (LogitBiasEditor, ConstraintEditor)):  # these have their own tooltip
+            if not isinstance(b.widget, (LogitBiasEditor, ConstraintEditor, SteerField)):  # each has its own tooltip
                 b.widget.setToolTip(b.row.spec.help)
             if isinstance(b.widget, QCheckBox):
                 form.addRow(b.widget)
@@ -304,6 +311,10 @@ class RunControls(QWidget):
         if self.strategy.currentText() in blocked_strategies:
             self.strategy.setCurrentText("greedy")
         self._strategy_changed(self.strategy.currentText())
+
+    def steer_field(self) -> SteerField:
+        """The steering group's ``--steer`` field (its "Build…" button opens the build dialog)."""
+        return next(w for w in self.widgets.values() if isinstance(w, SteerField))
 
     def run_settings(self, prompt: str) -> RunSettings:
         """The form as settings (not validated: the engine validates and the window shows the message).

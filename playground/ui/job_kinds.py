@@ -23,6 +23,8 @@ class JobKind(str, Enum):
     TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
     ATTRIBUTE = ("attribute", "Could not attribute the step", True, False, False, False)  # a view's Attribute
     SALIENCE = ("salience", "Could not explain the step", True, False, False, False)  # the salience view's button
+    # the "Build a steering vector" dialog's build: its items (the file written) and its progress go to the dialog
+    STEER_BUILD = ("steer-build", "Could not build the steering vector", True, True, True, False)
 
     failure: str
     stoppable: bool

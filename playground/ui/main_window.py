@@ -19,7 +19,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QSettings, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -52,6 +52,9 @@ from playground.ui.window_layout import ViewDock
 from playground.ui.window_menus import add_file_menu, add_tools_menu, add_view_menu
 from playground.ui.worker import GeneratorJob, StepChooser
 
+if TYPE_CHECKING:
+    from playground.ui.steer_build_dialog import SteerBuildDialog
+
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
 
@@ -74,6 +77,7 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
         self._pending: list[tuple[RunSettings, Branch | None, Any]] = []
         self._running_run: Run | None = None  # the run the current job decodes
         self._salience_run: Run | None = None  # the run a salience job explains
+        self.steer_build_dialog: SteerBuildDialog | None = None  # made when first opened
 
         # --- widgets ------------------------------------------------------------------------------------
         self.picker = ModelPicker(self.store, self.model_spec)
@@ -122,6 +126,7 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
         self.stop_button.clicked.connect(self.stop)
         self.step_mode.toggled.connect(self._step_mode_toggled)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.generate)  # calls it when activated
+        self.controls.steer_field().build_requested.connect(self.open_steer_build)
         self.picker.load_requested.connect(self.load_model)
         self.picker.fetch_requested.connect(self.fetch_default_model)
         self.picker.server_requested.connect(self.connect_server)
@@ -158,7 +163,8 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
         self.presenter = Presenter(self)
         self.reset_layout_action: QAction = add_view_menu(self.menuBar(), docks, self.views_side_by_side,
                                                           self.reset_layout, self.presenter.toggle)
-        self.tune_lens_action = add_tools_menu(self.menuBar(), self.train_tuned_lens)  # after View: menus keep places
+        self.tune_lens_action, self.steer_build_action = add_tools_menu(  # after View: menus keep places
+            self.menuBar(), self.train_tuned_lens, self.open_steer_build)
 
     # --- the settings form and presets (playground.ui.presets_menu) ---------------------------------------
     def current_settings(self) -> RunSettings:

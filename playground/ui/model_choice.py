@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QWidget
 
-from playground.config import ModelSettings
+from playground.config import ConfigError, ModelSettings
 from playground.models.loaded import LoadedModel
 from playground.remote.source import RemoteSource
 from playground.ui.banner import MessageBanner
@@ -25,8 +26,9 @@ from playground.ui.server_model import server_check
 from playground.ui.status_bar import RunStatusBar
 
 if TYPE_CHECKING:
+    from playground.ui.steer_build_dialog import SteerBuildDialog
     from playground.ui.views.base import View
-    from playground.ui.worker import JobBody
+    from playground.ui.worker import GeneratorJob, JobBody
 
 
 class ModelChoice:
@@ -44,6 +46,8 @@ class ModelChoice:
     job_kind: JobKind | None
     fetching: str | None = None  # the bundled model being fetched (None: the default one)
     views: dict[str, View]
+    job: GeneratorJob | None
+    steer_build_dialog: SteerBuildDialog | None
 
     if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
         def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
@@ -197,6 +201,51 @@ class ModelChoice:
         self.status.showMessage("Training the tuned lens…")
         self._start_job(body, JobKind.TUNE_LENS)
 
+    # --- the "Build a steering vector" dialog (the settings' steering field, Tools) ----------------------------
+    def open_steer_build(self) -> None:
+        """The dialog, made once and shown (not modal: its build is the window's one job, so Generate waits)."""
+        from playground.ui.steer_build_dialog import SteerBuildDialog
+
+        if self.steer_build_dialog is None:
+            dialog = SteerBuildDialog(cast(QWidget, self))
+            dialog.build_requested.connect(self._start_steer_build)
+            dialog.stop_requested.connect(self._stop_steer_build)
+            self.steer_build_dialog = dialog
+        self.steer_build_dialog.show()
+        self.steer_build_dialog.raise_()
+        if self.lm is None:
+            self.steer_build_dialog.show_error("Load a local model first: the vector is read from its residual "
+                                               "stream (a server's model is out of reach)")
+
+    def _start_steer_build(self, request: Any) -> None:
+        """The dialog's Build: its fields checked by the local model source, then its build as the window's job."""
+        dialog = self.steer_build_dialog
+        assert dialog is not None  # it asked
+        source = self.source
+        if not isinstance(source, LocalModel) or self.busy:
+            dialog.show_error("Load a local model first: the vector is read from its residual stream"
+                              if not isinstance(source, LocalModel) else
+                              "The window is busy (a run or a model job): stop it or wait, then build again")
+            return
+        try:
+            plan = source.steer_build_plan(request.contrast, request.method, request.layers, request.out)
+        except ConfigError as error:
+            dialog.show_error(str(error))
+            return
+
+        def body(should_stop, progress) -> Iterator[Any]:
+            path = source.build_steering_vector(plan, should_stop, progress)
+            if path is not None:
+                yield path
+
+        dialog.show_started()
+        self.status.showMessage("Building a steering vector…")
+        self._start_job(body, JobKind.STEER_BUILD)
+
+    def _stop_steer_build(self) -> None:
+        if self.job is not None and self.job_kind is JobKind.STEER_BUILD:
+            self.job.stop()
+
     def _load_fetched_model(self) -> None:
         """The default (or a bundled) model is fetched: load it, on the device and dtype the picker shows."""
         key, self.fetching = self.fetching, None
@@ -256,6 +305,13 @@ class ModelChoice:
                                               "(trust_remote_code is on for this model).")
                 else:
                     self.offer_trust(item)
+            return
+        if self.job_kind is JobKind.STEER_BUILD:
+            for path in batch:
+                self.controls.steer_field().add(str(path))
+                if self.steer_build_dialog is not None:
+                    self.steer_build_dialog.show_done(path)
+                self.status.showMessage(f"Steering vector saved: {path} (in the steering field)", 10000)
             return
         if self.job_kind is JobKind.FETCH:
             self.picker.update_fetch_button()

@@ -132,6 +132,21 @@ class LocalModel(ModelSource):
         methods = group.methods() or SALIENCE_METHODS
         return salience_events(self.lm, prompt, output, step, methods, group.ig_steps, group.ig_rule,
                                should_stop, progress, group.occlude)
+    def steer_build_plan(self, contrast: str, method: str | None, layers: str, out: str) -> Any:
+        """The "Build a steering vector" dialog's fields, checked (a ``BuildPlan``; ConfigError saying what is
+        wrong)."""
+        from playground.engine.steering.contrast_sets import BuildPlan
+
+        return BuildPlan.of(contrast, method, layers, out)
+
+    def build_steering_vector(self, plan: Any, should_stop: StopCheck, progress: Progress) -> Path | None:
+        """The dialog's job: the vector built on the loaded model and saved (None: stopped, nothing saved)."""
+        from playground.engine.steering.build import build_and_save
+        from playground.models.anatomy import anatomy_of
+
+        return build_and_save(self.lm, plan.contrast, plan.out, method=plan.method,
+                              layers=plan.layers(anatomy_of(self.lm.model).count), should_stop=should_stop,
+                              progress=progress)
 
     def takes_chooser(self, settings: RunSettings) -> bool:
         from playground.config.catalog import SHARED, get_strategy

@@ -42,14 +42,18 @@ def add_file_menu(menu_bar: QMenuBar, views: Iterable[View], open_run: Callable[
     return open_action, save_action
 
 
-def add_tools_menu(menu_bar: QMenuBar, train_tuned_lens: Callable[[], None]) -> QAction:
-    """Tools: Train tuned lens (a background job with progress and Stop); the action."""
+def add_tools_menu(menu_bar: QMenuBar, train_tuned_lens: Callable[[], None],
+                   build_steering_vector: Callable[[], None]) -> tuple[QAction, QAction]:
+    """Tools: Train tuned lens, Build steering vector (background jobs with progress and Stop); the actions."""
     tools = menu_bar.addMenu("&Tools")
     action = tools.addAction("Train &tuned lens", train_tuned_lens)
     action.setToolTip("Train the loaded model's tuned lens on the shipped calibration text (a few minutes for "
                       "SmolLM2 on a CPU) and keep it in the user cache for --lens-kind tuned")
+    steer = tools.addAction("Build &steering vector…", build_steering_vector)
+    steer.setToolTip("Build a steering vector from contrast examples on the loaded model and put it into the "
+                     "steering settings (as playground steer-build does)")
     _add_cache_entry(tools)
-    return action
+    return action, steer
 
 
 def _add_cache_entry(tools: QMenu) -> None:

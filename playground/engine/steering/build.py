@@ -165,3 +165,4 @@ def build_and_save(lm: LoadedModel, contrast: ContrastSet, path: str | Path, *, 
     if vector is None:
         return None
     return save_vector(vector, path)
+

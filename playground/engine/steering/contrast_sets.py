@@ -19,7 +19,7 @@ from typing import Any
 
 from playground.config.errors import ConfigError
 from playground.config.steering import parse_layer_range
-from playground.engine.steering.build import ContrastSet
+from playground.engine.steering.build import ContrastSet, default_layers
 from playground.engine.steering.vector import METHODS
 from playground.resources import RESOURCES_DIR
 
@@ -91,3 +91,48 @@ def load_contrast_set(name_or_path: str | Path) -> ShippedSet:
         raise ConfigError(f"contrast set file {path}: method {shipped.method!r} is not one of {', '.join(METHODS)}")
     shipped.contrast.check(shipped.method)
     return shipped
+
+
+# The build methods' words on the command line and in the window's dialog ("mean" is the mean difference, CAA)
+METHOD_WORDS = {"mean": "mean-diff", "mean-diff": "mean-diff", "pca": "pca", "actadd": "actadd"}
+VECTOR_SUFFIXES = (".gguf", ".safetensors")
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """A build asked for (``playground steer-build``, the window's dialog), checked before any model pass: the
+    contrast set, the method, the blocks asked for (None: every block but the first) and the file to write."""
+
+    contrast: ContrastSet
+    method: str
+    span: tuple[int, int] | None
+    out: Path
+
+    @classmethod
+    def of(cls, contrast: str | Path, method: str | None, layers: str, out: str | Path) -> BuildPlan:
+        """ConfigError naming what is wrong: an unknown set or a damaged file, a method, a block range, a suffix,
+        and what a llama.cpp control vector (.gguf) cannot hold (ActAdd's rows, block 0)."""
+        path = Path(out).expanduser()
+        suffix = path.suffix.lower()
+        if suffix not in VECTOR_SUFFIXES:
+            raise ConfigError(f"the vector file {out}: the suffix must be .gguf (a llama.cpp control vector) or "
+                              f".safetensors (got {suffix or 'none'})")
+        shipped = load_contrast_set(contrast)
+        if method and method not in METHOD_WORDS:
+            raise ConfigError(f"the steering method must be one of {', '.join(METHOD_WORDS)}, not {method!r}")
+        chosen = METHOD_WORDS[method] if method else shipped.method
+        shipped.contrast.check(chosen)
+        try:
+            span = parse_layer_range(layers)
+        except ValueError as error:
+            raise ConfigError(f"steering blocks {error}") from None
+        if suffix == ".gguf" and chosen == "actadd":
+            raise ConfigError("ActAdd adds per-position rows at the front, which a llama.cpp control vector (.gguf) "
+                              "cannot hold: write a .safetensors file")
+        if suffix == ".gguf" and span is not None and span[0] == 0:
+            raise ConfigError(f"the blocks {layers}: llama.cpp never steers block 0 and refuses a control vector "
+                              "naming it: start at block 1 for a .gguf (or write a .safetensors file)")
+        return cls(shipped.contrast, chosen, span, path)
+
+    def layers(self, layer_count: int) -> tuple[int, ...]:
+        return tuple(range(self.span[0], self.span[1] + 1)) if self.span is not None else default_layers(layer_count)

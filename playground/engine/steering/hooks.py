@@ -15,7 +15,8 @@ context and not the draft's. The jacobi drafter is the target itself and is stee
 The hooks also read what the views show, cheaply (one small product per steered block and pass, no transfer):
 each steered block's output (before its own vector is added) projected on each vector's unit direction at the
 positions where the step's tokens were predicted (``readings``, from the outputs of the last target pass, held by
-reference), and until ``norms_done`` the sum of the residual norms per block over the prompt's positions. The
+reference), and until ``norms_done`` the residual norms per block at the prompt's positions but the first (whose
+norm, the attention sink's, is many times the others' and would skew the relative strength), for their median. The
 pre-hook re-reads the live strength (a version check); the top-level forward hook checks the logits are finite.
 """
 
@@ -75,9 +76,8 @@ class SteeringHooks:
         self.outputs_start = 0
         self.prompt_len = 0  # the residual norms are measured over the prompt's positions (row 0)
         self.norms_done = False
-        self.norm_sums: dict[int, torch.Tensor] = {}
+        self.norm_rows: dict[int, list[torch.Tensor]] = {}  # block -> ‖h‖ at the prompt's positions, per pass
         self.norm_positions = 0
-        self.passes = 0  # target passes so far (steered)
 
     # -- strengths -------------------------------------------------------------------------------------------------
     def _current(self) -> tuple[float, ...]:
@@ -122,7 +122,6 @@ class SteeringHooks:
         if not self.on:
             return
         self.refresh()
-        self.passes += 1
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         self.start = self.outputs_start = int(cache.get_seq_length()) if cache is not None else 0
         self.outputs = {}
@@ -148,11 +147,13 @@ class SteeringHooks:
             self.outputs[n] = h  # read (after the step) by ``readings``: no work here
             if not self.norms_done:
                 prompt = min(h.shape[1], self.prompt_len - self.start)
-                if prompt > 0:
-                    total = h[0, :prompt].float().norm(dim=-1).sum()
-                    self.norm_sums[n] = total if n not in self.norm_sums else self.norm_sums[n] + total
+                # position 0 (the attention sink, whose norm is many times the others') is left out, unless the
+                # prompt is that one position
+                skip = 1 if self.start == 0 and self.prompt_len > 1 else 0
+                if prompt > skip:
+                    self.norm_rows.setdefault(n, []).append(h[0, skip:prompt].float().norm(dim=-1))
                     if n == self.layers[0]:
-                        self.norm_positions += prompt
+                        self.norm_positions += prompt - skip
             # In place: the output goes on to the next block (and any later hook) as the steered residual.
             add = self._add[n]
             if add is not None:
@@ -218,9 +219,9 @@ class SteeringHooks:
         before = torch.stack(states) - torch.stack(added)  # [units, layers, hidden]
         return torch.einsum("ulh,lhv->ulv", before, self._units).tolist()
 
-    def mean_norms(self) -> tuple[float, ...]:
-        if not self.norm_positions:
-            return tuple(0.0 for _ in self.layers)
-        count = self.norm_positions
-        return tuple(float(self.norm_sums[n]) / count if n in self.norm_sums else 0.0 for n in self.layers)
+    def residual_norms(self) -> tuple[float, ...]:
+        """Per steered block, the median ‖h‖ over the prompt's positions after the first (the mean of the two
+        middle ones for an even count; 0.0 where none was read): what the relative strength divides by."""
+        return tuple(float(torch.cat(self.norm_rows[n]).quantile(0.5)) if n in self.norm_rows else 0.0
+                     for n in self.layers)
 

@@ -182,7 +182,7 @@ class SteerObserver(Observer):
         out: list[list[Any]] = [[step] for step in self.steps[:units]]
         if not self.norms_sent and out:
             self.norms_sent = True
-            out[0].insert(0, SteeringNorms(layers=self.hooks.layers, residual_norms=self.hooks.mean_norms(),
+            out[0].insert(0, SteeringNorms(layers=self.hooks.layers, residual_norms=self.hooks.residual_norms(),
                                            positions=self.hooks.norm_positions))
         return out
 

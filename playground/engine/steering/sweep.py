@@ -25,6 +25,7 @@ from playground.config import RunSettings
 from playground.config.steering import SteeringSettings
 from playground.config.steering_sweep import SteeringSweepSettings
 from playground.engine.compare.panes import interleave, pane_token
+from playground.engine.forward import keep_last_logits
 from playground.engine.run_context import RunContext
 from playground.engine.steering.hooks import SteeringHooks
 from playground.engine.steering.run import steering_vectors
@@ -81,16 +82,17 @@ def score_pane(lm: LoadedModel, vectors: Sequence[SteeringVector], layers: tuple
     """``sweep_figures`` of one pane's output, from two teacher-forced passes (steered at ``strength``, unsteered)."""
     if not ids:
         return sweep_figures(torch.zeros(0, 1), torch.zeros(0, 1), ids)
+    keep = len(ids) + 1  # the positions that predict ``ids`` (the last one, predicting past them, is dropped)
+    kept = keep_last_logits(lm.model, keep)  # no [prompt, vocab] logits nobody reads
     with torch.inference_mode():
         full = torch.tensor([[*prompt_ids, *ids]], device=lm.device)
-        window = slice(len(prompt_ids) - 1, full.shape[1] - 1)  # the positions that predict ``ids``
-        unsteered = lm.model(full).logits[0, window].float()
+        unsteered = lm.model(full, use_cache=False, **kept).logits[0, -keep:-1].float()
         if strength == 0.0:
             return sweep_figures(unsteered, unsteered, ids)
         hooks = SteeringHooks(lm.model, vectors, tuple(strength for _ in vectors), layers)
         hooks.norms_done = True  # nothing to measure: only the steered distributions
         with hooks.installed(), hooks.active():
-            steered = lm.model(full).logits[0, window].float()
+            steered = lm.model(full, use_cache=False, **kept).logits[0, -keep:-1].float()
     return sweep_figures(steered, unsteered, ids)
 
 

@@ -5,8 +5,9 @@
 - The representation reading: decoder blocks × tokens, the residual's projection onto the vector's unit direction.
 - Per token, with the unsteered comparison recorded (``--steer-compare``): the chosen token's steered and unsteered
   probability and KL(steered ‖ unsteered) (a plot and a table); without it, how to turn it on and what it costs.
-- The strength also relative to the steered blocks' residual norm (strength × ‖direction‖ / mean ‖h‖ over the
-  prompt): a unit-norm PCA direction and a mean difference of the same bare strength push very differently.
+- The strength also relative to the steered blocks' residual norm (strength × ‖direction‖ / median ‖h‖ over the
+  prompt's positions after the first: position 0, the attention sink, has a norm many times the others'): a
+  unit-norm PCA direction and a mean difference of the same bare strength push very differently.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ COMPARE_OFF = ("<b>Unsteered comparison off.</b> Tick <i>compare with unsteered<
                "(<tt>--steer-compare</tt>) to see each token's unsteered probability and the KL between the two "
                "distributions. It costs one more forward pass of the whole model per step (about twice a step's "
                "time) and an unsteered read of the prompt.")
+RELATIVE_TIP = ("× ‖h‖: the strength relative to the residual it is added to, strength × ‖direction‖ / median ‖h‖ of "
+                "the block's output over the prompt's positions after the first (position 0, the attention sink, "
+                "has a norm many times the others' and would make every strength look small); a range: the "
+                "smallest and largest over the vector's blocks")
 TABLE_COLUMNS = ("#", "token", "strength", "p steered", "p unsteered", "KL (nats)")
 
 
@@ -117,6 +122,7 @@ class SteeringView(FoldView):
         self.slider.setMinimumWidth(160)
         self.slider.setToolTip("The strength of every steering vector of the running run: the next token uses it")
         self.slider_value = QLabel(content)
+        self.slider_value.setToolTip(RELATIVE_TIP)
         self.slider_value.setMinimumWidth(self.slider_value.fontMetrics().horizontalAdvance("+00.00 · 0.00–0.00× ‖h‖"))
         self.vector_box = QComboBox(content)
         self.vector_box.setToolTip("The vector the heat map reads the residual along")
@@ -359,5 +365,5 @@ class SteeringView(FoldView):
         norms = state.norms
         pairs = [f"block {n}: {v:.1f}" for n, v in zip(norms.layers, norms.residual_norms, strict=False)]
         shown = ", ".join(pairs) if len(pairs) <= 4 else f"{pairs[0]} … {pairs[-1]}"
-        return (f"Mean residual norm ‖h‖ over the prompt's {norms.positions} positions (what the relative strength "
-                f"divides by): {shown}")
+        return (f"Median residual norm ‖h‖ over the prompt's {norms.positions} positions after the first (what the "
+                f"relative strength divides by; position 0, the attention sink, is left out): {shown}")
