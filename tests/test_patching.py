@@ -112,7 +112,7 @@ def test_the_strategy_streams_every_row(tiny_lm):
         full = patcher.patched_row(row.map, row.layer, clean, corrupted)
         share = (full[:, started.answer_id] - full[:, started.foil_id] - started.corrupted_diff) / (
             started.clean_diff - started.corrupted_diff)
-        assert list(row.recovered) == pytest.approx(share.tolist(), abs=1e-4, rel=1e-4)  # float32 sums
+        assert list(row.recovered) == pytest.approx(share.tolist(), abs=5e-4, rel=1e-4)  # float32, batched
     assert isinstance(events[-1], RunFinished) and set(events[-1].figures) == {"residual_s", "mlp_s"}
 
 
