@@ -21,7 +21,7 @@ from llama_server import start_server
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 from test_remote_failures import Misbehaving, QuietServer
-from windows import let_go, open_window
+from windows import let_go, open_window, top_level_ids, windows_opened_since
 
 from playground.config import RunSettings
 from playground.events.remote import RemoteTokenStep
@@ -327,7 +327,6 @@ def test_stop_and_close_are_prompt_while_the_server_is_silent(qtbot, window, sta
 def test_shot_and_app_start_with_the_server(qtbot, qapp, llama_server_url, tmp_path, capsys, monkeypatch):
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtGui import QImage
-    from PySide6.QtWidgets import QApplication
 
     from playground.cli import main
 
@@ -350,7 +349,7 @@ def test_shot_and_app_start_with_the_server(qtbot, qapp, llama_server_url, tmp_p
     seen = {}
 
     def check_then_quit() -> None:
-        windows = [x for x in QApplication.topLevelWidgets() if isinstance(x, MainWindow) and x.isVisible()]
+        windows = windows_opened_since(before)
         if windows and windows[-1].remote is not None and not windows[-1].busy:
             seen["picker"], seen["lm"] = windows[-1].picker.loaded.text(), windows[-1].lm
             windows[-1].close()
@@ -358,6 +357,7 @@ def test_shot_and_app_start_with_the_server(qtbot, qapp, llama_server_url, tmp_p
         else:
             QTimer.singleShot(50, check_then_quit)
 
+    before = top_level_ids()  # the window the launch opens is none of these
     QTimer.singleShot(50, check_then_quit)
     QTimer.singleShot(20000, loop.quit)  # a safety net: never hang the suite
     assert main(["app", "--base-url", llama_server_url + "/v1"]) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPoint, QPointF, QRect, Qt
 from PySide6.QtGui import QImage, QTextCursor
-from windows import let_go, open_window
+from windows import let_go, open_window, top_level_ids, windows_opened_since
 
 from playground.config import ModelSettings, RunSettings
 from playground.state import chart_rows, flowing_token_text
@@ -324,7 +324,6 @@ def test_beam_runs_go_to_the_beam_view(qtbot, window):
 
 def test_launch_shows_load_failures_and_exits_cleanly(qtbot, qapp, tmp_path, monkeypatch):
     from PySide6.QtCore import QEventLoop, QTimer
-    from PySide6.QtWidgets import QApplication
 
     from playground.ui.app import launch
 
@@ -335,7 +334,7 @@ def test_launch_shows_load_failures_and_exits_cleanly(qtbot, qapp, tmp_path, mon
     seen = {}
 
     def check_then_quit() -> None:
-        windows = [x for x in QApplication.topLevelWidgets() if isinstance(x, MainWindow) and x.isVisible()]
+        windows = windows_opened_since(before)
         if windows and not windows[-1].busy and windows[-1].banner.isVisible():
             seen["banner"] = windows[-1].banner.label.text()
             seen["prompt"] = windows[-1].prompt.toPlainText()
@@ -344,6 +343,7 @@ def test_launch_shows_load_failures_and_exits_cleanly(qtbot, qapp, tmp_path, mon
         else:
             QTimer.singleShot(50, check_then_quit)
 
+    before = top_level_ids()  # the window the launch opens is none of these
     QTimer.singleShot(50, check_then_quit)
     QTimer.singleShot(15000, loop.quit)  # a safety net: never hang the suite
     code = launch(ModelSettings(path=str(tmp_path / "missing")), RunSettings(prompt="Bonjour"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
-from windows import let_go, open_window
+from windows import let_go, open_window, top_level_ids, windows_opened_since
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -307,7 +307,6 @@ def test_closing_ends_the_process_promptly(tmp_path, default_lm, mode):
 
 def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path, tiny_lm, monkeypatch):
     from PySide6.QtCore import QEventLoop, QTimer
-    from PySide6.QtWidgets import QApplication
 
     from playground.cli import main
 
@@ -318,7 +317,7 @@ def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path,
     seen = {}
 
     def check_then_quit() -> None:
-        windows = [x for x in QApplication.topLevelWidgets() if isinstance(x, MainWindow) and x.isVisible()]
+        windows = windows_opened_since(before)
         if windows and windows[-1].session.runs:
             w = windows[-1]
             seen.update(events=w.session.runs[0].events, lm=w.lm, busy=w.busy)
@@ -327,6 +326,7 @@ def test_playground_open_shows_the_run_and_loads_no_model(qtbot, qapp, tmp_path,
         else:
             QTimer.singleShot(50, check_then_quit)
 
+    before = top_level_ids()  # the window the launch opens is none of these
     QTimer.singleShot(50, check_then_quit)
     QTimer.singleShot(15000, loop.quit)  # a safety net: never hang the suite
     assert main(["open", str(tmp_path / "run.jsonl")]) == 0

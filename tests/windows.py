@@ -34,3 +34,20 @@ def let_go(w, wait_ms: int = 10000) -> None:
     if w.job is not None:
         w.job.stop()
         w.job.wait(wait_ms)
+
+
+def windows_opened_since(before: set[int]) -> list:
+    """The visible main windows that were not top-level widgets when ``before`` (``top_level_ids()``) was taken:
+    the one a launch opened. Windows of earlier tests are never touched (a dying one can crash a call on it)."""
+    from PySide6.QtWidgets import QApplication
+
+    from playground.ui.main_window import MainWindow
+
+    return [x for x in QApplication.topLevelWidgets()
+            if id(x) not in before and isinstance(x, MainWindow) and x.isVisible()]
+
+
+def top_level_ids() -> set[int]:
+    from PySide6.QtWidgets import QApplication
+
+    return {id(x) for x in QApplication.topLevelWidgets()}
