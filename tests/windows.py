@@ -36,18 +36,21 @@ def let_go(w, wait_ms: int = 10000) -> None:
         w.job.wait(wait_ms)
 
 
-def windows_opened_since(before: set[int]) -> list:
-    """The visible main windows that were not top-level widgets when ``before`` (``top_level_ids()``) was taken:
-    the one a launch opened. Windows of earlier tests are never touched (a dying one can crash a call on it)."""
+
+def windows_opened_since(before: list) -> list:
+    """The visible main windows that were not among ``before`` (``top_level_ids()``, taken earlier): the one a
+    launch opened. Windows of earlier tests are never touched (a dying one can crash a call on it)."""
     from PySide6.QtWidgets import QApplication
 
     from playground.ui.main_window import MainWindow
 
+    old = {id(x) for x in before}  # ``before`` holds them: no new window can take one of their ids
     return [x for x in QApplication.topLevelWidgets()
-            if id(x) not in before and isinstance(x, MainWindow) and x.isVisible()]
+            if id(x) not in old and isinstance(x, MainWindow) and x.isVisible()]
 
 
-def top_level_ids() -> set[int]:
+def top_level_ids() -> list:
+    """The top-level widgets now, held (so that their ids stay theirs) for ``windows_opened_since``."""
     from PySide6.QtWidgets import QApplication
 
-    return {id(x) for x in QApplication.topLevelWidgets()}
+    return list(QApplication.topLevelWidgets())
