@@ -11,7 +11,7 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
-from windows import let_go, open_window
+from windows import let_go, module_window, open_window
 
 from playground.config import RunSettings
 from playground.engine.sampling import run_sampling
@@ -30,20 +30,7 @@ def next_logits(lm, ids: list[int]) -> torch.Tensor:
 def shared_window(qapp, tiny_lm, tmp_path_factory):
     """One window for the checks that step a run and look at it (a window and its teardown cost about 0.7 s of CPU);
     closing one mid-step has its own."""
-    from PySide6.QtCore import QCoreApplication, QEvent, QSettings
-
-    from playground.ui.main_window import MainWindow
-
-    store = QSettings(str(tmp_path_factory.mktemp("step-window") / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(store=store)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
-    yield w
-    let_go(w)
-    w.close()
-    w.deleteLater()
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
+    yield from module_window(tmp_path_factory.mktemp("step-window"), tiny_lm)
 
 
 def stepping(w, settings: RunSettings):

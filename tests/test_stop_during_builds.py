@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
-from windows import let_go
+from windows import let_go, module_window
 
 from playground.config import RunSettings
 from playground.config.words import settings_from_pane
@@ -36,18 +36,8 @@ def long_lm():
 def shared_window(qapp, long_lm, tmp_path_factory):
     """One window for every check, each stopping a run and then running again in it (as a user does; a window and
     its teardown cost about 0.7 s of CPU)."""
-    from PySide6.QtCore import QCoreApplication, QEvent, QSettings
-
-    store = QSettings(str(tmp_path_factory.mktemp("stop-window") / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(run_settings=RunSettings(max_new_tokens=8), store=store)
-    w.resize(1400, 900)
-    w.show()
-    w.set_model(long_lm)
-    yield w
-    let_go(w)
-    w.close()
-    w.deleteLater()
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
+    yield from module_window(tmp_path_factory.mktemp("stop-window"), long_lm, RunSettings(max_new_tokens=8),
+                             (1400, 900))
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
-from windows import let_go, open_window, top_level_ids, windows_opened_since
+from windows import module_window, open_window, top_level_ids, windows_opened_since
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -37,18 +37,7 @@ def shared_window(qapp, tmp_path_factory, tiny_lm):
     """One window for the checks that only run something and look at that run (as a user runs one thing after
     another; each window and its teardown cost about 0.7 s of CPU). Those checking a first run, a launch or the
     layout open their own."""
-    from PySide6.QtCore import QCoreApplication, QEvent, QSettings
-
-    store = QSettings(str(tmp_path_factory.mktemp("views-window") / "settings.ini"), QSettings.Format.IniFormat)
-    w = MainWindow(store=store)
-    w.resize(1500, 950)
-    w.show()
-    w.set_model(tiny_lm)
-    yield w
-    let_go(w)
-    w.close()
-    w.deleteLater()
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # dead here, not in a later test's loop
+    yield from module_window(tmp_path_factory.mktemp("views-window"), tiny_lm)
 
 
 def run_in(qtbot, w: MainWindow, settings: RunSettings):

