@@ -715,6 +715,35 @@ def test_sampled_layers_drafter_emits_the_target_distribution(tiny_lm):
     check_sampled_engine(results, p, q, min_rejections=150)
 
 
+def test_sampled_speculation_under_a_watermark_emits_the_watermarked_distribution(tiny_lm):
+    """A green-list watermark is one more sampler of the chain, after top-k: target and drafter both sample from
+    their watermarked distributions, and what a round emits follows the target's (transformers'
+    WatermarkLogitsProcessor on the top-k logits, computed here), not the plain one."""
+    from transformers import WatermarkLogitsProcessor
+
+    prompt, top_k = "Once upon a time", 8  # 3 of its top 8 are green after its last token
+    prompt_ids = tiny_lm.tokenizer(prompt)["input_ids"]
+    vocab = tiny_lm.model.config.vocab_size
+    marker = WatermarkLogitsProcessor(vocab_size=vocab, device="cpu", greenlist_ratio=0.25, bias=2.0,
+                                      hashing_key=15485863, seeding_scheme="lefthash", context_width=1)
+
+    def watermarked(logits: torch.Tensor) -> dict[int, float]:
+        kept = top_k_probs(logits, top_k, 1.0)
+        cut = torch.full_like(logits, -torch.inf)
+        cut[list(kept)] = logits[list(kept)]
+        probs = marker(torch.tensor([prompt_ids]), cut[None].float())[0].double().softmax(-1)
+        return {t: float(probs[t]) for t in kept}
+
+    p = watermarked(all_logits(tiny_lm.model, prompt_ids)[-1])
+    q = watermarked(first_layers_logits(tiny_lm.model, prompt_ids, 1)[-1])
+    plain = top_k_probs(all_logits(tiny_lm.model, prompt_ids)[-1], top_k, 1.0)
+    # Power: the plain top-k distribution would fail the chi-square by far (green tokens gain e^2 in odds).
+    assert SAMPLED_SEEDS * sum((plain[t] - p[t]) ** 2 / p[t] for t in p) > 10 * CHI2_999[len(p) - 1]
+    results = sampled_first_tokens(tiny_lm, SAMPLED_SEEDS, prompt=prompt, chat=False, temperature=1.0,
+                                   top_k=top_k, draft="layers", draft_layers=1, draft_k=4, watermark="kirchenbauer")
+    check_sampled_engine(results, p, q, min_rejections=100)
+
+
 def test_sampled_model_drafter_emits_the_target_distribution(tiny_lm, drafts):
     prompt, temperature, top_k = "The capital of France is", 1.0, 8
     prompt_ids = tiny_lm.tokenizer(prompt)["input_ids"]
