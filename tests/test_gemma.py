@@ -95,3 +95,23 @@ def test_early_exit_on_gemma_keeps_greedys_text_and_skips_layers(gemma_lm):
     assert list(events[-1].token_ids) == greedy[0, ids.shape[1]:].tolist()  # transformers' own greedy, not ours
     assert exits and all(e is not None and 15 <= e < 18 for e in exits)
     assert events[-1].figures["compute_saved"] > 0.1
+
+
+def test_a_speculative_tree_past_the_sliding_window_is_transformers_greedy(gemma_lm):
+    """Prompt-lookup trees (two candidates a depth) verified in one pass each, past Gemma's 512-token sliding
+    window (the kv-sliding-gemma prompt, ~630 tokens): the tree attention and the rollback of the sliding layers'
+    cache must keep the output transformers' own greedy one, token for token."""
+    from playground.config import RunSettings
+
+    prompt = load_preset("kv-sliding-gemma").settings.prompt
+    settings = RunSettings.from_flat(prompt=prompt, chat=False, strategy="speculative", max_new_tokens=12,
+                                     draft="prompt-lookup", tree_width=2, baseline_tokens=0, prompt_lookup_ngram=2)
+    events = list(run_strategy(gemma_lm, settings))
+    ours = [e.token_id for e in events if isinstance(e, TokenStep)]
+    model, ids = gemma_lm.model, gemma_lm.tokenizer(settings.prompt, return_tensors="pt")["input_ids"]
+    assert ids.shape[1] > model.config.sliding_window  # past the window
+    with torch.no_grad():
+        theirs = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    assert ours == theirs[0, ids.shape[1]:].tolist()
+    rounds = [e for e in events if type(e).__name__ == "SpeculativeRound"]
+    assert len(rounds) < 12 and any(r.accepted > 0 for r in rounds)  # some drafts were kept: trees did the work
