@@ -115,3 +115,36 @@ def test_a_speculative_tree_past_the_sliding_window_is_transformers_greedy(gemma
     assert ours == theirs[0, ids.shape[1]:].tolist()
     rounds = [e for e in events if type(e).__name__ == "SpeculativeRound"]
     assert len(rounds) < 12 and any(r.accepted > 0 for r in rounds)  # some drafts were kept: trees did the work
+
+
+def test_the_int4_copy_of_gemma_keeps_its_tied_embedding_float_and_decodes_itself(gemma_lm):
+    """quant-lab-int4-gemma's claims: every decoder projection becomes packed int4 (two codes a byte, a float32
+    scale and zero a group of 128 inputs) while the 262k-token embedding, tied to the head, stays float (1.07 GB to
+    0.73 GB, counted here from the modules); and --quant greedy decodes that copy: argmax over it, re-read here."""
+    from torch import nn
+
+    from playground.config import QuantSettings, RunSettings
+    from playground.engine.quantized.apply import quantized_lm
+    from playground.events.quant import QuantReady
+
+    preset = load_preset("quant-lab-int4-gemma").settings
+    settings = RunSettings.from_flat(prompt=preset.prompt, chat=False, max_new_tokens=3, quant="rtn-int4",
+                                     group_size=128)
+    events = list(run_strategy(gemma_lm, settings))
+    ready = next(e for e in events if isinstance(e, QuantReady))
+    model = gemma_lm.model
+    unique = {p.data_ptr(): p for p in model.parameters()}.values()  # the tied head is the embedding itself
+    float_bytes = sum(p.numel() * p.element_size() for p in unique)
+    linears = [m for m in model.model.layers.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 18 * 7
+    low_bit = sum(m.out_features * m.in_features // 2 + m.out_features * (m.in_features // 128) * 8 for m in linears)
+    assert ready.reference_weight_bytes == float_bytes == 1_072_392_704
+    assert ready.weight_bytes == float_bytes - sum(m.weight.numel() * 4 for m in linears) + low_bit
+    copy, again = quantized_lm(gemma_lm, QuantSettings(quant="rtn-int4", group_size=128))
+    assert again.cached  # the copy the run decoded
+    prompt_ids = gemma_lm.tokenizer(settings.prompt)["input_ids"]
+    ids = list(prompt_ids)
+    with torch.inference_mode():
+        for _ in range(3):
+            ids.append(int(copy.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert list(events[-1].token_ids) == ids[len(prompt_ids):]
