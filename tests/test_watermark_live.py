@@ -115,6 +115,26 @@ def test_the_view_draws_the_events_and_its_detector_scores_any_text(qtbot, tiny_
     expected = detect_ids(g, ids, tiny_lm.model.config.vocab_size)
     assert panel.last is not None and math.isclose(panel.last.z_score, expected.z_score)
     assert f"z = <b>{expected.z_score:.2f}</b>" in panel.result.text()
+    # The edit budget: the z-score after each edit, plotted against the share of the words edited.
+    from playground.engine.watermark.score import DELETE_SHARES, REPLACE_EVERY, delete_span, replace_every
+
+    panel.threshold.setValue(2.5)  # the tiny model's short text scores z 3.2 as it is
+    panel.edit_budget()
+    words = len(text.split(" "))
+    low = dataclasses.replace(g, z_threshold=2.5)
+    want_replaced = [(changed / words, detect_ids(low, encode(tiny_lm.tokenizer, t), tiny_lm.model.config.vocab_size))
+                     for t, changed in (replace_every(text, k) for k in REPLACE_EVERY)]
+    xs, zs = panel.replaced_curve.getData()
+    assert list(xs) == pytest.approx([x for x, _ in want_replaced])
+    assert list(zs) == pytest.approx([d.z_score for _, d in want_replaced])
+    xs, zs = panel.deleted_curve.getData()
+    assert list(xs) == pytest.approx([round(words * share) / words for share in DELETE_SHARES])
+    assert zs[0] == pytest.approx(detect_ids(g, encode(tiny_lm.tokenizer, delete_span(text, DELETE_SHARES[0])[0]),
+                                             tiny_lm.model.config.vocab_size).z_score)
+    assert panel.threshold_line.value() == 2.5 and panel.budget_plot.isVisible() == panel.isVisible()
+    lost = next(k for k, (_, d) in zip(REPLACE_EVERY, want_replaced, strict=True) if not d.prediction)
+    assert want_replaced[0][1].prediction and f"lost at <b>1 word in {lost}</b>" in panel.budget_label.text()
+    panel.threshold.setValue(4.0)
     panel.input.setPlainText("a")  # typing: scored after the pause
     qtbot.waitUntil(lambda: "too short" in panel.result.text(), timeout=2000)
     panel.input.setPlainText(text)

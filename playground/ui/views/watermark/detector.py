@@ -13,6 +13,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import pyqtgraph as pg
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLineEdit,
     QPlainTextEdit,
+    QPushButton,
     QSpinBox,
     QTextEdit,
     QVBoxLayout,
@@ -98,6 +100,30 @@ class DetectorPanel(QWidget):
         self.tokens.setReadOnly(True)
         self.tokens.setFont(mono_font(10))
         layout.addWidget(self.tokens, stretch=1)
+        budget_row = QHBoxLayout()
+        self.budget_button = QPushButton("Edit budget", self)
+        self.budget_button.setToolTip("Score the text again after each edit (replace every k-th word with a common "
+                                      "word, delete the middle of it) and plot the z-score against the words edited")
+        self.budget_button.clicked.connect(self.edit_budget)
+        self.budget_label = rich_label(self)
+        budget_row.addWidget(self.budget_button)
+        budget_row.addWidget(self.budget_label, stretch=1)
+        layout.addLayout(budget_row)
+        self.budget_plot = pg.PlotWidget(self)
+        self.budget_plot.setMinimumHeight(160)
+        item = self.budget_plot.getPlotItem()
+        item.setLabel("bottom", "share of the words edited")
+        item.setLabel("left", "z-score")
+        item.addLegend(offset=(-10, 10))
+        self.replaced_curve = item.plot([], [], pen=pg.mkPen("#0077BB", width=2), symbol="o", symbolSize=6,
+                                        symbolBrush="#0077BB", name="every k-th word replaced")
+        self.deleted_curve = item.plot([], [], pen=pg.mkPen("#EE7733", width=2), symbol="s", symbolSize=6,
+                                       symbolBrush="#EE7733", name="the middle deleted")
+        self.threshold_line = pg.InfiniteLine(angle=0, pen=pg.mkPen("#AA3333", style=pg.QtCore.Qt.PenStyle.DashLine))
+        item.addItem(self.threshold_line)
+        layout.addWidget(self.budget_plot, stretch=1)
+        self.budget_plot.hide()
+        self.budget: list[tuple[str, float, float, bool]] = []  # (edit, share of words, z, detected)
         self.timer = QTimer(self)
         self.timer.setSingleShot(True)
         self.timer.setInterval(DEBOUNCE_MS)
@@ -187,6 +213,58 @@ class DetectorPanel(QWidget):
                             f" · {what} {d.green_fraction:.0%} of {d.scored} scored tokens{sweet} · scored in "
                             f"{ms:.0f} ms")
         self._draw(ids, d)
+
+    def edit_budget(self) -> None:
+        """The text scored again after each edit (as ``playground watermark-detect --edit-budget``; SWEET off, its
+        entropies would need a model pass per edit), drawn as z against the share of the words edited."""
+        from playground.engine.watermark.score import (
+            DELETE_SHARES,
+            REPLACE_EVERY,
+            delete_span,
+            detect_ids,
+            encode,
+            replace_every,
+        )
+
+        text = self.input.toPlainText()
+        if self.tokenizer is None or not text.strip():
+            self.budget_label.setText("Load a model and paste a text to edit.")
+            return
+        try:
+            g = self.settings()
+        except ConfigError as error:
+            self.budget_label.setText(html.escape(str(error)))
+            return
+        import dataclasses
+
+        g = dataclasses.replace(g, entropy_threshold=0.0)
+        vocab = int(self.model.model.config.vocab_size) if self.model is not None else len(self.tokenizer)
+        words = len(text.split(" "))
+        edits = [("replace", f"1 word in {k}" if k else "as it is", replace_every(text, k)) for k in REPLACE_EVERY]
+        edits += [("delete", f"the middle {share:.0%} deleted", delete_span(text, share)) for share in DELETE_SHARES]
+        self.budget = []
+        for kind, name, (edited, changed) in edits:
+            try:
+                d = detect_ids(g, encode(self.tokenizer, edited), vocab)
+            except DetectionError:
+                continue
+            self.budget.append((f"{kind}: {name}", changed / words, d.z_score, d.prediction))
+        replaced = [(x, z) for name, x, z, _ in self.budget if name.startswith("replace")]
+        deleted = [(x, z) for name, x, z, _ in self.budget if name.startswith("delete")]
+        self.replaced_curve.setData([x for x, _ in replaced], [z for _, z in replaced])
+        self.deleted_curve.setData([x for x, _ in deleted], [z for _, z in deleted])
+        self.threshold_line.setValue(g.z_threshold)
+        self.budget_plot.show()
+        lost = next((name for name, _, _, found in self.budget if name.startswith("replace") and not found), None)
+        said = f"{len(self.budget)} edits of {words} words: "
+        if lost == "replace: as it is":
+            said += f"the text as it is is not detected (z ≤ {g.z_threshold:g})"
+        elif lost is not None:
+            said += (f"detection (z &gt; {g.z_threshold:g}) is lost at <b>{html.escape(lost.removeprefix('replace: '))}"
+                     "</b> replaced")
+        else:
+            said += "every replacement edit is still detected"
+        self.budget_label.setText(said)
 
     def _start_entropies(self, ids: tuple[int, ...], compute: Any) -> None:
         if self._pending is not None and self._pending[0] == ids:
