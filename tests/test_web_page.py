@@ -13,6 +13,7 @@ from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
 from playground.events import LayerStep, RunFinished, TokenStep
 from playground.events.beam import BeamStep
+from playground.events.panes import PaneToken
 from playground.events.speculative import SpeculativeRound
 from playground.state.text import visible_token_text
 from playground.traces import write_trace
@@ -26,6 +27,7 @@ RUNS = {
     "speculative": {"strategy": "speculative", "draft": "jacobi", "max_new_tokens": 8, "baseline_tokens": 0},
     "lens": {"strategy": "greedy", "lens": True, "max_new_tokens": 5},
     "beam": {"strategy": "beam", "num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 5},
+    "compare": {"strategy": "compare", "panes": ("greedy", "sample --temperature 0.8 --seed 2"), "max_new_tokens": 5},
 }
 
 
@@ -160,6 +162,25 @@ def test_speculative_marks_lens_cells_and_beams_come_from_their_runs(pages, open
     assert rows.count() == 1 + len(sequences)
     assert [rows.nth(k + 1).locator("td").nth(3).inner_text() for k in range(len(sequences))] == \
         [q.text for q in sequences]
+
+
+def test_side_by_side_panes_each_show_their_own_tokens_and_shades(pages, open_page):
+    events, path = pages["compare"]
+    page = open_page(path)
+    panes = page.locator("#panes .pane")
+    started = [e for e in events if type(e).__name__ == "PaneStarted"]
+    assert panes.count() == len(started) == 2
+    for k, start in enumerate(started):
+        tokens = [e for e in events if isinstance(e, PaneToken) and e.pane == start.pane]
+        pane = panes.nth(k)
+        assert pane.locator("h3").inner_text() == start.label
+        spans = pane.locator("span.ptok")
+        assert spans.count() == len(tokens)
+        last = spans.nth(len(tokens) - 1)
+        assert last.get_attribute("title") == f"pane {k + 1} · step {len(tokens) - 1} · p " \
+            f"{format_percent(tokens[-1].prob)}"
+        colour = last.evaluate("el => getComputedStyle(el).backgroundColor")
+        assert colour == rgb(shade_for_prob(tokens[-1].prob).name())
 
 
 def test_the_page_is_small_and_refuses_other_names(pages, tmp_path, capsys):

@@ -4,8 +4,8 @@ page): no network, no files beside it, readable on a phone.
 It shows the run's settings, the output shaded by the chosen token's raw probability with the app's own colour
 scale and legend (each shade computed here by the app's ``shade_for_prob``), each token's candidates with their raw
 and processed probabilities on hover or tap, a speculative run's drafted tokens marked accepted or rejected with q
-and p, the logit lens's layers × tokens heat map, a beam search's tree and sequences, and the KV cache's measured
-size step by step. The data is inline, compact JSON; the page's script only draws it.
+and p, the logit lens's layers × tokens heat map, a beam search's tree and sequences, a side-by-side run's panes,
+and the KV cache's measured size step by step. The data is inline, compact JSON; the page's script only draws it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from playground.events import LayerStep, PrefillDone, RunFinished, RunStarted, TokenStep, is_unit_step
 from playground.events.beam import BeamStep
+from playground.events.panes import PaneFinished, PaneStarted, PaneToken
 from playground.events.speculative import SpeculativeRound
 from playground.state import shade_fraction
 from playground.state.text import flowing_token_text, visible_token_text
@@ -54,6 +55,22 @@ def beam_tree(events: list[Any]) -> dict[str, Any]:
                 mine.setdefault((c.beam, c.token_id), node)
         survivors = [mine.get((parent, token), -1) for parent, token in zip(e.parents, e.token_ids, strict=True)]
     return {"nodes": nodes, "edges": edges}
+
+
+def panes_of(events: list[Any]) -> list[dict[str, Any]]:
+    """A side-by-side run's panes: each its label, settings, tokens (text, probability, shade) and figures."""
+    panes: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if isinstance(e, PaneStarted):
+            panes[e.pane] = {"label": e.label, "summary": e.summary, "tokens": [], "figures": {}}
+        elif isinstance(e, PaneToken) and e.pane in panes:
+            shade = shade_for_prob(e.prob)
+            panes[e.pane]["tokens"].append([flowing_token_text(e.text) if e.text else "·", _round(e.prob),
+                                            shade.name(), text_color_on(shade).name()])
+        elif isinstance(e, PaneFinished) and e.pane in panes:
+            panes[e.pane]["figures"] = {k: _round(v, 4) for k, v in e.figures.items()}
+            panes[e.pane]["stop"] = e.stop_reason
+    return [panes[k] for k in sorted(panes)]
 
 
 def page_data(events: list[Any]) -> dict[str, Any]:
@@ -102,6 +119,7 @@ def page_data(events: list[Any]) -> dict[str, Any]:
                   "top": [visible_token_text(c[0].text) if c else "" for c in e.layer_top]} for e in lens],
         "sequences": sequences,
         "beam": beam_tree(events),
+        "panes": panes_of(events),
         # The KV cache's measured size after the prompt and after each step (bytes).
         "kv": ([next((e.kv_cache_bytes for e in events if isinstance(e, PrefillDone)), 0)] +
                [e.kv_cache_bytes for e in events if is_unit_step(e)]),
@@ -134,6 +152,7 @@ section{margin-top:16px}h2{font-size:1em;margin:0 0 6px}
 .lens{overflow-x:auto}.lens table{border-collapse:collapse;font-size:11px}.lens td{width:18px;height:14px}
 .lens th{font-weight:normal;color:#555;padding-right:4px;text-align:right}
 .seq td{padding:2px 8px;vertical-align:top}
+.panes{display:flex;flex-wrap:wrap;gap:10px}.pane{flex:1 1 300px;min-width:0}.pane h3{font-size:.95em;margin:0}
 @media (max-width:600px){body{padding:6px}.out{font-size:14px}}
 """
 
@@ -199,6 +218,16 @@ if(D.kv.length>1){const K=D.kv,w=Math.max(300,Math.min(900,8*K.length)),h=90,m=M
  K.forEach((v,k)=>{g+='<circle class="kv" cx="'+x(k)+'" cy="'+y(v)+'" r="3" fill="#0077BB"><title>'+
  (k===0?'after the prompt':'after step '+(k-1))+': '+mb(v)+'</title></circle>';});
  document.getElementById('kv').innerHTML=g+'</svg>';document.getElementById('kv-section').hidden=false;}
+if(D.panes.length){const box=document.getElementById('panes');
+ D.panes.forEach((p,k)=>{const d=document.createElement('div');d.className='pane';
+ const h=document.createElement('h3');h.textContent=p.label;d.appendChild(h);
+ const m=document.createElement('div');m.className='settings';m.textContent=p.summary+(p.stop?' · ended: '+p.stop:'');
+ d.appendChild(m);const o=document.createElement('div');o.className='out';p.tokens.forEach((t,i)=>{
+ const s=document.createElement('span');s.className='ptok';s.textContent=t[0];s.style.background=t[2];
+ s.style.color=t[3]; s.title='pane '+(k+1)+' · step '+i+' · p '+pct(t[1]);o.appendChild(s);});d.appendChild(o);
+ const f=Object.entries(p.figures);if(f.length){const g=document.createElement('div');g.className='settings';
+ g.textContent=f.map(([a,b])=>a.replace(/_/g,' ')+' '+b).join(' · ');d.appendChild(g);}box.appendChild(d);});
+ document.getElementById('pane-section').hidden=false;}
 if(D.sequences.length){let h='<table class="seq"><tr><th>#</th><th>score</th><th>log p</th><th>text</th></tr>';
  D.sequences.forEach((q,k)=>{h+='<tr><td>'+(k+1)+'</td><td>'+q.score+'</td><td>'+q.logp+'</td><td>'+esc(q.text)+
  '</td></tr>';});document.getElementById('beams').innerHTML=h+'</table>';
@@ -227,6 +256,8 @@ sure)</h2><div class="lens" id="lens"></div></section>
 <section id="beam-section" hidden><h2>Beam search: the tree (bold: the beams that survived each step; ◆ a
 finished hypothesis; hover a node for its numbers) and the returned sequences, best first</h2>
 <div class="lens" id="tree"></div><div id="beams"></div></section>
+<section id="pane-section" hidden><h2>Side by side: each pane's output, shaded by its own probability of each
+token (hover for it)</h2><div id="panes" class="panes"></div></section>
 <section id="kv-section" hidden><h2>KV cache: its measured size after the prompt and after each step</h2>
 <div class="lens" id="kv"></div></section>
 <div id="tip"></div>
