@@ -53,7 +53,7 @@ test: model fonts llama-server browser
 
 # The tiny-model and Qt tests alone: no default model fetched, no llama-server built (the tests that need either are
 # marked `model` or `server`, pyproject.toml; tests/conftest.py marks those that ask for its fixtures).
-test-fast: $(STAMP) fonts
+test-fast: $(STAMP) fonts browser
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not model and not server"
 
 lint: $(STAMP)
