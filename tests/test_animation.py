@@ -162,7 +162,10 @@ def test_present_steps_through_the_run_in_large_type_and_gives_the_window_back(s
     view = w.views["tokens"]
     shown = view.token_view.text
     point_size = view.chart.header.font().pointSizeF()
+    axis = view.chart.plot.getPlotItem().getAxis("bottom")
+    assert axis.style["tickFont"] is None  # the chart's own default
     assert w.presenter.enter()
+    assert axis.style["tickFont"].pointSizeF() == pytest.approx(view.chart.plot.font().pointSizeF() * 1.6)
     assert not w.settings_dock.isVisible() and not w.runs_dock.isVisible() and w.docks["tokens"].isVisible()
     assert view.chart.header.font().pointSizeF() == pytest.approx(point_size * 1.6)
 
@@ -180,6 +183,7 @@ def test_present_steps_through_the_run_in_large_type_and_gives_the_window_back(s
     qtbot.keyClick(w, Qt.Key.Key_Escape)
     assert not w.presenter.active and w.settings_dock.isVisible() and w.runs_dock.isVisible()
     assert view.chart.header.font().pointSizeF() == pytest.approx(point_size)
+    assert axis.style["tickFont"] is None
     assert text() == output_text(steps)
 
 

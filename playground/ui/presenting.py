@@ -21,6 +21,15 @@ BACK_KEYS = {Qt.Key.Key_Left, Qt.Key.Key_Backspace, Qt.Key.Key_PageUp, Qt.Key.Ke
 LEAVE_KEYS = {Qt.Key.Key_Escape, Qt.Key.Key_F11}
 
 
+def _scaled(font: QFont, scale: float) -> QFont:
+    bigger = QFont(font)
+    if font.pointSizeF() > 0:
+        bigger.setPointSizeF(font.pointSizeF() * scale)
+    elif font.pixelSize() > 0:
+        bigger.setPixelSize(round(font.pixelSize() * scale))
+    return bigger
+
+
 def _application() -> QCoreApplication:
     app = QCoreApplication.instance()
     assert app is not None  # a window exists
@@ -38,6 +47,7 @@ class Presenter(QObject):
         self._saved_state = QByteArray()
         self._was_full_screen = False
         self._fonts: list[tuple[QWidget, QFont]] = []
+        self._axes: list[tuple[Any, QFont | None, QFont]] = []  # (axis, its tick font, its title's font)
         self._hidden: list[QWidget] = []
 
     @property
@@ -94,6 +104,10 @@ class Presenter(QObject):
         for widget, font in self._fonts:
             widget.setFont(font)
         self._fonts = []
+        for axis, tick, label in self._axes:
+            axis.setStyle(tickFont=tick)
+            axis.label.setFont(label)
+        self._axes = []
         for widget in self._hidden:
             widget.show()
         self._hidden = []
@@ -130,12 +144,20 @@ class Presenter(QObject):
                  for widget in widgets]
         for widget, font, own in fonts:
             self._fonts.append((widget, QFont(font) if own else QFont()))
-            bigger = QFont(font)
-            if font.pointSizeF() > 0:
-                bigger.setPointSizeF(font.pointSizeF() * scale)
-            elif font.pixelSize() > 0:
-                bigger.setPixelSize(round(font.pixelSize() * scale))
-            widget.setFont(bigger)
+            widget.setFont(_scaled(font, scale))
+        # The charts draw their axes' ticks and titles with fonts of their own: the value axes' grow (a left axis
+        # of token labels keeps its size, as its chart sizes it to the longest label).
+        import pyqtgraph as pg
+
+        for plot in root.findChildren(pg.PlotWidget):
+            for name, entry in plot.getPlotItem().axes.items():
+                if name != "bottom":
+                    continue
+                axis = entry["item"]
+                tick = axis.style.get("tickFont")
+                self._axes.append((axis, tick, QFont(axis.label.font())))
+                axis.setStyle(tickFont=_scaled(QFont(tick) if tick is not None else QFont(plot.font()), scale))
+                axis.label.setFont(_scaled(axis.label.font(), scale))
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() != QEvent.Type.KeyPress or self.replay is None:

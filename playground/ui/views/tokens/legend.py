@@ -3,6 +3,7 @@ removed-mass ramp (white to red, as opaque as the share removed), whichever the 
 
 from __future__ import annotations
 
+from PySide6.QtCore import QEvent
 from PySide6.QtGui import QColor, QPainter, QPixmap
 from PySide6.QtWidgets import QWidget
 
@@ -34,6 +35,12 @@ class ShadeLegend(QWidget):
         self._ramp_cache: QPixmap | None = None
         self.ranks = False  # the rank buckets' swatches instead of the probability ramp
         self.removed = False  # the constraint's removed-mass ramp instead of the probability ramp
+
+    def changeEvent(self, event) -> None:
+        """A larger font (presentation mode) needs a taller legend: the ticks' labels sit under the 18 px ramp."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self.setMinimumHeight(max(34, 18 + self.fontMetrics().height() + 2))
 
     def show_ranks(self, ranks: bool) -> None:
         self.ranks = ranks
