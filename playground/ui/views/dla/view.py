@@ -37,9 +37,11 @@ from playground.state.dla import ATTRIBUTION, COMMITMENT, QUADRANTS, UNCERTAINTY
 from playground.ui.style import PROCESSED_COLOR, RAW_COLOR
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.drawing import ThrottledDraw
 
 QUADRANT_COLORS = {"flowing": "#009988", "careful": "#0077BB", "forks": "#EE7733", "mist": "#CC3311",
                    "middle": "#BBBBBB"}
+LIVE_DRAW_MS = 300  # a streaming run's strips redraw at most this often
 CONTENT_HEIGHT = 640  # px: the default window's dock shows it whole; a shorter one scrolls
 
 
@@ -177,6 +179,8 @@ class DlaView(View):
         layout.addLayout(charts, 3)
         layout.addWidget(self.heads, 2)
         self._shown: list[int] = []
+        self._pending: set[str] = set()  # parts changed and not drawn yet
+        self._live = ThrottledDraw(self, LIVE_DRAW_MS, self._draw_pending)
         self.reset()
 
     # --- the view interface ---------------------------------------------------------------------------------
@@ -185,6 +189,8 @@ class DlaView(View):
 
     def reset(self) -> None:
         self.run = None
+        self._live.cancel()
+        self._pending = set()
         self.state.reset()
         self._draw(self.state.take_dirty())
 
@@ -194,15 +200,29 @@ class DlaView(View):
             self.state.apply(event)
 
     def flush(self) -> None:
-        parts = self.state.take_dirty()
+        """What changed, drawn: at most every LIVE_DRAW_MS while a run streams, and not at all while the view is
+        hidden (a tab behind another view; it draws when shown): it applies to every run that decodes tokens, and
+        redrawing its strips on each batch took ~30 ms of the GUI thread per token by the end of a long run."""
+        self._pending |= self.state.take_dirty()
+        if self._pending and self.isVisible():
+            self._live.request(streaming=self.run is not None and self.run.running)
+
+    def _draw_pending(self) -> None:
+        parts, self._pending = self._pending, set()
         if parts:
             self._draw(parts)
 
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._draw_pending()
+
     def end(self, run: Run) -> None:
         self.run = run
+        self._live.cancel()
         if not self.state.ended:
             self.state.end(run.status)
-        self._draw(self.state.take_dirty() | {UNCERTAINTY, COMMITMENT, ATTRIBUTION})
+        parts, self._pending = self._pending | self.state.take_dirty() | {UNCERTAINTY, COMMITMENT, ATTRIBUTION}, set()
+        self._draw(parts)
 
     # --- drawing ----------------------------------------------------------------------------------------------
     def _draw(self, parts: set[str]) -> None:
