@@ -43,6 +43,12 @@ class LoadedModel:
         return 2048
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the model's head (often padded past the tokenizer's count): the ids a sampler or a green list
+        covers."""
+        return int(self.model.config.vocab_size)
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """EOS ids from the generation config (may be several), else the tokenizer's."""
         eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)

@@ -127,7 +127,7 @@ def _watermark(lm: LoadedModel, settings: RunSettings, context: RunContext) -> W
     g = settings.group(WatermarkSettings)
     if not g.active():
         return None
-    return WatermarkObserver(g, int(lm.model.config.vocab_size))
+    return WatermarkObserver(g, lm.vocab_size)
 
 
 register_observer("watermark", _watermark, order=60)

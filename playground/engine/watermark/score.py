@@ -58,7 +58,7 @@ def detect_ids(g: WatermarkSettings, ids: Sequence[int], vocab_size: int, *, ent
 def detect_text(lm: Any, g: WatermarkSettings, text: str) -> Detection:
     ids = encode(lm.tokenizer, text)
     entropies = text_entropies(lm, ids) if g.entropy_threshold > 0 and ids else None
-    return detect_ids(g, ids, int(lm.model.config.vocab_size), entropies=entropies)
+    return detect_ids(g, ids, lm.vocab_size, entropies=entropies)
 
 
 def replace_every(text: str, k: int, seed: int = 0) -> tuple[str, int]:

@@ -163,6 +163,11 @@ class DetectorPanel(QWidget):
             self.input.setPlainText(text)
         self.score()
 
+    def _vocab(self) -> int:
+        """The vocabulary the green lists are drawn over: the loaded model's head (the tokenizer's count without it:
+        a head is often padded past the tokenizer)."""
+        return int(self.model.vocab_size) if self.model is not None else len(self.tokenizer)
+
     def settings(self) -> WatermarkSettings:
         g = WatermarkSettings(watermark=self.scheme.currentText(), greenlist_ratio=self.gamma.value(),
                               hashing_key=self.key.value(), seeding_scheme=self.seeding.currentText(),
@@ -188,7 +193,7 @@ class DetectorPanel(QWidget):
         try:
             g = self.settings()
             ids = encode(self.tokenizer, text)
-            vocab = int(self.model.model.config.vocab_size) if self.model is not None else len(self.tokenizer)
+            vocab = self._vocab()
             entropies = None
             if g.entropy_threshold > 0:
                 if self.model is None:
@@ -238,7 +243,7 @@ class DetectorPanel(QWidget):
         import dataclasses
 
         g = dataclasses.replace(g, entropy_threshold=0.0)
-        vocab = int(self.model.model.config.vocab_size) if self.model is not None else len(self.tokenizer)
+        vocab = self._vocab()
         words = len(text.split(" "))
         edits = [("replace", f"1 word in {k}" if k else "as it is", replace_every(text, k)) for k in REPLACE_EVERY]
         edits += [("delete", f"the middle {share:.0%} deleted", delete_span(text, share)) for share in DELETE_SHARES]
