@@ -62,7 +62,7 @@ def browser():
 
 @pytest.fixture()
 def open_page(browser):
-    """Opens a page file in a fresh tab; fails the test on any request beyond the file itself."""
+    """Opens a page file in a fresh tab; fails the test on any request beyond the file itself, or any script error."""
     opened = []
 
     def opener(path, width: int = 1000, height: int = 700):
