@@ -5,9 +5,9 @@ events and the app's own colours and number formats, and the page may ask the ne
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
+from web_pages import browser, open_page, rgb  # noqa: F401 (fixtures)
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
@@ -19,7 +19,6 @@ from playground.state.text import visible_token_text
 from playground.traces import write_trace
 from playground.ui.style import format_percent, shade_for_prob
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 RUNS = {
     # Sampled with a temperature and top-k: the raw and the processed numbers differ, and some candidates are cut.
     "greedy": {"strategy": "sample", "temperature": 0.7, "top_k": 4, "seed": 3, "max_new_tokens": 8,
@@ -45,43 +44,6 @@ def pages(tiny_lm, tmp_path_factory):
         assert main(["html", str(folder / f"{kind}.jsonl"), "--out", str(folder / f"{kind}.html")]) == 0
         made[kind] = (events, folder / f"{kind}.html")
     return made
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not shutil.which(CHROMIUM):
-        pytest.fail(f"no Chromium at {CHROMIUM}: `make browser` installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM,
-                                              args=["--no-sandbox", "--disable-background-networking"])
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture()
-def open_page(browser):
-    """Opens a page file in a fresh tab; fails the test on any request beyond the file itself, or any script error."""
-    opened = []
-
-    def opener(path, width: int = 1000, height: int = 700):
-        page = browser.new_page(viewport={"width": width, "height": height})
-        requests: list[str] = []
-        page.on("request", lambda request: requests.append(request.url))
-        page.goto(path.as_uri())
-        opened.append((page, requests, path.as_uri()))
-        return page
-
-    yield opener
-    for page, requests, url in opened:
-        assert requests == [url], f"the page asked for more than itself: {requests}"
-        page.close()
-
-
-def rgb(colour: str) -> str:
-    """``#RRGGBB`` as a browser's computed style writes it."""
-    return "rgb({}, {}, {})".format(*(int(colour[k:k + 2], 16) for k in (1, 3, 5)))
 
 
 def test_the_output_is_shaded_as_the_app_shades_it_and_hover_shows_each_candidate(pages, open_page):
