@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from web_pages import browser, open_page, rgb  # noqa: F401 (fixtures)
+from web_pages import rgb
 
 from playground.config import RunSettings
 from playground.engine.strategies import run_strategy
