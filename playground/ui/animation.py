@@ -98,9 +98,25 @@ def quantised(rgb, palette):
     return rgb.quantize(palette=palette, dither=Image.Dither.NONE)
 
 
+UNCHANGED_RUN = 16  # the shortest run of unchanged pixels in a row that a GIF frame leaves transparent
+
+
+def lasting(same, shortest: int = UNCHANGED_RUN):
+    """Where ``same`` (rows × columns, bool) holds in runs of at least ``shortest`` along a row."""
+    import numpy as np
+
+    rows, columns = same.shape
+    padded = np.concatenate([same, np.zeros((rows, 1), dtype=bool)], axis=1).ravel()  # a run ends with its row
+    run = np.cumsum(~padded)  # each run of True shares the number of the False before it
+    length = np.bincount(run, weights=padded)
+    return (padded & (length[run] >= shortest)).reshape(rows, columns + 1)[:, :columns]
+
+
 class GifFrames:
     """Frames as GIF stores them: the palette's colours, and the pixels the frame before already showed made
-    transparent (drawn over it: ``disposal=1``), which LZW packs to almost nothing."""
+    transparent (drawn over it: ``disposal=1``), which LZW packs to almost nothing. Only runs of at least
+    ``UNCHANGED_RUN`` such pixels: a few unchanged pixels amid changed ones (inside a new number) cost LZW more as
+    a switch to transparent and back than as their own colour (4.63 against 4.94 MB for a 200-step GIF)."""
 
     def __init__(self, palette) -> None:
         self.palette, self._before = palette, None
@@ -112,7 +128,7 @@ class GifFrames:
         indices = np.asarray(quantised(rgb, self.palette))
         frame = indices.copy()
         if self._before is not None:
-            frame[indices == self._before] = TRANSPARENT
+            frame[lasting(indices == self._before)] = TRANSPARENT
         self._before = indices
         image = Image.fromarray(frame, mode="P")
         image.putpalette(self.palette.getpalette())

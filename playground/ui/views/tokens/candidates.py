@@ -40,8 +40,10 @@ WHAT_IF_BAR_COLOR = "#009988"  # views/tokens/what_if.py's WHAT_IF_COLOR: the wh
 MAX_ROWS = 15  # candidates drawn (plus the rest-of-vocabulary row); the tooltip and trace hold more
 LABEL_CHARS = 20
 BAR = 0.36  # thickness of one bar; a row holds two (raw above, processed below)
-# The probability axis ends at one of these (percent): steps in a row mostly share one, so while a run streams
-# the axis keeps still and is not drawn again for every step (a third of a chart update here).
+# The probability axis ends at one of these (percent), and holds the widest that a run's steps up to the shown one
+# needed: it only widens while a run streams, so bars compare across steps and the axis is not drawn again for
+# every step (a third of a chart update here; in an animation, the grid lines moving cost most of the chart's
+# share of each frame).
 X_EXTENTS = (10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
 
 
@@ -198,6 +200,40 @@ def _x_extent(needed: float) -> float:
     return float(next((x for x in X_EXTENTS if x >= needed), needed))
 
 
+def _extent_of(rows: list[ChartRow], remote: bool) -> float:
+    """The axis a step's rows need: its widest bar, with room for the value label beside it."""
+    bars = [r.raw_prob * 100 for r in rows] + [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows]
+    return _x_extent(max(8.0, max(bars, default=0.0) * 1.18 + 6))
+
+
+def step_extent(step: TokenStep) -> float:
+    """The axis ``step`` needs on its own (percent): what the chart widens to, at least, when it shows it."""
+    remote = not step.two_distributions
+    if remote and not step.has_probs:
+        return 0.0
+    return _extent_of(chart_rows(step, MAX_ROWS), remote)
+
+
+
+class HeldExtents:
+    """The axis the chart holds at each step of a run: the widest that any step up to it needed (a running
+    maximum), kept per step so that going back to a step shows the axis it streamed with."""
+
+    def __init__(self) -> None:
+        self._steps: list[TokenStep] = []  # the steps measured, to notice a run rolled back and rewritten
+        self._held: list[float] = []
+
+    def up_to(self, steps: list[TokenStep], index: int) -> float:
+        kept = min(len(self._steps), len(steps))
+        while kept and self._steps[kept - 1] is not steps[kept - 1]:  # rolled back: only the tail differs
+            kept -= 1
+        del self._steps[kept:], self._held[kept:]
+        for step in steps[len(self._steps):index + 1]:
+            self._held.append(max(step_extent(step), self._held[-1] if self._held else 0.0))
+            self._steps.append(step)
+        return self._held[index]
+
+
 def _axis_label(row: ChartRow, character: str | None = None, forbidden: bool = False) -> str:
     """The token's text, shortened; the chosen row is marked, with the character its byte belongs to if known; a
     candidate the constraint forbade is marked ✗ (its bar is struck through)."""
@@ -239,6 +275,10 @@ class CandidatesPanel(QWidget):
         item.setMouseEnabled(x=False, y=False)
         item.invertY(True)
         item.showGrid(x=True, y=False, alpha=0.25)
+        # Grid lines at the labelled ticks only: minor ones (every 2 % at most ranges) add little to a chart whose
+        # bars carry their values, and all of them move whenever the axis rescales, which an animation pays for
+        # in every frame (about two thirds of a GIF frame of this chart).
+        item.getAxis("bottom").setStyle(maxTickLevel=0)
         item.setLabel("bottom", "probability (%)")
         item.getAxis("left").setStyle(tickFont=QFont("DejaVu Sans Mono", 9), autoExpandTextSpace=True)
         item.getAxis("left").setWidth(150)
@@ -342,7 +382,9 @@ class CandidatesPanel(QWidget):
     def _labels(self) -> list[ValueLabel]:
         return self._value_labels.labels
 
-    def show_step(self, step: TokenStep, total_steps: int | None = None, character: str | None = None) -> None:
+    def show_step(self, step: TokenStep, total_steps: int | None = None, character: str | None = None,
+                  extent: float = 0.0) -> None:
+        """Draw ``step``; the probability axis ends at ``extent`` percent, or wider where the step needs it."""
         self.step = step
         if total_steps is not None:
             self.total_steps = total_steps
@@ -359,7 +401,7 @@ class CandidatesPanel(QWidget):
         cut_rows = [i for i, r in enumerate(rows) if r.cut_by]
         forbidden = forbidden_ids(step)
         self.forbidden_rows = struck = [i for i, r in enumerate(rows) if r.token_id in forbidden]
-        x_max = _x_extent(max(8.0, max(raw + processed) * 1.18 + 6))  # room for the value labels
+        x_max = max(extent, _extent_of(rows, remote))
         pens = [self._chosen_pen if r.chosen else self._no_pen for r in rows]
 
         chosen = [i for i, r in enumerate(rows) if r.chosen]

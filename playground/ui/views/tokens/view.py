@@ -18,7 +18,7 @@ from playground.state import Run, character_piece, most_interesting_step
 from playground.state.grammar import constraint_kind, summarise
 from playground.ui.views import register_view
 from playground.ui.views.base import View
-from playground.ui.views.tokens.candidates import CandidatesPanel
+from playground.ui.views.tokens.candidates import CandidatesPanel, HeldExtents
 from playground.ui.views.tokens.constraint import ConstraintStrip, start_unconstrained, step_figures
 from playground.ui.views.tokens.step_choice import StepChoiceBar
 from playground.ui.views.tokens.text import TokenView
@@ -66,6 +66,7 @@ class TokensView(View):
         self.run: Run | None = None
         self.token_view = TokenView()
         self.chart = CandidatesPanel()
+        self._extents = HeldExtents()  # the chart's axis at each step of the shown run
         self.step_bar = StepChoiceBar()
         self.chart_index: int | None = None  # step shown in the chart
         self.follow_live = True  # the chart follows the newest step until the user picks one
@@ -321,6 +322,7 @@ class TokensView(View):
         self.follow_live = True
         self.token_view.reset()
         self.chart.reset()
+        self._extents = HeldExtents()
         self.what_if_state = None
         self.chart.set_what_if(None)
         self.token_view.text.tooltip_source = None
@@ -417,7 +419,8 @@ class TokensView(View):
         piece = character_piece(run.steps, index)
         what_if_step = self._what_if_step(index)
         self.chart.set_what_if(self._what_if_line(index) if what_if_step is not None else None)
-        self.chart.show_step(what_if_step or run.steps[index], len(run.steps), piece[1] if piece else None)
+        self.chart.show_step(what_if_step or run.steps[index], len(run.steps), piece[1] if piece else None,
+                             extent=self._extents.up_to(run.steps, index))
         self.token_view.text.mark_step(index)
         self.strip.select(index)
         self.constraint_strip.select(index)
@@ -466,14 +469,17 @@ class TokensView(View):
         tip.setStyleSheet("QLabel { background: #FFFFE8; color: #000; border: 1px solid #777; padding: 5px; }")
         anchor = view.viewport().mapTo(origin, rect.bottomLeft() + QPoint(12, 6))
         # Keep it over the output, clear of the chart, and below what sits over the text (the constraint's strip):
-        # as wide as its text up to the output's width, its long lines wrapped there (adjustSize would cap it at
-        # 2/3 of the screen and cut them).
+        # the output's width, its long lines wrapped there (adjustSize would cap it at 2/3 of the screen and cut
+        # them), at the output's left edge under (or over) the token's line. So in an animation it moves only when
+        # the text starts a line, and a frame redraws only its numbers: a tip that followed each token across the
+        # line was half of a GIF frame's bytes.
+        left = view.viewport().mapTo(origin, QPoint(0, 0))
         right = view.viewport().mapTo(origin, view.viewport().rect().topRight()).x()
-        top = view.viewport().mapTo(origin, QPoint(0, 0)).y()
+        top = left.y()
         tip.setWordWrap(True)
-        width = min(tip.sizeHint().width(), max(360, right - 4))
+        width = max(360, right - left.x() - 8)
         tip.resize(width, tip.heightForWidth(width))
-        x = max(0, min(anchor.x(), right - tip.width() - 4))
+        x = max(0, left.x() + 4)
         y = anchor.y() if anchor.y() + tip.height() < pixmap.height() else max(
             top, anchor.y() - rect.height() - 12 - tip.height())
         painter = QPainter(pixmap)
