@@ -117,6 +117,69 @@ def test_the_gif_keeps_the_run_s_pace_and_each_frame_s_pixels_in_its_palette(sav
         assert [frame.info["duration"] for frame in ImageSequence.Iterator(gif)] == [250] * len(steps) + [2000]
 
 
+def decoded_mp4(path) -> tuple[list[np.ndarray], list[float]]:
+    """The MP4's frames (RGB) and each one's start time (s), decoded by the same ffmpeg program."""
+    import re
+    import subprocess
+
+    from playground.ui.animation import ffmpeg_program
+
+    done = subprocess.run([ffmpeg_program(), "-loglevel", "info", "-i", str(path), "-fps_mode", "passthrough",
+                           "-vf", "showinfo", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:"],
+                          capture_output=True, check=True)
+    starts = [float(t) for t in re.findall(r"pts_time:([0-9.]+)", done.stderr.decode())]
+    width, height = SIZE
+    raw = np.frombuffer(done.stdout, dtype=np.uint8)
+    return list(raw.reshape(-1, height, width, 3)), starts
+
+
+def test_the_mp4_holds_a_frame_per_step_at_the_run_s_pace_and_stop_writes_none(saved, qtbot, tmp_path):
+    """Through ffmpeg (on PATH, or imageio-ffmpeg's, which the test extra installs): a frame per step, each as
+    long as the step took (at a tenth of the speed), each close to the view drawn here at that step (yuv420p
+    blurs colours, so not exact)."""
+    path, events = saved
+    steps = steps_of(events)
+    prefill_ms = next(e.prefill_ms for e in events if isinstance(e, PrefillDone))
+    out = tmp_path / "run.mp4"
+    render_animation(path, out, *SIZE, view="tokens", hover=False, speed=0.1, quiet=True)
+    frames, starts = decoded_mp4(out)
+    # A frame per step after the prompt's, and a copy of the last at the end of its 2 s hold (the concat demuxer
+    # keeps the last frame's duration only so): the video lasts the GIF's time.
+    # A frame per step after the prompt's, and a copy of the last at the end of its 2 s hold (the concat demuxer
+    # keeps the last frame's duration only so; H.264 decodes the copy within a grey level of the original).
+    assert len(frames) == len(steps) + 2
+    assert np.abs(frames[-1].astype(float) - frames[-2]).mean() < 0.5
+    shown_ms = [prefill_ms + steps[0].step_ms] + [s.step_ms for s in steps[1:]]
+    expected_starts = np.cumsum([0] + [max(20, round(ms * 10 / 10) * 10) for ms in shown_ms]) / 1000
+    assert starts[:-1] == pytest.approx(list(expected_starts), abs=0.002)
+    assert starts[-1] - starts[-2] == pytest.approx(2.0, abs=0.05)
+    for position in (1, len(steps)):
+        here = rendered_here(qtbot, tmp_path, events, position).astype(float)
+        difference = np.abs(frames[position].astype(float) - here)
+        assert difference.mean() < 3 and np.percentile(difference, 99) < 40, position
+    assert np.abs(frames[1].astype(float) - frames[len(steps)].astype(float)).mean() > 3 * difference.mean()
+
+    w = open_window(qtbot, tmp_path, size=(900, 600))
+    done: list[int] = []
+    stopped = tmp_path / "stopped.mp4"
+    result = export_animation(w, events, stopped, view="tokens", progress=lambda k, n: done.append(k),
+                              should_stop=lambda: len(done) >= 2)
+    assert result is None and done == [1, 2] and not stopped.exists() and not list(tmp_path.glob("*.part"))
+
+
+def test_without_any_ffmpeg_an_mp4_is_refused_by_name_before_anything_runs(monkeypatch, tmp_path):
+    import shutil
+    import sys
+
+    from playground.ui.animation import check_output
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # as if not installed: importing it fails
+    with pytest.raises(ScreenshotError, match="needs the ffmpeg program"):
+        check_output(tmp_path / "run.mp4")
+    check_output(tmp_path / "run.gif")  # the others need nothing
+
+
 def test_stop_writes_nothing_and_bad_requests_say_why(saved, qtbot, tmp_path):
     _path, events = saved
     w = open_window(qtbot, tmp_path, size=(900, 600))

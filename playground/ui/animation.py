@@ -1,8 +1,9 @@
 """A saved run as an animation: the window (or one view) replayed step by step as it streamed, each frame a
-grab of the real widgets, encoded as GIF or WebP with Pillow, or as MP4 where an ``ffmpeg`` binary is installed.
+grab of the real widgets, encoded as GIF or WebP with Pillow, or as MP4 where an ``ffmpeg`` program is found (on
+PATH, or the one the imageio-ffmpeg package carries).
 
 The pace is the run's own (each frame stays as long as the next step took, times ``speed``) or a fixed ``fps``.
-GIF keeps 256 colours a frame (each frame's own palette, no dithering: text stays crisp) and delays in 10 ms
+GIF keeps 256 colours a frame (one palette for the whole run, no dithering: text stays crisp) and delays in 10 ms
 steps; WebP is lossless, so its frames are the grabs exactly.
 """
 
@@ -136,32 +137,58 @@ class GifFrames:
         return image
 
 
-def _encode_mp4(path: Path, first, frames: Iterator, delays: list[int]) -> None:
-    """Through the ``ffmpeg`` binary: each frame written as a PNG with its duration (the concat demuxer)."""
-    ffmpeg = shutil.which("ffmpeg")
-    assert ffmpeg is not None
+def ffmpeg_program() -> str | None:
+    """The ``ffmpeg`` to encode MP4 with: one on PATH, else the one the ``imageio-ffmpeg`` package carries where it
+    is installed (the well-kept binding that ships a static build), else none."""
+    found = shutil.which("ffmpeg")
+    if found is not None:
+        return found
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        return None
+    try:
+        return str(imageio_ffmpeg.get_ffmpeg_exe())
+    except RuntimeError:  # the package without a binary for this platform
+        return None
+
+
+def _encode_mp4(path: Path, frames: Iterator, delays: list[int]) -> None:
+    """Through ``ffmpeg``: each frame written as a PNG with its duration as it comes (the concat demuxer), so a
+    long run is never held in memory; a run stopped before its last frame writes nothing."""
+    ffmpeg = ffmpeg_program()
+    if ffmpeg is None:
+        raise ScreenshotError(NO_FFMPEG)
     with tempfile.TemporaryDirectory() as tmp:
-        lines = []
-        for k, (frame, delay) in enumerate(zip((first, *frames), delays, strict=True)):
+        lines, name = [], ""
+        for k, frame in enumerate(frames):
             name = f"{k:06d}.png"
-            frame.save(Path(tmp) / name)
-            lines.append(f"file '{name}'\nduration {delay / 1000:.3f}\n")
-        lines.append(f"file '{k:06d}.png'\n")  # the concat demuxer drops the last duration otherwise
+            frame.save(Path(tmp) / name, compress_level=1)
+            # A still read at 1000 frames a second: its time base is 1 ms, not the image reader's 1/25 s
+            lines.append(f"file '{name}'\noption framerate 1000\nduration {delays[k] / 1000:.3f}\n")
+        if len(lines) < len(delays):
+            return  # stopped: the caller deletes the partial file
+        lines.append(f"file '{name}'\noption framerate 1000\n")  # else the concat demuxer drops the last duration
         (Path(tmp) / "frames.txt").write_text("".join(lines), encoding="utf-8")
         done = subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-f", "concat", "-safe", "0", "-i", "frames.txt",
-                               "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-pix_fmt", "yuv420p", "-vsync", "vfr",
-                               str(path.resolve())], cwd=tmp, capture_output=True, text=True, check=False)
+                               "-vf", "pad=ceil(iw/2)*2:ceil(ih/2)*2", "-pix_fmt", "yuv420p",
+                               "-fps_mode", "passthrough", "-enc_time_base", "1/1000", "-video_track_timescale", "1000",
+                               "-f", "mp4", str(path.resolve())], cwd=tmp, capture_output=True, text=True,
+                              check=False)
         if done.returncode != 0:
             raise ScreenshotError(f"ffmpeg could not write {path.name}: {done.stderr.strip()[-300:]}")
+
+
+NO_FFMPEG = ("an .mp4 needs the ffmpeg program, which is not installed: write a .gif or .webp, or install ffmpeg "
+             "(e.g. Debian's ffmpeg package, or pip install imageio-ffmpeg)")
 
 
 def check_output(path: Path) -> None:
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise ScreenshotError(f"an animation is a .gif, .webp or .mp4 file, not {path.name}")
-    if suffix == ".mp4" and shutil.which("ffmpeg") is None:
-        raise ScreenshotError("an .mp4 needs the ffmpeg program, which is not installed: write a .gif or .webp, "
-                              "or install ffmpeg (e.g. Debian's ffmpeg package)")
+    if suffix == ".mp4" and ffmpeg_program() is None:
+        raise ScreenshotError(NO_FFMPEG)
 
 
 def _float_view(dock, view, size: tuple[int, int] | None) -> None:
@@ -262,7 +289,7 @@ def _encode_to(path: Path, suffix: str, frames: Iterator, delays: list[int]) -> 
     when whole)."""
     fmt = {".gif": "GIF", ".webp": "WEBP"}.get(suffix)
     if fmt is None:
-        _encode_mp4(path, next(frames), frames, delays)
+        _encode_mp4(path, frames, delays)
         return
     first = next(frames)
     options = dict(save_all=True, append_images=frames, duration=delays, loop=0)
