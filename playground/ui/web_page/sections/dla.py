@@ -28,10 +28,10 @@ VIRIDIS = ("#440154", "#3B528B", "#21918C", "#5EC962", "#FDE725")  # the commitm
 def attribution(a: LogitAttribution) -> dict[str, Any]:
     heads = np.array(a.heads, dtype=float)
     return {"step": a.step, "token": visible_token_text(a.token_text), "against": visible_token_text(a.against_text),
-            "diff": compact(a.difference), "capped": compact(a.capped_difference), "softcap": a.softcap,
-            "emb": compact(a.embeddings), "attn": numbers(a.attention), "mlp": numbers(a.mlp),
-            "heads": [numbers(row, 3) for row in heads.tolist()], "bias": compact(a.norm_bias),
-            "other": compact(sum(a.other)), "running": numbers(a.running), "lens": numbers(a.lens),
+            "diff": compact(a.difference, 7), "capped": compact(a.capped_difference, 7), "softcap": a.softcap,
+            "emb": compact(a.embeddings, 7), "attn": numbers(a.attention, 7), "mlp": numbers(a.mlp, 7),
+            "heads": [numbers(row, 3) for row in heads.tolist()], "bias": compact(a.norm_bias, 7),
+            "other": compact(sum(a.other), 7), "running": numbers(a.running, 6), "lens": numbers(a.lens, 6),
             "linearisation": a.linearisation}
 
 
@@ -43,8 +43,8 @@ def dla_data(events: list[Any]) -> dict[str, Any] | None:
     state = DlaFold()
     for e in events:
         state.apply(e)
-    return {"steps": [[visible_token_text(s.text), compact(s.entropy, 4),
-                       None if s.varentropy is None else compact(s.varentropy, 4), s.quadrant] for s in state.steps],
+    return {"steps": [[visible_token_text(s.text), compact(s.entropy, 7),
+                       None if s.varentropy is None else compact(s.varentropy, 7), s.quadrant] for s in state.steps],
             "commit": [[c.step, c.top1, c.topk] for c in state.commitments], "layers": state.layers,
             "attributions": [attribution(state.attributions[k]) for k in sorted(state.attributions)],
             "missing": state.missing, "quadrants": QUADRANTS, "qcolors": QUADRANT_COLORS, "viridis": list(VIRIDIS),
@@ -110,8 +110,9 @@ function draw(a){const nl=a.attn.length,L=a.attn.map((_,i)=>'L'+(i+1));
  const nh=a.heads.length?a.heads[0].length:0;let t='<div class="note">Each head\'s share of A − B (red raises \''+
   esc(a.token)+'\', blue raises \''+esc(a.against)+'\'; scale ±'+(top||1).toPrecision(2)+')</div><div class="wide">'+
   '<table class="heat dla-heads">';
- for(let hd=nh-1;hd>=0;hd--){t+='<tr><th>H'+hd+'</th>';a.heads.forEach((r,l)=>{const x=r[hd];t+='<td style="background:'+
-  ramp(S.stops,0.5+(x||0)/(2*(top||1)))+'" title="L'+(l+1)+'H'+hd+' '+f(x,3)+'"></td>';});t+='</tr>';}
+ for(let hd=nh-1;hd>=0;hd--){t+='<tr><th>H'+hd+'</th>';a.heads.forEach((r,l)=>{const x=r[hd];
+  t+='<td style="background:'+ramp(S.stops,0.5+(x||0)/(2*(top||1)))+'" title="L'+(l+1)+'H'+hd+' '+f(x,3)+'"></td>';});
+  t+='</tr>';}
  t+='<tr><th></th>'+L.map(x=>'<th>'+x+'</th>').join('')+'</tr></table></div>';
  document.getElementById('dla-heads').innerHTML=t;}
 if(A.length){A.forEach((a,k)=>{const o=document.createElement('option');o.value=k;o.textContent='step '+a.step+': \''+

@@ -30,7 +30,7 @@ def patching_data(events: list[Any]) -> dict[str, Any] | None:
     return {"clean": [visible_token_text(t) for t in started.clean_tokens],
             "corrupted": [visible_token_text(t) for t in started.corrupted_tokens],
             "answer": visible_token_text(started.answer_text), "foil": visible_token_text(started.foil_text),
-            "clean_diff": compact(started.clean_diff), "corrupted_diff": compact(started.corrupted_diff),
+            "clean_diff": compact(started.clean_diff, 7), "corrupted_diff": compact(started.corrupted_diff, 7),
             "differ": list(started.differ), "titles": MAP_TITLES,
             "maps": [{"kind": kind, "rows": [numbers(row, 4) for row in v.tolist()],
                       "seconds": compact(seconds[kind], 3)} for kind, v in values.items()],
@@ -51,7 +51,8 @@ let h='',notes=[];S.maps.forEach(M=>{const R=M.rows;let done=0,best=null;
   if(v!=null&&(best==null||v>best))best=v;h+=v==null?'<td></td>':'<td style="background:'+
   ramp(S.stops,(Math.max(-1,Math.min(1,v))+1)/2)+'" title="'+esc(S.titles[M.kind])+' · block '+b+' · position '+p+
   ' '+esc(tick(p))+' · recovered '+v+'"></td>';});h+='</tr>';}
- h+='<tr><th>block</th>'+C.map((_,p)=>'<th class="tk">'+esc(tick(p).slice(0,5))+'</th>').join('')+'</tr></table></div></div>';
+ h+='<tr><th>block</th>'+C.map((_,p)=>'<th class="tk">'+esc(tick(p).slice(0,5))+'</th>').join('')+
+  '</tr></table></div></div>';
  notes.push(S.titles[M.kind]+': '+done+'/'+R.length+' blocks, '+M.seconds.toFixed(1)+' s, most recovered '+
   (best==null?'nan':best.toFixed(2)));});
 document.getElementById('patch-maps').innerHTML=h;

@@ -21,18 +21,18 @@ def salience_data(events: list[Any]) -> dict[str, Any] | None:
     for e in events:
         if isinstance(e, SalienceMap):
             step = steps.setdefault(e.step, {"step": e.step, "maps": {}, "agreement": None})
-            step.update(target=visible_token_text(e.target_text), logprob=compact(e.target_logprob),
+            step.update(target=visible_token_text(e.target_text), logprob=compact(e.target_logprob, 7),
                         baseline=e.baseline)
-            gap = e.figures.get("completeness_gap")
-            expected = e.figures.get("expected_sum")
-            warn = (gap is not None and expected is not None
-                    and abs(gap) > COMPLETENESS_SHARE * max(abs(expected), 1e-6))
+            gap, expected = e.figures.get("completeness_gap"), e.figures.get("expected_sum")
+            warned = None
+            if gap is not None and expected is not None and abs(gap) > COMPLETENESS_SHARE * max(abs(expected), 1e-6):
+                warned = [compact(e.figures["sum"], 7), compact(expected, 7), compact(gap, 7)]
             step["maps"][e.method] = {
-                "tokens": [visible_token_text(t) for t in e.tokens], "scores": numbers(e.scores, 4),
+                "tokens": [visible_token_text(t) for t in e.tokens], "scores": numbers(e.scores, 7),
                 "prompt": e.prompt_tokens, "detail": e.detail, "seconds": compact(e.seconds, 2),
-                "warn": [compact(e.figures["sum"], 4), compact(expected, 4), compact(gap, 4)] if warn else None}
+                "warn": warned}
         elif isinstance(e, SalienceAgreement) and e.step in steps:
-            steps[e.step]["agreement"] = {"pairs": [list(p) for p in e.pairs], "rho": numbers(e.rho, 4)}
+            steps[e.step]["agreement"] = {"pairs": [list(p) for p in e.pairs], "rho": numbers(e.rho, 7)}
     if not steps:
         return None
     return {"steps": [steps[k] for k in sorted(steps)], "titles": METHOD_TITLES, "below": DISAGREE_BELOW,

@@ -30,19 +30,20 @@ def steering_data(events: list[Any]) -> dict[str, Any] | None:
     for i, v in enumerate(started.vectors):
         span = state.relative_range(v.strength, i)
         vectors.append({"name": v.name or v.source, "method": v.method, "strength": v.strength,
-                        "blocks": list(v.layers), "relative": None if span is None else numbers(span, 3),
+                        "blocks": list(v.layers), "relative": None if span is None else numbers(span, 5),
                         "map": [numbers(row, 4) for row in state.projection_map(i).tolist()]})
     changes = {c.token for c in state.changes}
     tokens = [[visible_token_text(t.text) if t.text is not None else "…", format_strengths(t.steer.strengths),
-               *numbers((t.steer.steered_prob, t.steer.unsteered_prob, t.steer.kl), 5), int(k in changes)]
+               *numbers((t.steer.steered_prob, t.steer.unsteered_prob, t.steer.kl), 7), int(k in changes)]
               for k, t in enumerate(state.tokens)]
     norms = state.norms
     mean_kl, perplexity = state.mean_kl(), state.unsteered_perplexity()
     return {"vectors": vectors, "layers": list(started.layers), "compare": state.compared, "tokens": tokens,
-            "norms": None if norms is None else {"layers": list(norms.layers), "values": numbers(norms.residual_norms),
+            "norms": None if norms is None else {"layers": list(norms.layers),
+                                                 "values": numbers(norms.residual_norms, 7),
                                                  "positions": norms.positions},
-            "mean_kl": None if mean_kl is None else compact(mean_kl),
-            "perplexity": None if perplexity is None else compact(perplexity),
+            "mean_kl": None if mean_kl is None else compact(mean_kl, 7),
+            "perplexity": None if perplexity is None else compact(perplexity, 7),
             "target_only": started.target_only, "stops": [NEGATIVE, ZERO, POSITIVE], "change": CHANGE_COLOR}
 
 
@@ -55,8 +56,10 @@ let h='<b>Steering</b>';S.vectors.forEach(v=>{const b=v.blocks.length>1?'blocks 
  '× ‖h‖ at its blocks':'')+' on '+b;});
 h+=' · '+n+' tokens';const head=document.getElementById('steer-head');head.innerHTML=h;head.title=S.target_only;
 let m='';S.vectors.forEach((v,vi)=>{const M=v.map;let top=0;M.forEach(r=>r.forEach(x=>{if(x!=null&&Math.abs(x)>top)
- top=Math.abs(x);}));top=top||1;
- m+='<div class="note">read along <b>'+esc(v.name)+'</b> (scale ±'+top.toPrecision(2)+')</div><div class="wide">'+
+ top=Math.abs(x);}));
+ // as the view's colour scale: the largest |projection| rounded up to 2 significant digits
+ if(top>0){const sc=Math.pow(10,Math.floor(Math.log10(top))-1);top=Math.ceil(top/sc)*sc;}else top=1;
+ m+='<div class="note">read along <b>'+esc(v.name)+'</b> (scale ±'+(+top.toPrecision(2))+')</div><div class="wide">'+
  '<table class="heat steer-map" data-vector="'+vi+'">';
  for(let l=M.length-1;l>=0;l--){m+='<tr><th>block '+S.layers[l]+'</th>';M[l].forEach((x,k)=>{
   const ch=T[k]&&T[k][5]?' style="border-left:2px solid '+S.change+'"':'';
@@ -66,8 +69,9 @@ let m='';S.vectors.forEach((v,vi)=>{const M=v.map;let top=0;M.forEach(r=>r.forEa
  m+='<tr><th></th>'+T.map(t=>'<th class="tk">'+esc(t[0].slice(0,3))+'</th>').join('')+'</tr></table></div>';});
 document.getElementById('steer-map').innerHTML=m;
 const pc=v=>v==null?'—':pct(v);
-let t='<div class="wide"><table class="num steer-table"><tr><th>#</th><th>token</th><th>strength</th><th>p steered</th>'+
- '<th>p unsteered</th><th>KL (nats)</th></tr>';T.forEach((r,k)=>{t+='<tr><td>'+k+'</td><td>'+esc(r[0])+'</td><td'+
+let t='<div class="wide"><table class="num steer-table"><tr><th>#</th><th>token</th><th>strength</th>'+
+ '<th>p steered</th><th>p unsteered</th><th>KL (nats)</th></tr>';
+T.forEach((r,k)=>{t+='<tr><td>'+k+'</td><td>'+esc(r[0])+'</td><td'+
  (r[5]?' style="color:'+S.change+'" title="live strength change"':'')+'>'+esc(r[1])+'</td><td>'+pc(r[2])+'</td><td>'+
  pc(r[3])+'</td><td>'+(r[4]==null?'—':r[4].toFixed(4))+'</td></tr>';});
 document.getElementById('steer-table').innerHTML=t+'</table></div>';

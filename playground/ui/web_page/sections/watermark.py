@@ -33,6 +33,18 @@ def mark_colour(scored: bool, colour: float, synthid: bool) -> str:
     return f"rgba({r},{g},{b},{ALPHA / 255:.3f})"
 
 
+def split_text(synthid: bool, n_low: int, low: float, n_high: int, high: float) -> str:
+    """The view's words for the scored tokens' colour below and above the entropy split (its own number format)."""
+    if not (n_low or n_high):
+        return ""
+
+    def share(n: int, v: float) -> str:
+        return f"{v:.0%} of {n}" if n else "none"
+
+    return (f"{'mean g' if synthid else 'green'}: {share(n_low, low)} below {LOW_ENTROPY_BITS:g} bits of entropy, "
+            f"{share(n_high, high)} at or above (low-entropy tokens carry little of the signal)")
+
+
 def watermark_data(events: list[Any]) -> dict[str, Any] | None:
     if not any(isinstance(e, WatermarkStarted) for e in events):
         return None
@@ -43,20 +55,19 @@ def watermark_data(events: list[Any]) -> dict[str, Any] | None:
     assert isinstance(started, WatermarkStarted)
     synthid = started.scheme != "kirchenbauer"
     tokens = [[flowing_token_text(t.text or "") or "·", t.mark.step, mark_colour(t.mark.scored, t.mark.colour, synthid),
-               int(t.mark.scored), compact(t.mark.colour, 3), "".join(map(str, t.mark.g_values)),
-               *numbers((t.mark.z_score, t.mark.entropy, t.mark.kl))] for t in state.tokens]
+               int(t.mark.scored), compact(t.mark.colour, 7), "".join(map(str, t.mark.g_values)),
+               *numbers((t.mark.z_score, t.mark.entropy, t.mark.kl), 7)] for t in state.tokens]
     last = state.last
     verdict = None
     if last is not None and math.isfinite(last.z_score):
-        verdict = {"z": compact(last.z_score, 4), "p": f"{last.p_value:.2e}", "count": last.count,
+        verdict = {"z": compact(last.z_score, 7), "p": f"{last.p_value:.2e}", "count": last.count,
                    "detected": last.z_score > state.threshold}
     (n_low, low), (n_high, high) = state.split_by_entropy(LOW_ENTROPY_BITS)
     kl = state.mean_kl()
     return {"scheme": started.scheme, "summary": started.summary, "threshold": started.threshold,
             "colours": [GREEN, RED, UNSCORED], "tokens": tokens, "verdict": verdict,
-            "kl": None if kl is None else compact(kl, 4),
-            "split": [[n_low, None if math.isnan(low) else compact(low, 3)],
-                      [n_high, None if math.isnan(high) else compact(high, 3)]], "bits": LOW_ENTROPY_BITS}
+            "kl": None if kl is None else compact(kl, 7),
+            "split": split_text(synthid, n_low, low, n_high, high)}
 
 
 SCRIPT = CHART_JS + r"""
@@ -65,9 +76,7 @@ let h='<b>'+(syn?'SynthID-Text':'green lists (Kirchenbauer et al.)')+'</b>: '+es
 if(V)h+=' · <span id="wm-verdict">z = <b>'+V.z.toFixed(2)+'</b> (threshold '+S.threshold+'), p = '+V.p+' over '+
  V.count+' scored tokens: <b>'+(V.detected?'watermarked':'not (yet) detected')+'</b></span>';
 if(S.kl!=null)h+=' · mean KL(watermarked ‖ model) = '+S.kl.toFixed(3)+' nats/token';
-const share=([n,v])=>n?Math.round(100*v)+'% of '+n:'none';
-if(S.split[0][0]||S.split[1][0])h+=' · '+(syn?'mean g':'green')+': '+share(S.split[0])+' below '+S.bits+
- ' bits of entropy, '+share(S.split[1])+' at or above (low-entropy tokens carry little of the signal)';
+if(S.split)h+=' · '+esc(S.split);
 document.getElementById('wm-head').innerHTML=h;
 document.getElementById('wm-legend').innerHTML=syn?swatch(S.colours[1],'mean g-value 0')+swatch(S.colours[0],
  'mean g-value 1')+swatch(S.colours[2],'not scored'):swatch(S.colours[0],'green')+swatch(S.colours[1],'red')+
