@@ -45,8 +45,8 @@ function chart(o){const n=Math.max(1,o.n),w=Math.max(300,Math.min(960,(o.px||22)
    '" height="'+Math.max(0.5,Math.abs(y1-y0))+'" fill="'+c+'"><title>'+esc(p[2])+'</title></rect>';}
    else g+='<circle class="'+cls+'" cx="'+X(p[0]+off)+'" cy="'+Y(p[1])+'" r="'+(s.r||3)+'" fill="'+c+
     '"><title>'+esc(p[2])+'</title></circle>';});});
- const every=Math.max(1,Math.ceil(n*34/w));(o.labels||[]).forEach((t,k)=>{if(k%every)return;
-  g+='<text x="'+X(k)+'" y="'+(T+h+13)+'" font-size="10" text-anchor="middle">'+esc(String(t).slice(0,6))+'</text>';});
+ const every=Math.max(1,Math.ceil(n*40/w));(o.labels||[]).forEach((t,k)=>{if(k%every)return;
+  g+='<text x="'+X(k)+'" y="'+(T+h+13)+'" font-size="10" text-anchor="middle">'+esc(String(t).slice(0,5))+'</text>';});
  return '<div class="fig">'+g+'</svg>'+(o.xlabel?'<div class="cap">'+o.xlabel+'</div>':'')+'</div>';}
 // a swatch: a coloured box and its words
 const swatch=(c,t)=>'<span class="sw" style="background:'+c+'"></span>'+t;
@@ -60,4 +60,5 @@ CHART_STYLE = (".chart{max-width:100%;height:auto;display:block}.fig{flex:1 1 30
                ".heat th{font-weight:normal;color:#555;padding:0 4px;text-align:right;white-space:nowrap}"
                ".heat thead th{text-align:center;padding:0 1px;font-size:10px}"
                ".note{color:#555;font-size:.9em;margin:4px 0}.num td{padding:1px 8px;text-align:right}"
-               ".num td:nth-child(2){text-align:left}")
+               ".num td:nth-child(2){text-align:left}.num{font-size:.9em}"
+               "@media (max-width:600px){.num td,.num th{padding:1px 3px}.num{font-size:.8em}}")
