@@ -66,6 +66,13 @@ def test_why_not_a_candidate_then_open_a_layer_to_its_heads(qtbot, window):
     run = w.session.selected
     assert run is not None and run.finished is not None and len(run.steps) > STEP
 
+    # A later step attributed first (the Attribute button): the step asked for below is not the newest in the list.
+    dla = w.views["dla"]
+    dla.ask_step.setMaximum(len(run.steps) - 1)
+    dla.ask_step.setValue(len(run.steps) - 1)
+    dla.ask_button.click()
+    qtbot.waitUntil(lambda: not w.busy, timeout=30000)
+
     # The tokens view's chart of the step: a right-click on a candidate that is not the runner-up.
     tokens = w.views["tokens"]
     w.docks["tokens"].raise_()
@@ -86,10 +93,9 @@ def test_why_not_a_candidate_then_open_a_layer_to_its_heads(qtbot, window):
     why.trigger()
     qtbot.waitUntil(lambda: not w.busy, timeout=30000)
 
-    dla = w.views["dla"]
     assert dla.isVisible()  # brought to the front
     assert dla.ask_step.value() == STEP and dla.against_choice.currentData() == against
-    assert dla.step_choice.currentData() == STEP
+    assert dla.step_choice.count() == 2 and dla.step_choice.currentData() == STEP
     ids = list(run.started.prompt_token_ids) + [s.token_id for s in run.steps[:STEP]]
     difference, heads = by_hand(w.lm.model, ids, len(run.started.prompt_token_ids) + STEP - 1, step.token_id,
                                 against)
