@@ -62,10 +62,11 @@ def attribution_rows(a: LogitAttribution, expanded: set[int]) -> list[Row]:
             continue
         for h, value in enumerate(heads):
             share = f" ({value / attention:.0%} of the layer's attention)" if abs(attention) > 1e-9 else ""
-            rows.append(Row(i, h, f"   L{i + 1} H{h}", value, None,
+            branch = "└" if h == len(heads) - 1 and not bias else "├"
+            rows.append(Row(i, h, f"{branch} H{h}", value, None,
                             f"Layer {i + 1}, head {h}: {value:+.6f} logits of {pair}{share}"))
         if bias:
-            rows.append(Row(i, -1, f"   L{i + 1} bias", bias, None,
+            rows.append(Row(i, -1, "└ bias", bias, None,
                             f"Layer {i + 1}, the attention output's bias: {bias:+.6f} logits of {pair}"))
     return rows
 
@@ -86,19 +87,18 @@ class LayerBars(pg.PlotWidget):
         item.setMouseEnabled(x=False, y=False)
         item.invertY(True)
         item.showGrid(x=True, y=False, alpha=0.3)
-        item.setLabel("bottom", "share of A − B (logits)")
+        swatch = "<span style='color:{}'>■</span> {}".format
+        item.setLabel("bottom", "share of A − B (logits): " + " &nbsp; ".join(
+            swatch(color, name) for color, name in ((RAW_COLOR, "attention"), (PROCESSED_COLOR, "MLP"),
+                                                    (HEAD_COLOR, "a head"), (BIAS_COLOR, "attention bias"))))
         left = item.getAxis("left")
         left.setStyle(tickFont=QFont("DejaVu Sans Mono", 8))
         left.setWidth(78)
         for side in ("left", "bottom"):
             item.getAxis(side).enableAutoSIPrefix(False)
-        item.addLegend(offset=(-4, 4), colCount=3)
-        self.attn_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=RAW_COLOR, pen=pg.mkPen(None),
-                                         name="attention")
-        self.mlp_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=PROCESSED_COLOR, pen=pg.mkPen(None),
-                                        name="MLP")
-        self.head_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=HEAD_COLOR, pen=pg.mkPen(None),
-                                         name="head")
+        self.attn_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=RAW_COLOR, pen=pg.mkPen(None))
+        self.mlp_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=PROCESSED_COLOR, pen=pg.mkPen(None))
+        self.head_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=HEAD_COLOR, pen=pg.mkPen(None))
         self.bias_bars = pg.BarGraphItem(x0=[], y=[], width=[], height=[], brush=BIAS_COLOR, pen=pg.mkPen(None))
         for bars in (self.attn_bars, self.mlp_bars, self.head_bars, self.bias_bars):
             item.addItem(bars)

@@ -108,6 +108,7 @@ class DlaView(View):
         self.ask_button.setToolTip("Split this step's logit difference (its token over the runner-up) by layer and "
                                    "head: one extra forward pass of the loaded model")
         self.against_choice = QComboBox()
+        self.against_choice.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.against_choice.setToolTip("The alternative B: the runner-up, or any candidate the step recorded")
         self.ask_step.valueChanged.connect(lambda _v: self._fill_against())
         self.ask_button.clicked.connect(lambda: self.attribution_requested.emit(

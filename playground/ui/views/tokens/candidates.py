@@ -303,7 +303,7 @@ class CandidatesPanel(QWidget):
             + (f"<span style='color:{FORBIDDEN_COLOR}'>{FORBIDDEN_MARK} <s>struck</s> = "
                f"{forbidden_reason(self.constraint)}</span>"
                " &nbsp; " if self.constraint is not None else "")
-            + "<i>double-click a bar to continue from that token; right-click it: why not it?</i>")
+            + "<i>double-click: continue from it; right-click: why not it?</i>")
 
     def set_constraint(self, kind: str | None) -> None:
         """The shown run's constraint kind (None: none): the legend says what a struck candidate is."""
