@@ -61,7 +61,7 @@ def attribution_rows(a: LogitAttribution, expanded: set[int]) -> list[Row]:
         if i not in expanded:
             continue
         for h, value in enumerate(heads):
-            share = f" ({value / attention:.0%} of the layer's attention)" if abs(attention) > 1e-9 else ""
+            share = f" (the layer's attention: {attention:+.6f})"  # a share in % misleads where heads cancel
             branch = "└" if h == len(heads) - 1 and not bias else "├"
             rows.append(Row(i, h, f"{branch} H{h}", value, None,
                             f"Layer {i + 1}, head {h}: {value:+.6f} logits of {pair}{share}"))
