@@ -104,12 +104,12 @@ def test_attributions_are_kept_with_the_saved_run_and_drawn(qtbot, events):
     assert view.applies_to(run)
     view.show_run(run)
     assert view.step_choice.count() == 2 and view.step_choice.currentData() == 2
-    heights = list(view.attn_bars.opts["height"])
+    heights = list(view.bars.attn_bars.opts["width"])
     assert heights == list(attributed[1].attention)
     assert f"{attributed[1].difference:+.3f}" in view.summary.text()
     assert "flowing" in view.quadrant_note.text() and "H &lt; 0.1" in view.quadrant_note.text()
     view.step_choice.setCurrentIndex(0)
-    assert list(view.mlp_bars.opts["height"]) == list(attributed[0].mlp)
+    assert list(view.bars.mlp_bars.opts["width"]) == list(attributed[0].mlp)
     asked = []
     view.attribution_requested.connect(lambda step, against: asked.append((step, against)))
     view.ask_step.setValue(3)
@@ -121,7 +121,7 @@ def test_attributions_are_kept_with_the_saved_run_and_drawn(qtbot, events):
     view.ask_button.click()
     assert asked == [(3, -1), (3, offered[2])]
     view.reset()
-    assert view.step_choice.count() == 0 and not view.attn_bars.opts["height"]
+    assert view.step_choice.count() == 0 and not view.bars.attn_bars.opts["width"]
 
 
 def test_a_steering_vector_is_its_own_component():

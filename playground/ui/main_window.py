@@ -104,6 +104,7 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
         self.views, self.docks = window_layout.view_docks(self)
         for view in self.views.values():
             view.branch_requested.connect(self.branch)
+            view.why_requested.connect(self.explain_alternative)
             if view.picks_tokens:  # a view that lets the user pick a waiting step's token
                 picker = cast(Any, view)  # it has the signals the flag promises (views.base.View.picks_tokens)
                 picker.choice_made.connect(self._answer_choice)
@@ -263,6 +264,16 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
         """The steering view's slider moved: the running run's next token uses ``strength`` (every vector's)."""
         if self.live_strength is not None:
             self.live_strength.set(strength)
+
+    def explain_alternative(self, step: int, against: int) -> None:
+        """A view asked why the selected run chose its token at ``step`` and not ``against``: the view that explains
+        it (the "why this token" view) shows it, and comes to the front."""
+        for name, view in self.views.items():
+            if view.explain_alternative(step, against):
+                self.docks[name].show()
+                self.docks[name].raise_()
+                return
+        self.banner.show_info("No view here explains a step's token against another.")
 
     def branch(self, step: int, token_id: int) -> None:
         """Continue the selected run from ``step`` with ``token_id`` instead of what it chose."""

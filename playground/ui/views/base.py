@@ -70,6 +70,9 @@ class View(QWidget):
     explains_steps: ClassVar[bool] = False
 
     branch_requested = Signal(int, int)  # step, token id: continue the shown run from there
+    # step, token id: "why did the run choose its token at this step and not that one?" The window hands it to the
+    # view that explains it (``explain_alternative``) and brings that view to the front.
+    why_requested = Signal(int, int)
 
     def applies_to(self, run: Run) -> bool:
         """Whether this view has something to show for ``run``: its strategy yields (or it holds) our events."""
@@ -78,6 +81,11 @@ class View(QWidget):
         if strategy is not None:
             kinds.update(strategy.step_events)
         return any(issubclass(kind, self.consumes) for kind in kinds)
+
+    def explain_alternative(self, step: int, against: int) -> bool:
+        """Show why the shown run chose its token at ``step`` and not the token ``against`` (a ``why_requested``
+        from another view); True where this view does (the window then brings it to the front)."""
+        return False
 
     def remote_note(self, run: Run) -> str:
         """What this view can still say about a server's run it cannot draw (e.g. the server's own KV figures)."""

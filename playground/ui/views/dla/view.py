@@ -5,9 +5,11 @@ token over its alternative.
   coloured by its entropix quadrant (thresholds in the legend).
 - Commitment strip (runs recorded with the lens): per emitted token, the first layer from which the lens keeps it
   at top-1 (top row) and within its top 5 (bottom row), dark = early, yellow = late, grey = never.
-- Logit attribution (steps attributed: ``--attribute-steps`` or the Attribute button): the chosen step's logit
-  difference A − B split over each layer's attention (blue) and MLP (orange) output, the heads as a heat map below,
-  and beside them the running sum across layers against the logit lens's own difference of the same pair.
+- Logit attribution (steps attributed: ``--attribute-steps``, the Attribute button, or a candidate's "Why this and
+  not it?" in the tokens view): the chosen step's logit difference A − B split over each layer's attention (blue)
+  and MLP (orange) output, one row per layer; click a layer to open its heads beneath it (``layers.LayerBars``).
+  Beside them the running sum across layers against the logit lens's own difference of the same pair; below, every
+  head at once as a heat map (click a layer's column to open its heads above).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from playground.events import Event, LayerStep, TokenStep
 from playground.events.dla import LogitAttribution
 from playground.state import Run, visible_token_text
 from playground.state.dla import ATTRIBUTION, COMMITMENT, QUADRANTS, UNCERTAINTY, DlaFold
-from playground.ui.style import PROCESSED_COLOR, RAW_COLOR
+from playground.ui.style import RAW_COLOR
 from playground.ui.views import register_view
 from playground.ui.views.base import View
+from playground.ui.views.dla.layers import LayerBars
 from playground.ui.views.drawing import ThrottledDraw
 
 QUADRANT_COLORS = {"flowing": "#009988", "careful": "#0077BB", "forks": "#EE7733", "mist": "#CC3311",
@@ -105,6 +108,7 @@ class DlaView(View):
         self.ask_button.setToolTip("Split this step's logit difference (its token over the runner-up) by layer and "
                                    "head: one extra forward pass of the loaded model")
         self.against_choice = QComboBox()
+        self.against_choice.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.against_choice.setToolTip("The alternative B: the runner-up, or any candidate the step recorded")
         self.ask_step.valueChanged.connect(lambda _v: self._fill_against())
         self.ask_button.clicked.connect(lambda: self.attribution_requested.emit(
@@ -113,15 +117,9 @@ class DlaView(View):
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
 
-        self.bars = pg.PlotWidget()
-        self.bars.setLabel("left", "A − B (logits)")
-        self.bars.setLabel("bottom", "layer")
-        self.bars.showGrid(x=False, y=True, alpha=0.3)
-        self.bars.addLegend(offset=(8, 4))  # top left: the early layers' bars are short
-        self.attn_bars = pg.BarGraphItem(x=[], height=[], width=0.4, brush=RAW_COLOR, name="attention")
-        self.mlp_bars = pg.BarGraphItem(x=[], height=[], width=0.4, brush=PROCESSED_COLOR, name="MLP")
-        for item in (self.attn_bars, self.mlp_bars):
-            self.bars.addItem(item)
+        self.bars = LayerBars()
+        self.bars.setToolTip("")
+        self.bars.toggled.connect(lambda _layer: self._fit_content())
 
         self.running = pg.PlotWidget()
         self.running.setLabel("left", "A − B so far")
@@ -132,16 +130,19 @@ class DlaView(View):
                                                name="running sum (frozen norm)")
         self.lens_curve = self.running.plot([], [], pen=pg.mkPen(RAW_COLOR, width=2, style=Qt.PenStyle.DashLine),
                                             name="logit lens")
-        self.running.setXLink(self.bars)
 
         self.heads = pg.PlotWidget()
         self.heads.setLabel("left", "head")
         self.heads.setLabel("bottom", "layer")
         self.heads_image = pg.ImageItem(axisOrder="row-major")
         self.heads.addItem(self.heads_image)
-        self.heads.setTitle("Each head's share of A − B (red raises A, blue raises B)", size="9pt")
+        self.heads.setTitle("Each head's share of A − B (red raises A, blue raises B; click a layer: its heads above)",
+                            size="9pt")
         self.heads_bar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get("CET-D1"), interactive=False)
         self.heads_bar.setImageItem(self.heads_image, insert_in=self.heads.getPlotItem())
+        self.heads.getPlotItem().setMenuEnabled(False)
+        self.heads.getPlotItem().setMouseEnabled(x=False, y=False)
+        self.heads.scene().sigMouseClicked.connect(self._heads_clicked)
 
         ask = QHBoxLayout()
         ask.addWidget(QLabel("Attributed step"))
@@ -151,15 +152,14 @@ class DlaView(View):
         ask.addWidget(self.against_choice)
         ask.addWidget(self.ask_button)
         charts = QHBoxLayout()
-        charts.addWidget(self.bars, 3)
+        charts.addWidget(self.bars, 3, Qt.AlignmentFlag.AlignTop)
         charts.addWidget(self.running, 2)
-        for plot, least in ((self.uncertainty, 110), (self.commitment, 100), (self.bars, 150), (self.running, 150),
-                            (self.heads, 110)):
+        for plot, least in ((self.uncertainty, 110), (self.commitment, 100), (self.running, 150), (self.heads, 110)):
             # the word-wrapped labels make the scroll area size its content by height-for-width, which would
             # add up the plots' preferred 480-600 px: a plot takes the room it is given, at least ``least``
             plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Ignored)
             plot.setMinimumHeight(least)
-        content = QWidget()
+        self.content = content = QWidget()
         content.setMinimumHeight(CONTENT_HEIGHT)  # below it the dock scrolls: the plots keep room for their axes
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -178,7 +178,9 @@ class DlaView(View):
         layout.addWidget(self.summary)
         layout.addLayout(charts, 3)
         layout.addWidget(self.heads, 2)
-        self._shown: list[int] = []
+        self._shown: list[tuple[int, int]] = []  # the steps in the step list, with their alternatives
+        self._wanted: int | None = None  # the step asked for from another view: shown when its attribution comes
+        self._against_step = -1  # the step whose alternatives the "over" list holds
         self._pending: set[str] = set()  # parts changed and not drawn yet
         self._live = ThrottledDraw(self, LIVE_DRAW_MS, self._draw_pending)
         self.reset()
@@ -187,8 +189,31 @@ class DlaView(View):
     def applies_to(self, run: Run) -> bool:
         return super().applies_to(run) or any(isinstance(e, TokenStep) for e in run.steps[:1])
 
+    def explain_alternative(self, step: int, against: int) -> bool:
+        """The step and alternative picked in another view (a candidate's "Why this and not it?"): shown at once when
+        the run holds that attribution, else asked for (``attribution_requested``: the window's Attribute job)."""
+        self._wanted = step
+        if self.run is not None:  # a view behind another has not drawn the run's steps (nor set the range) yet
+            self.ask_step.setMaximum(max(self.ask_step.maximum(), len(self.run.steps) - 1))
+        self.ask_step.setValue(step)
+        self._fill_against()
+        index = self.against_choice.findData(against)
+        if index < 0:
+            self.against_choice.addItem(f"token {against}", against)
+            index = self.against_choice.count() - 1
+        self.against_choice.setCurrentIndex(index)
+        have = self.state.attributions.get(step)
+        if have is not None and have.against_id == against:
+            self._draw_pending()
+            self._draw_choices()
+        else:
+            self.attribution_requested.emit(step, against)
+        return True
+
     def reset(self) -> None:
         self.run = None
+        self._wanted = None
+        self.bars.expanded.clear()
         self._live.cancel()
         self._pending = set()
         self.state.reset()
@@ -272,6 +297,9 @@ class DlaView(View):
         """The alternatives offered for the asked step: the runner-up, then the step's recorded candidates."""
         steps = self.run.steps if self.run is not None else []
         step = self.ask_step.value()
+        kept = self.against_choice.currentData() if step == self._against_step else None  # a redraw keeps the pick
+        self._against_step = step
+        self.against_choice.blockSignals(True)
         self.against_choice.clear()
         self.against_choice.addItem("the runner-up", -1)
         if step < len(steps):
@@ -279,6 +307,8 @@ class DlaView(View):
             for c in steps[step].candidates:
                 if c.token_id != chosen:
                     self.against_choice.addItem(f"'{visible_token_text(c.text)}' ({c.raw_prob:.1%})", c.token_id)
+        self.against_choice.setCurrentIndex(max(0, self.against_choice.findData(kept)) if kept is not None else 0)
+        self.against_choice.blockSignals(False)
 
     def _draw_commitment(self) -> None:
         s = self.state
@@ -296,25 +326,48 @@ class DlaView(View):
         self.commitment_bar.setLevels((1, max(2, s.layers)))
 
     def _draw_choices(self) -> None:
-        steps = sorted(self.state.attributions)
-        if steps != self._shown:
-            self._shown = steps
+        attributions = self.state.attributions
+        shown = [(step, attributions[step].against_id) for step in sorted(attributions)]
+        wanted = self._wanted if self._wanted in attributions else None
+        if shown != self._shown or wanted is not None:
             self.step_choice.blockSignals(True)
-            self.step_choice.clear()
-            for step in steps:
-                a = self.state.attributions[step]
-                self.step_choice.addItem(f"step {step}: '{visible_token_text(a.token_text)}' over "
-                                         f"'{visible_token_text(a.against_text)}'", step)
-            self.step_choice.setCurrentIndex(len(steps) - 1 if steps else -1)
+            if shown != self._shown:
+                self._shown = shown
+                self.step_choice.clear()
+                for step, _against in shown:
+                    a = attributions[step]
+                    self.step_choice.addItem(f"step {step}: '{visible_token_text(a.token_text)}' over "
+                                             f"'{visible_token_text(a.against_text)}'", step)
+                self.step_choice.setCurrentIndex(len(shown) - 1 if shown else -1)
+            if wanted is not None:  # asked for from another view: show it, not the newest
+                self.step_choice.setCurrentIndex(self.step_choice.findData(wanted))
+                self._wanted = None
             self.step_choice.blockSignals(False)
         self._draw_attribution()
+
+    def _fit_content(self) -> None:
+        """The content as tall as the layer chart needs (its open heads add rows): the dock scrolls."""
+        self.content.setMinimumHeight(CONTENT_HEIGHT + max(0, self.bars.needed_height() - 150))
+
+    def _heads_clicked(self, event) -> None:
+        """A click on the heat map's column of a layer opens that layer's heads in the bars above."""
+        a = self.bars.attribution
+        view = self.heads.getPlotItem().getViewBox()
+        if a is None or event.button() != Qt.MouseButton.LeftButton:
+            return
+        if not view.sceneBoundingRect().contains(event.scenePos()):
+            return
+        layer = round(view.mapSceneToView(event.scenePos()).x()) - 1
+        if 0 <= layer < len(a.attention):
+            event.accept()
+            self.bars.expand(layer)
 
     def _draw_attribution(self) -> None:
         step = self.step_choice.currentData()
         a = self.state.attributions.get(step) if step is not None else None
+        self.bars.show_attribution(a)
+        self._fit_content()
         if a is None:
-            self.attn_bars.setOpts(x=[], height=[])
-            self.mlp_bars.setOpts(x=[], height=[])
             self.running_curve.setData([], [])
             self.lens_curve.setData([], [])
             self.heads_image.clear()
@@ -323,8 +376,6 @@ class DlaView(View):
                                  "Attribute (the loaded model reads the run once more).")
             return
         layers = np.arange(1, len(a.attention) + 1, dtype=float)
-        self.attn_bars.setOpts(x=layers - 0.2, height=list(a.attention))
-        self.mlp_bars.setOpts(x=layers + 0.2, height=list(a.mlp))
         self.running_curve.setData(layers, list(a.running))
         self.lens_curve.setData(layers, list(a.lens))
         heads = np.array(a.heads, dtype=float).T  # [heads, layers]

@@ -16,7 +16,7 @@ import time
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPen
-from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QMenu, QSizePolicy, QVBoxLayout, QWidget
 
 from playground.events import TokenStep
 from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
@@ -246,9 +246,11 @@ def _axis_label(row: ChartRow, character: str | None = None, forbidden: bool = F
 
 
 class CandidatesPanel(QWidget):
-    """``show_step(step)`` draws a step; ``reset()`` empties it. Double-click a bar to branch from it."""
+    """``show_step(step)`` draws a step; ``reset()`` empties it. Double-click a bar to branch from it; right-click it
+    for its menu: why the step's token and not this one (``why_requested``), or continue from it."""
 
     branch_requested = Signal(int, int)  # step, token id
+    why_requested = Signal(int, int)  # step, token id: why the step chose its token and not this candidate
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -256,6 +258,7 @@ class CandidatesPanel(QWidget):
         self.rows: list[ChartRow] = []
         self.total_steps = 0
         self._last_click: tuple[int | None, float] = (None, 0.0)
+        self.menu: QMenu | None = None  # the last candidate's right-click menu
 
         self.header = rich_label(self)
         header_box = LabelBox(self.header, self)  # redrawn several times a second while a run streams
@@ -340,7 +343,7 @@ class CandidatesPanel(QWidget):
             + (f"<span style='color:{FORBIDDEN_COLOR}'>{FORBIDDEN_MARK} <s>struck</s> = "
                f"{forbidden_reason(self.constraint)}</span>"
                " &nbsp; " if self.constraint is not None else "")
-            + "<i>double-click a bar to continue from that token</i>")
+            + "<i>double-click: continue from it; right-click: why not it?</i>")
 
     def set_constraint(self, kind: str | None) -> None:
         """The shown run's constraint kind (None: none): the legend says what a struck candidate is."""
@@ -504,9 +507,17 @@ class CandidatesPanel(QWidget):
         return row if 0 <= row < len(self.rows) else None
 
     def _on_click(self, event) -> None:
-        if self.step is None or event.button() != Qt.MouseButton.LeftButton:
+        if self.step is None:
             return
         row = self.row_at_scene(event.scenePos())
+        if event.button() == Qt.MouseButton.RightButton:
+            menu = self.candidate_menu(row) if row is not None else None
+            if menu is not None:
+                event.accept()
+                menu.popup(event.screenPos().toPoint())
+            return
+        if event.button() != Qt.MouseButton.LeftButton:
+            return
         now = time.monotonic()
         # A second click on the same row counts as a double-click whether or not the scene flagged it.
         double = event.double() or (row is not None and self._last_click[0] == row
@@ -515,6 +526,24 @@ class CandidatesPanel(QWidget):
         if double and row is not None:
             self._last_click = (None, 0.0)
             self.request_branch(row)
+
+    def candidate_menu(self, row: int) -> QMenu | None:
+        """The right-click menu of a candidate's row (None for the chosen token's and the rest-of-vocabulary row):
+        "Why <chosen> and not <it>?" and "Continue from <it>"."""
+        target = self.rows[row] if 0 <= row < len(self.rows) else None
+        step = self.step
+        if step is None or target is None or target.token_id is None or target.chosen:
+            return None
+        token_id = target.token_id
+        label = target.label.replace("&", "&&")  # a menu item's "&" marks its shortcut key
+        chosen = visible_token_text(chosen_text(step)).replace("&", "&&")
+        menu = QMenu(self)
+        why = menu.addAction(f"Why '{chosen}' and not '{label}'?")
+        why.setToolTip("The why-this-token view splits this step's logit difference by layer and head")
+        why.triggered.connect(lambda: self.why_requested.emit(step.step, token_id))
+        menu.addAction(f"Continue from '{label}'").triggered.connect(lambda: self.request_branch(row))
+        self.menu = menu
+        return menu
 
     def request_branch(self, row: int) -> None:
         target = self.rows[row]

@@ -105,6 +105,7 @@ class TokensView(View):
         self.token_view.text.unconstrained_requested.connect(self.continue_unconstrained)
         self.token_view.constraint_bar.unconstrained.connect(lambda: self.continue_unconstrained(self.chart_index))
         self.chart.branch_requested.connect(self._chart_pick)
+        self.chart.why_requested.connect(self.why_requested)
         self.step_bar.moved.connect(self._show_waiting)
         self.step_bar.chosen.connect(self._chosen)
         self.step_bar.run_on.connect(self.run_on_requested)
