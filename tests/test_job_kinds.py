@@ -45,8 +45,6 @@ def test_a_job_of_each_kind_runs_and_fails_as_its_kind_says(qtbot, window, monke
     taken: list[tuple[str, object]] = []
     monkeypatch.setattr(w, "_take_model_items", lambda batch: taken.extend(("model", i) for i in batch))
     monkeypatch.setattr(w, "_apply_events", lambda batch: taken.extend(("runs", i) for i in batch))
-    # A salience job's maps join a run already decoded (the shown one), not the live run's events.
-    monkeypatch.setattr(w, "_take_salience_items", lambda batch: taken.extend(("runs", i) for i in batch))
     for name, (whose, stoppable, progress_shown, banner) in EXPECTED.items():
         release = threading.Event()
         taken.clear()
@@ -72,3 +70,21 @@ def test_a_job_of_each_kind_runs_and_fails_as_its_kind_says(qtbot, window, monke
         else:
             assert w.banner.isVisible() and w.banner.kind == "error", name
             assert w.banner.label.text() == f"<b>Error:</b> {banner}"
+
+
+def test_a_job_that_takes_its_own_items_gets_all_of_them(qtbot, window, monkeypatch):
+    """A salience job's maps join a run already decoded (the one it explains), not the live run's events: the job
+    names where its items go when it starts (``take``), whatever its kind would route them to."""
+    w = window
+    elsewhere: list[object] = []
+    monkeypatch.setattr(w, "_take_model_items", elsewhere.extend)
+    monkeypatch.setattr(w, "_apply_events", elsewhere.extend)
+    own: list[object] = []
+
+    def body(should_stop, progress):
+        yield "a map"
+        yield "its agreement"
+
+    w._start_job(body, JobKind.SALIENCE, take=own.extend)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert own == ["a map", "its agreement"] and elsewhere == []

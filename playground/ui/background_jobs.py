@@ -3,11 +3,13 @@ taking its items, progress, failure and end, whether the window is busy, and wha
 
 A part of ``MainWindow``. A job's ``kind`` (``playground.ui.job_kinds.JobKind``) says whose its items are (a run's
 events go to the window's runs, a model job's items to ``ModelChoice``), what its failure says and whether Stop may
-end it. Closing the window lets a job that will not end at once finish detached.
+end it; a job that takes its items itself says so when it starts (``take``: a salience job's maps go into the run
+they explain), so nothing here names the job. Closing the window lets a job that will not end at once finish detached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QObject
@@ -57,7 +59,6 @@ class BackgroundJobs:
         @property
         def has_model(self) -> bool: ...
         def _take_model_items(self, batch: list[Any]) -> None: ...
-        def _take_salience_items(self, batch: list[Any]) -> None: ...
         def _apply_events(self, batch: list[Any]) -> None: ...
         def _run_ended(self, job: GeneratorJob | None) -> None: ...
         def _load_fetched_model(self) -> None: ...
@@ -67,9 +68,11 @@ class BackgroundJobs:
     def busy(self) -> bool:
         return self.job is not None and self.job.is_running()
 
-    def _start_job(self, body: JobBody, kind: JobKind) -> None:
+    def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None) -> None:
+        """Start ``body`` as a job of ``kind``; ``take``: where its items go, for a job that takes them itself
+        (otherwise its kind says: a model job's to ``ModelChoice``, the others' are a run's events)."""
         job = GeneratorJob(body, kind.value, cast(QObject, self))  # the window
-        job.items.connect(self._on_items)
+        job.items.connect(take if take is not None else self._on_items)
         job.progress.connect(self._on_progress)
         job.failed.connect(self._on_failed)
         job.finished.connect(self._on_finished)
@@ -80,8 +83,6 @@ class BackgroundJobs:
     def _on_items(self, batch: list[Any]) -> None:
         if self.job_kind is not None and self.job_kind.model_job:
             self._take_model_items(batch)
-        elif self.job_kind is JobKind.SALIENCE:  # maps of a run already decoded (playground.ui.salience_job)
-            self._take_salience_items(batch)
         else:
             self._apply_events(batch)
 
