@@ -8,7 +8,7 @@ A part of ``MainWindow`` (its attributes and jobs below); the sources themselves
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QSettings
@@ -50,7 +50,7 @@ class ModelChoice:
     steer_build_dialog: SteerBuildDialog | None
 
     if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
-        def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
+        def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None) -> None: ...
         def _update_buttons(self) -> None: ...
 
     @property
