@@ -27,7 +27,8 @@ class AttributionJobs:
         @property
         def lm(self) -> Any: ...
         source: Any
-        def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None) -> None: ...
+        def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
+                       follower: Any = None) -> None: ...
 
     def attribute_step(self, step: int, against: int = -1) -> None:
         """Attribute ``step`` of the selected run (its token over ``against``; -1: the runner-up)."""
