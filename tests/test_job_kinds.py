@@ -45,8 +45,6 @@ def test_a_job_of_each_kind_runs_and_fails_as_its_kind_says(qtbot, window, monke
     taken: list[tuple[str, object]] = []
     monkeypatch.setattr(w, "_take_model_items", lambda batch: taken.extend(("model", i) for i in batch))
     monkeypatch.setattr(w, "_apply_events", lambda batch: taken.extend(("runs", i) for i in batch))
-    # A salience job's maps join a run already decoded (the shown one), not the live run's events.
-    monkeypatch.setattr(w, "_take_salience_items", lambda batch: taken.extend(("runs", i) for i in batch))
     for name, (whose, stoppable, progress_shown, banner) in EXPECTED.items():
         release = threading.Event()
         taken.clear()
@@ -72,3 +70,51 @@ def test_a_job_of_each_kind_runs_and_fails_as_its_kind_says(qtbot, window, monke
         else:
             assert w.banner.isVisible() and w.banner.kind == "error", name
             assert w.banner.label.text() == f"<b>Error:</b> {banner}"
+
+
+def test_a_job_that_takes_its_own_items_gets_all_of_them(qtbot, window, monkeypatch):
+    """A salience job's maps join a run already decoded (the one it explains), not the live run's events: the job
+    names where its items go when it starts (``take``), whatever its kind would route them to."""
+    w = window
+    elsewhere: list[object] = []
+    monkeypatch.setattr(w, "_take_model_items", elsewhere.extend)
+    monkeypatch.setattr(w, "_apply_events", elsewhere.extend)
+    own: list[object] = []
+
+    def body(should_stop, progress):
+        yield "a map"
+        yield "its agreement"
+
+    w._start_job(body, JobKind.SALIENCE, take=own.extend)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert own == ["a map", "its agreement"] and elsewhere == []
+
+
+def test_a_job_a_dialog_follows_tells_it_its_progress_failure_and_end(qtbot, window):
+    """The steering dialog follows its build (``follower``): it hears the progress, the failure and the end, in
+    that order, and the window's banner still says the failure."""
+    from PySide6.QtCore import QObject
+
+    w = window
+    heard: list[tuple] = []
+
+    class Follower(QObject):  # as the dialog, a QObject of the GUI thread: the signals queue to it
+        def show_progress(self, message, fraction):
+            heard.append(("progress", message, fraction))
+
+        def show_error(self, message):
+            heard.append(("error", message))
+
+        def job_ended(self):
+            heard.append(("ended",))
+
+    def body(should_stop, progress):
+        progress("halfway", 0.5)
+        yield from ()
+        raise ConfigError("the body said no")
+
+    follower = Follower()  # held here, as the window holds its dialog (Qt keeps no reference to it)
+    w._start_job(body, JobKind.STEER_BUILD, follower=follower)
+    qtbot.waitUntil(lambda: not w.busy, timeout=TIMEOUT_MS)
+    assert heard == [("progress", "halfway", 0.5), ("error", "the body said no"), ("ended",)]
+    assert w.banner.label.text() == "<b>Error:</b> Could not build the steering vector: the body said no"

@@ -92,9 +92,11 @@ def test_synthid_live_g_values_are_the_processors(tiny_lm):
 
 def test_the_view_draws_the_events_and_its_detector_scores_any_text(qtbot, tiny_lm, greedy_marked):
     from playground.config.samplers.watermark import WatermarkSettings
-    from playground.engine.watermark.score import detect_ids, encode, text_entropies
+    from playground.engine.watermark.score import text_entropies
     from playground.state import Run, flowing_token_text
+    from playground.ui.model_sources import LocalModel
     from playground.ui.views.watermark import WatermarkView
+    from playground.watermarking.text import detect_ids, encode
 
     events, _, steps = greedy_marked
     view = WatermarkView()
@@ -107,7 +109,7 @@ def test_the_view_draws_the_events_and_its_detector_scores_any_text(qtbot, tiny_
     assert f"{marks[-1].z_score:.2f}" in view.header.text()
     # The detector tab: any text, scored as you type (one window for both checks).
     panel = view.detector
-    panel.set_model(tiny_lm.tokenizer, tiny_lm)
+    panel.set_model(tiny_lm.tokenizer, LocalModel(tiny_lm))  # as the window hands it its model source
     text = "".join(s.text for s in steps)
     panel.use_settings(WatermarkSettings(watermark="kirchenbauer", greenlist_ratio=0.5, bias=4.0), text)
     ids = encode(tiny_lm.tokenizer, text)
@@ -116,7 +118,7 @@ def test_the_view_draws_the_events_and_its_detector_scores_any_text(qtbot, tiny_
     assert panel.last is not None and math.isclose(panel.last.z_score, expected.z_score)
     assert f"z = <b>{expected.z_score:.2f}</b>" in panel.result.text()
     # The edit budget: the z-score after each edit, plotted against the share of the words edited.
-    from playground.engine.watermark.score import DELETE_SHARES, REPLACE_EVERY, delete_span, replace_every
+    from playground.watermarking.text import DELETE_SHARES, REPLACE_EVERY, delete_span, replace_every
 
     panel.threshold.setValue(2.5)  # the tiny model's short text scores z 3.2 as it is
     panel.edit_budget()

@@ -5,7 +5,7 @@ run's events, so the views draw it and File ▸ Save run keeps it (a reopened ru
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from playground.state import Run, Session
@@ -27,7 +27,8 @@ class AttributionJobs:
         @property
         def lm(self) -> Any: ...
         source: Any
-        def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
+        def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
+                       follower: Any = None) -> None: ...
 
     def attribute_step(self, step: int, against: int = -1) -> None:
         """Attribute ``step`` of the selected run (its token over ``against``; -1: the runner-up)."""

@@ -3,12 +3,16 @@ taking its items, progress, failure and end, whether the window is busy, and wha
 
 A part of ``MainWindow``. A job's ``kind`` (``playground.ui.job_kinds.JobKind``) says whose its items are (a run's
 events go to the window's runs, a model job's items to ``ModelChoice``), what its failure says and whether Stop may
-end it. Closing the window lets a job that will not end at once finish detached.
+end it; a job that takes its items itself says so when it starts (``take``: a salience job's maps go into the run
+they explain), and so does a job a dialog follows (``follower``: the steering dialog shows its build's progress,
+failure and end), so nothing here names those jobs. Closing the window lets a job that will not end at once finish
+detached.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QPushButton
@@ -22,9 +26,6 @@ from playground.ui.runs_list import RunsList
 from playground.ui.status_bar import RunStatusBar
 from playground.ui.worker import GeneratorJob, JobBody
 
-if TYPE_CHECKING:
-    from playground.ui.steer_build_dialog import SteerBuildDialog
-
 # Closing while a job runs: how long the window waits for the job to end before it closes anyway (the job then
 # finishes in the background and the process exits without waiting for it, see ``app.launch``).
 CLOSE_GRACE_MS = 150
@@ -34,6 +35,14 @@ ORPHAN_JOBS: list[GeneratorJob] = []  # jobs of closed windows, kept alive until
 
 def running_orphans() -> list[GeneratorJob]:
     return [job for job in ORPHAN_JOBS if job.is_running()]
+
+
+class JobFollower(Protocol):
+    """What follows a job besides the window (the "Build a steering vector" dialog follows its build)."""
+
+    def show_progress(self, message: str, fraction: float) -> None: ...
+    def show_error(self, message: str) -> None: ...
+    def job_ended(self) -> None: ...  # done, failed or stopped
 
 
 class BackgroundJobs:
@@ -51,13 +60,11 @@ class BackgroundJobs:
     generate_button: QPushButton
     stop_button: QPushButton
     _pending: list[tuple[RunSettings, Branch | None, Any]]  # a branch asked for while a run was live
-    steer_build_dialog: SteerBuildDialog | None  # the "Build a steering vector" dialog, once opened
 
     if TYPE_CHECKING:  # the window's (MainWindow) and ModelChoice's; declared for the type checker only
         @property
         def has_model(self) -> bool: ...
         def _take_model_items(self, batch: list[Any]) -> None: ...
-        def _take_salience_items(self, batch: list[Any]) -> None: ...
         def _apply_events(self, batch: list[Any]) -> None: ...
         def _run_ended(self, job: GeneratorJob | None) -> None: ...
         def _load_fetched_model(self) -> None: ...
@@ -67,9 +74,17 @@ class BackgroundJobs:
     def busy(self) -> bool:
         return self.job is not None and self.job.is_running()
 
-    def _start_job(self, body: JobBody, kind: JobKind) -> None:
+    def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
+                   follower: JobFollower | None = None) -> None:
+        """Start ``body`` as a job of ``kind``; ``take``: where its items go, for a job that takes them itself
+        (otherwise its kind says: a model job's to ``ModelChoice``, the others' are a run's events); ``follower``:
+        told of its progress, failure and end too (connected before it starts, so it misses nothing)."""
         job = GeneratorJob(body, kind.value, cast(QObject, self))  # the window
-        job.items.connect(self._on_items)
+        if follower is not None:  # first: it hears of the end before the window starts a pending run
+            job.progress.connect(follower.show_progress)
+            job.failed.connect(follower.show_error)
+            job.finished.connect(follower.job_ended)
+        job.items.connect(take if take is not None else self._on_items)
         job.progress.connect(self._on_progress)
         job.failed.connect(self._on_failed)
         job.finished.connect(self._on_finished)
@@ -80,16 +95,12 @@ class BackgroundJobs:
     def _on_items(self, batch: list[Any]) -> None:
         if self.job_kind is not None and self.job_kind.model_job:
             self._take_model_items(batch)
-        elif self.job_kind is JobKind.SALIENCE:  # maps of a run already decoded (playground.ui.salience_job)
-            self._take_salience_items(batch)
         else:
             self._apply_events(batch)
 
     def _on_progress(self, message: str, fraction: float) -> None:
         self.picker.show_progress(message, fraction)
         self.status.showMessage(message)
-        if self.job_kind is JobKind.STEER_BUILD and self.steer_build_dialog is not None:
-            self.steer_build_dialog.show_progress(message, fraction)
 
     def _on_failed(self, message: str) -> None:
         kind = self.job_kind
@@ -97,8 +108,6 @@ class BackgroundJobs:
             if self.picker.server_dialog is not None:
                 self.picker.server_dialog.show_error(message)
             return
-        if kind is JobKind.STEER_BUILD and self.steer_build_dialog is not None:
-            self.steer_build_dialog.show_error(message)  # and the banner, below
         what = kind.failure if kind is not None else "Failed"
         run = self.session.fail(message) if kind is JobKind.RUN else None
         if run is not None:
@@ -111,8 +120,6 @@ class BackgroundJobs:
         job = self.job
         if kind is JobKind.RUN:
             self._run_ended(job)
-        elif kind is JobKind.STEER_BUILD and self.steer_build_dialog is not None:
-            self.steer_build_dialog.job_ended()
         self.job, self.job_kind = None, None
         if job is not None:
             job.deleteLater()

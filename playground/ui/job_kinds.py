@@ -22,7 +22,8 @@ class JobKind(str, Enum):
     TEST = ("test", "", False, True, False, False)  # the "Server…" dialog's test: the dialog shows its answer
     TUNE_LENS = ("tune-lens", "Could not train the tuned lens", True, True, True, False)  # Tools → Train tuned lens
     ATTRIBUTE = ("attribute", "Could not attribute the step", True, False, False, False)  # a view's Attribute
-    SALIENCE = ("salience", "Could not explain the step", True, False, False, False)  # the salience view's button
+    # the salience view's button; its maps go into the run it explains (the job says so when it starts: ``take``)
+    SALIENCE = ("salience", "Could not explain the step", True, False, False, False)
     # the "Build a steering vector" dialog's build: its items (the file written) and its progress go to the dialog
     STEER_BUILD = ("steer-build", "Could not build the steering vector", True, True, True, False)
 

@@ -8,7 +8,7 @@ A part of ``MainWindow`` (its attributes and jobs below); the sources themselves
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QSettings
@@ -50,7 +50,8 @@ class ModelChoice:
     steer_build_dialog: SteerBuildDialog | None
 
     if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
-        def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
+        def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
+                       follower: Any = None) -> None: ...
         def _update_buttons(self) -> None: ...
 
     @property
@@ -240,7 +241,7 @@ class ModelChoice:
 
         dialog.show_started()
         self.status.showMessage("Building a steering vector…")
-        self._start_job(body, JobKind.STEER_BUILD)
+        self._start_job(body, JobKind.STEER_BUILD, follower=dialog)  # its progress, failure and end: the dialog's
 
     def _stop_steer_build(self) -> None:
         if self.job is not None and self.job_kind is JobKind.STEER_BUILD:

@@ -16,6 +16,7 @@ from typing import Any
 from playground.config import ConfigError, RunSettings
 from playground.config.catalog import Progress, StopCheck
 from playground.config.steering import LiveStrength
+from playground.errors import UserError
 from playground.events.salience import SALIENCE_METHODS
 from playground.models.anatomy import model_support
 from playground.models.loaded import LoadedModel
@@ -78,6 +79,14 @@ class ModelSource(ABC):
         """The tokenizer words are read with here (the form shows what a logit bias resolves to), or None."""
         return None
 
+    def vocab_size(self) -> int | None:
+        """The size of the model's head (the watermark detector's green lists are drawn over it), or None."""
+        return None
+
+    def text_entropies(self, ids: Sequence[int]) -> list[float]:
+        """SWEET's entropies over a text's ids (bits; the watermark detector's panel, off the window's thread)."""
+        raise UserError("SWEET needs the loaded model's entropies: load a model here (a server does not give them)")
+
 
 class LocalModel(ModelSource):
     def __init__(self, lm: LoadedModel) -> None:
@@ -89,6 +98,15 @@ class LocalModel(ModelSource):
 
     def tokenizer(self) -> Any:
         return self.lm.tokenizer
+
+    def vocab_size(self) -> int | None:
+        return self.lm.vocab_size
+
+    def text_entropies(self, ids: Sequence[int]) -> list[float]:
+        """One teacher-forced pass of the loaded model over ``ids``: its entropy where each was predicted."""
+        from playground.engine.watermark.score import text_entropies
+
+        return text_entropies(self.lm, ids)
 
     def labels(self) -> SourceLabels:
         support = model_support(self.lm.model)

@@ -7,7 +7,7 @@ A part of ``MainWindow`` (its attributes are the window's), as ``background_jobs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from playground.state import Run, Session
@@ -55,7 +55,8 @@ class SalienceJobs:
         def lm(self) -> LoadedModel | None: ...
         @property
         def busy(self) -> bool: ...
-        def _start_job(self, body: JobBody, kind: JobKind) -> None: ...
+        def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
+                       follower: Any = None) -> None: ...
 
     def explain_step(self, step: int) -> None:
         run = self.session.selected
@@ -72,7 +73,7 @@ class SalienceJobs:
 
         self._salience_run = run
         self.status.showMessage(f"Explaining step {step} of run #{run.index + 1}…")
-        self._start_job(body, JobKind.SALIENCE)
+        self._start_job(body, JobKind.SALIENCE, take=self._take_salience_items)  # its maps: into the run explained
 
     def _take_salience_items(self, batch: list[Any]) -> None:
         """The maps of a salience job: into the run they explain, drawn if it is the shown one."""

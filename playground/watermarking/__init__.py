@@ -1,5 +1,6 @@
 """Decoding-time watermarks and their detection: Kirchenbauer et al.'s green lists (``kirchenbauer``), SynthID-Text
-(``synthid``), the detector for any token ids (``detect``); ``keys_of`` builds a scheme's key from the settings.
+(``synthid``), the detector for any token ids (``detect``), a text scored
+by its settings and the edit budget's edits (``text``); ``keys_of`` builds a scheme's key from the settings.
 The chain's entry is ``playground.engine.samplers.watermark``."""
 
 from __future__ import annotations

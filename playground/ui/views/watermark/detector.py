@@ -1,7 +1,8 @@
 """The detector for any text: paste or edit a text, choose the scheme and key, and each token's colour, the score
 and the verdict follow as you type (a short pause after the last key; the text is read with the loaded model's
 tokenizer). SWEET scores only the tokens the model was unsure of (entropy at least a threshold): one teacher-forced
-pass of the loaded model over the text, run off the window's thread (about a second for 80 tokens of the default
+pass of the loaded model over the text, asked of the window's model source (``ModelSource.text_entropies``: the
+view never calls the engine) and run off the window's thread (about a second for 80 tokens of the default
 model on a busy CPU), its entropies kept for the text. The score itself runs on the window's thread, debounced: on
 the default model's vocabulary about 1 ms for 80 tokens once their green lists are cached, a few tens of ms while
 they are new; the panel says how long each took."""
@@ -39,6 +40,7 @@ from playground.state import flowing_token_text
 from playground.ui.style import mono_font, rich_label
 from playground.ui.views.watermark.colours import colour_of
 from playground.watermarking.detect import Detection, DetectionError
+from playground.watermarking.text import DELETE_SHARES, REPLACE_EVERY, delete_span, detect_ids, encode, replace_every
 
 DEBOUNCE_MS = 250
 POLL_MS = 50
@@ -49,7 +51,9 @@ class DetectorPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.tokenizer: Any = None
-        self.model: Any = None  # a LoadedModel, for SWEET's entropies and the vocabulary's size
+        # The window's ModelSource (playground.ui.model_sources; not imported, it imports the views): SWEET's
+        # entropies and the head's size come from it.
+        self.source: Any = None
         layout = QVBoxLayout(self)
         controls = QHBoxLayout()
         form = QFormLayout()
@@ -144,8 +148,8 @@ class DetectorPanel(QWidget):
         self.score()
 
     # --- what the view hands it -------------------------------------------------------------------------------
-    def set_model(self, tokenizer: Any, model: Any = None) -> None:
-        self.tokenizer, self.model = tokenizer, model
+    def set_model(self, tokenizer: Any, source: Any = None) -> None:
+        self.tokenizer, self.source = tokenizer, source
         self.timer.start()
 
     def use_settings(self, g: WatermarkSettings, text: str | None = None) -> None:
@@ -166,7 +170,8 @@ class DetectorPanel(QWidget):
     def _vocab(self) -> int:
         """The vocabulary the green lists are drawn over: the loaded model's head (the tokenizer's count without it:
         a head is often padded past the tokenizer)."""
-        return int(self.model.vocab_size) if self.model is not None else len(self.tokenizer)
+        size = self.source.vocab_size() if self.source is not None else None
+        return size if size is not None else len(self.tokenizer)
 
     def settings(self) -> WatermarkSettings:
         g = WatermarkSettings(watermark=self.scheme.currentText(), greenlist_ratio=self.gamma.value(),
@@ -187,8 +192,6 @@ class DetectorPanel(QWidget):
         if not text.strip():
             self._say("Paste or write a text above to score it.")
             return
-        from playground.engine.watermark.score import detect_ids, encode, text_entropies
-
         began = time.perf_counter()
         try:
             g = self.settings()
@@ -196,12 +199,12 @@ class DetectorPanel(QWidget):
             vocab = self._vocab()
             entropies = None
             if g.entropy_threshold > 0:
-                if self.model is None:
+                if self.source is None:
                     raise DetectionError("SWEET needs the loaded model's entropies: load a model here (a server "
                                          "does not give them)")
                 entropies = self._entropies.get(tuple(ids))
                 if entropies is None:
-                    self._start_entropies(tuple(ids), text_entropies)
+                    self._start_entropies(tuple(ids))
                     self._say("SWEET: reading the model's entropies over the text (off the window's thread)…")
                     return
             d = detect_ids(g, ids, vocab, entropies=entropies)
@@ -222,15 +225,6 @@ class DetectorPanel(QWidget):
     def edit_budget(self) -> None:
         """The text scored again after each edit (as ``playground watermark-detect --edit-budget``; SWEET off, its
         entropies would need a model pass per edit), drawn as z against the share of the words edited."""
-        from playground.engine.watermark.score import (
-            DELETE_SHARES,
-            REPLACE_EVERY,
-            delete_span,
-            detect_ids,
-            encode,
-            replace_every,
-        )
-
         text = self.input.toPlainText()
         if self.tokenizer is None or not text.strip():
             self.budget_label.setText("Load a model and paste a text to edit.")
@@ -271,10 +265,10 @@ class DetectorPanel(QWidget):
             said += "every replacement edit is still detected"
         self.budget_label.setText(said)
 
-    def _start_entropies(self, ids: tuple[int, ...], compute: Any) -> None:
+    def _start_entropies(self, ids: tuple[int, ...]) -> None:
         if self._pending is not None and self._pending[0] == ids:
             return
-        self._pending = (ids, _ENTROPY_POOL.submit(compute, self.model, list(ids)))
+        self._pending = (ids, _ENTROPY_POOL.submit(self.source.text_entropies, list(ids)))
         self.poll.start()
 
     def _check_entropies(self) -> None:

@@ -141,8 +141,7 @@ class WatermarkView(FoldView):
 
     def set_tokenizer(self, tokenizer: Any) -> None:
         """The loaded model's tokenizer (the window hands it to views that read typed text): the detector's."""
-        source = getattr(self.window(), "source", None)
-        self.detector.set_model(tokenizer, getattr(source, "lm", None))
+        self.detector.set_model(tokenizer, getattr(self.window(), "source", None))  # its model source: SWEET's pass
 
     def show_run(self, run: Run) -> None:
         super().show_run(run)
