@@ -258,6 +258,7 @@ class CandidatesPanel(QWidget):
         self.rows: list[ChartRow] = []
         self.total_steps = 0
         self._last_click: tuple[int | None, float] = (None, 0.0)
+        self._ticked_extent = 0.0  # the axis extent its tick spacing was set for
         self.menu: QMenu | None = None  # the last candidate's right-click menu
 
         self.header = rich_label(self)
@@ -438,6 +439,10 @@ class CandidatesPanel(QWidget):
 
         item = self.plot.getPlotItem()
         set_ticks(item.getAxis("left"), [[(i, _axis_label(r, character, i in struck)) for i, r in enumerate(rows)]])
+        if x_max != self._ticked_extent:  # labelled grid lines a readable step apart (only those are drawn)
+            self._ticked_extent = x_max
+            spacing = 5 if x_max <= 30 else 10 if x_max <= 70 else 20
+            item.getAxis("bottom").setTickSpacing(major=spacing, minor=spacing)
         item.setXRange(0, x_max, padding=0)
         item.setYRange(-0.6, n - 0.4, padding=0)
         self._apply_range()

@@ -481,8 +481,14 @@ class TokensView(View):
         width = max(360, right - left.x() - 8)
         tip.resize(width, tip.heightForWidth(width))
         x = max(0, left.x() + 4)
-        y = anchor.y() if anchor.y() + tip.height() < pixmap.height() else max(
-            top, anchor.y() - rect.height() - 12 - tip.height())
+        # Below the token's line if it fits above the output's bottom edge (not over the legend under it), else
+        # above the line if it fits there, else on the side with more room.
+        bottom = view.viewport().mapTo(origin, view.viewport().rect().bottomLeft()).y()
+        below, above = anchor.y(), anchor.y() - rect.height() - 12 - tip.height()
+        if below + tip.height() <= bottom or (above < top and bottom - below >= below - rect.height() - top):
+            y = min(below, max(top, pixmap.height() - tip.height()))
+        else:
+            y = max(top, above)
         painter = QPainter(pixmap)
         tip.render(painter, QPoint(x, y))
         painter.end()
