@@ -88,7 +88,8 @@ function draw(i){const m=M[i],n=m.q+1;let top=0;m.layers.forEach(l=>l.forEach(([
 pick.max=M.length-1;pick.value=M.length-1;pick.addEventListener('input',()=>draw(+pick.value));draw(M.length-1);
 let s='<b>Sink</b>: the first '+S.sink[0]+' positions receive '+pct(S.sink[1])+' of all attention (mean over '+
  S.steps+' steps, every layer and head).<br><b>Heavy hitters</b> (attention summed over the run, mean over layers '+
- 'and heads): '+(S.heavy.map(([p,w])=>'<span class="heavy">'+p+' '+word(p)+' ('+w.toFixed(2)+')</span>').join(', ')||'—');
+ 'and heads): '+(S.heavy.map(
+ ([p,w])=>'<span class="heavy">'+p+' '+word(p)+' ('+w.toFixed(2)+')</span>').join(', ')||'—');
 if(S.evicted.length)s+='<br><b>Evicted</b>: '+S.evicted.length+' positions no layer holds any more (struck through '+
  'in the text).';
 if(S.quality)s+='<br><b>Against the full cache</b>: mean KL '+S.quality[0].toFixed(4)+' nats, top-1 agreement '+

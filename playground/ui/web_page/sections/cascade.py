@@ -81,7 +81,8 @@ SCRIPT = BARS + """
 document.getElementById('cas-head').textContent=S.header;
 const C=S.colors,Ti=S.tints,who={cheap:'cheap model',full:'full model',forced:'forced'};
 const tip=(s,k,draft)=>(draft?'cheap response token ':'step ')+k+' · '+(draft&&S.discarded?'thrown away':who[s[1]])+
- (s[4]!=null?' · cheap model chose '+s[3]+': p = '+pct(s[4])+(s[4]<S.threshold?' < ':' ≥ ')+'threshold '+S.threshold:'')+
+ (s[4]!=null?' · cheap model chose '+s[3]+': p = '+pct(s[4])+(s[4]<S.threshold?' < ':' ≥ ')+
+ 'threshold '+S.threshold:'')+
  (s[5]!=null?' · full model: p = '+pct(s[5])+' · read '+s[6]+' positions':'');
 const span=(s,k,draft)=>{const kind=draft&&S.discarded?'discarded':s[1];return '<span class="cas '+kind+
  '" style="color:'+C[kind]+';background:'+Ti[kind]+'" title="'+esc(tip(s,k,draft))+'">'+esc(s[0])+'</span>';};

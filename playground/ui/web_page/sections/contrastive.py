@@ -52,7 +52,8 @@ def contrastive_data(events: list[Any]) -> dict[str, Any] | None:
 
     temperature = f" at T = {started.amateur_temperature:g}" if started.amateur_temperature != 1 else ""
     return {
-        "header": f"amateur {started.amateur}" + (f" · variant {variant} ({DOLA_DIVERGENCE[variant]})" if variant else "")
+        "header": f"amateur {started.amateur}"
+                  + (f" · variant {variant} ({DOLA_DIVERGENCE[variant]})" if variant else "")
                   + f": {started.detail}{temperature} · α = {started.alpha:g} · "
                   + ("sampled from the normalised scores" if started.do_sample else "greedy on the scores"),
         "variant": variant,
@@ -80,7 +81,8 @@ let h='';St.forEach((s,k)=>{h+='<span class="cstep'+(s[2]?' changed':'')+'" data
 const f=v=>v==null?'−∞':v.toFixed(3);
 function show(k){const s=St[k];strip.querySelectorAll('.cstep').forEach(e=>e.classList.toggle('sel',+e.dataset.k===k));
  let t='<b>Step '+k+'</b>: chose '+esc(s[0])+' · the expert\\'s top '+esc(s[1])+' · cut: log p ≥ '+s[5]+
- (s[6]>=0?' · premature layer '+s[6]:'')+' · ★ chosen; grey: outside the plausible set (score −∞)<table class="vtab"><tr><th>token</th><th>expert rank</th><th>log p expert'+
+ (s[6]>=0?' · premature layer '+s[6]:'')+' · ★ chosen; grey: outside the plausible set (score −∞)'+
+ '<table class="vtab"><tr><th>token</th><th>expert rank</th><th>log p expert'+
  '</th><th>log p amateur</th><th>score</th><th>p (contrast)</th><th></th></tr>';
  s[7].forEach(c=>{t+='<tr class="ccand'+(c[3]==null?' cut':'')+'"><td class="t">'+esc(c[0])+'</td><td>'+c[5]+
  '</td><td>'+c[1].toFixed(3)+'</td><td>'+c[2].toFixed(3)+'</td><td>'+f(c[3])+'</td><td>'+pct(c[4])+'</td><td>'+
@@ -93,7 +95,8 @@ if(S.variant&&S.jsd.length){const Ly=S.dola_layers;let top=0;S.jsd.forEach(r=>r.
  Ly.forEach((l,i)=>{g+='<tr><th>'+l+'</th>'+S.jsd.map((r,k)=>{const v=r[i],pick=St[k][6]===l;return '<td class="'+
   (pick?'pick':'')+'" style="background:rgba(68,1,84,'+(0.1+0.8*v/(top||1)).toFixed(2)+')" title="step '+k+
   ' · layer '+l+' · divergence '+v+' nats'+(pick?' · the premature layer':'')+'">'+(pick?'●':'')+'</td>';}).join('')+
-  '</tr>';});document.getElementById('con-dola').innerHTML='<div class="note">DoLa: each candidate layer\\'s divergence from '+
+  '</tr>';});document.getElementById('con-dola').innerHTML=
+ '<div class="note">DoLa: each candidate layer\\'s divergence from '+
  'the final layer at each step (darker = more); ● the premature layer it contrasted with</div>'+g+'</table>';}
 """
 

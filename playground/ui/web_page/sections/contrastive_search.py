@@ -44,12 +44,13 @@ document.getElementById('cs-head').textContent='α = '+S.alpha+' · k = '+S.k+' 
  'top choice at '+S.overturned+' of '+S.searched+' steps ('+Math.round(100*S.share)+' %)';
 const St=S.steps,strip=document.getElementById('cs-strip'),cand=document.getElementById('cs-cand');
 let h='';St.forEach((s,k)=>{h+='<span class="sstep'+(s[1]?' over':'')+'" data-k="'+k+'" style="background:'+
- (s[1]?S.colors[0]:S.colors[1])+'" title="step '+k+': took '+esc(s[0])+(s[2]?' (forced)':s[1]?' over the model\\'s top '+
- esc(s[4][0][0]):' (the model\\'s top)')+'">'+esc(s[0])+'</span>';});strip.innerHTML=h;
+ (s[1]?S.colors[0]:S.colors[1])+'" title="step '+k+': took '+esc(s[0])+(s[2]?' (forced)':
+ s[1]?' over the model\\'s top '+esc(s[4][0][0]):' (the model\\'s top)')+'">'+esc(s[0])+'</span>';});strip.innerHTML=h;
 function show(k){const s=St[k],a=S.alpha;strip.querySelectorAll('.sstep').forEach(e=>e.classList.toggle('sel',
  +e.dataset.k===k));let t='<b>Step '+k+'</b>: the '+s[4].length+' candidates, likeliest first · took '+esc(s[0])+' · '+
  (s[2]?'forced':s[1]?'the penalty overturned the model\\'s top choice':'the model\\'s top choice won')+' · score = '+
- (+(1-a).toPrecision(2))+'·p − '+(+a.toPrecision(2))+'·penalty<table class="vtab"><tr><th></th><th>token</th><th>p</th>'+
+ (+(1-a).toPrecision(2))+'·p − '+(+a.toPrecision(2))+'·penalty'+
+ '<table class="vtab"><tr><th></th><th>token</th><th>p</th>'+
  '<th>penalty</th><th>most like</th><th>score</th></tr>';
  s[4].forEach((c,i)=>{t+='<tr class="scand'+(i===s[3]?' win':'')+'"><td>'+(i===0?'▲':'')+(i===s[3]?'★':'')+
  '</td><td class="t">'+esc(c[0])+'</td><td>'+pct(c[1])+'</td><td>'+c[2].toFixed(3)+'</td><td class="t">'+esc(c[3])+

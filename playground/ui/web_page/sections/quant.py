@@ -112,7 +112,8 @@ if(St.length){const kl=St.map(s=>s[2]),mean=kl.reduce((a,b)=>a+b,0)/kl.length,ag
 if(S.errors.length){let h='<table class="vtab"><tr><th>layer</th>'+S.kinds.map(k=>'<th>'+esc(k.replace(/_proj$/,''))+
  '</th>').join('')+'</tr>';const top=Math.max(1e-12,...S.errors.flat().filter(v=>v!=null));
  S.errors.forEach((r,i)=>{h+='<tr><th>'+(i+1)+'</th>'+r.map((v,k)=>v==null?'<td></td>':'<td class="err" title="layer '+
- (i+1)+' · '+esc(S.kinds[k])+' · ‖W_q − W‖ / ‖W‖ = '+v+'" style="background:rgba(204,51,17,'+(0.08+0.6*v/top).toFixed(2)+
+ (i+1)+' · '+esc(S.kinds[k])+' · ‖W_q − W‖ / ‖W‖ = '+v+'" style="background:rgba(204,51,17,'+
+ (0.08+0.6*v/top).toFixed(2)+
  ')">'+v.toFixed(3)+'</td>').join('')+'</tr>';});document.getElementById('quant-errors').innerHTML=h+'</table>';}
 if(S.table.length){let h='<table class="vtab"><tr>'+['method','stored','weights','perplexity','tokens/s','mean KL',
  'top-1 agreement','first divergence'].map(c=>'<th>'+c+'</th>').join('')+'</tr>';
@@ -122,9 +123,11 @@ if(S.table.length){let h='<table class="vtab"><tr>'+['method','stored','weights'
 
 SECTION = Section(
     name="quant", order=40,
-    heading="Quantization lab: the reference against its quantized copy (its two panes are the side-by-side part above)",
+    heading="Quantization lab: the reference against its quantized copy (its two panes: the side-by-side part "
+            "above)",
     body='<div id="quant-head"></div><div class="note" id="quant-figures"></div>'
-         '<div class="note">KL(reference ‖ quantized) in nats at each token, teacher-forced (0 = the same distribution); '
+         '<div class="note">KL(reference ‖ quantized) in nats at each token, teacher-forced (0 = the same '
+         'distribution); '
          '<b style="color:#CC3311">×</b> red: the quantized model\'s top token differs; dashed: the free-running '
          'outputs diverge. Hover a bar for its numbers.</div><div class="wide" id="quant-kl"></div>'
          '<div class="note">Each layer\'s relative weight error ‖W_q − W‖ / ‖W‖, by kind</div>'
