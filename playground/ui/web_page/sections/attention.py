@@ -3,8 +3,8 @@ attention (the mean over heads; brighter = more weight; a slider picks the token
 attention view gives it: the sink's share, attention against distance as bars, the heavy hitters, the evicted
 positions and a smaller cache's quality against the full one.
 
-Each step's map is kept sparse: per layer its ``TOP_POSITIONS`` heaviest positions (the rest are drawn empty and
-counted in the cell row's "rest" title); runs longer than ``MAX_STEPS`` keep their last ``MAX_STEPS`` steps' maps.
+Each step's map is kept sparse: per layer its ``TOP_POSITIONS`` heaviest positions (the others are drawn as no
+weight, without a title); runs longer than ``MAX_STEPS`` keep their last ``MAX_STEPS`` steps' maps.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from playground.ui.web_page.common import compact
 from playground.ui.web_page.sections import Section
 from playground.ui.web_page.sections.quant import BARS, STYLE
 
-TOP_POSITIONS = 24
-MAX_STEPS = 200
+TOP_POSITIONS = 12  # 48 tokens of a 30-layer model: about 170 KB of page
+MAX_STEPS = 100
 # The app's heat map's colour map (pyqtgraph's "magma"), a few of its stops: dark = no weight, bright = the most.
 MAGMA = ("#000004", "#3B0F70", "#8C2981", "#DE4968", "#FE9F6D", "#FCFDBF")
 
@@ -45,14 +45,15 @@ def attention_data(events: list[Any]) -> dict[str, Any] | None:
         layers = []
         for weights in matrix:
             order = np.argsort(-weights, kind="stable")[:TOP_POSITIONS]
-            layers.append([[int(p), compact(float(weights[p]), 3)] for p in sorted(order) if weights[p] > 0])
+            # flat: position, weight, position, weight, ... (a third smaller than pairs)
+            layers.append([x for p in sorted(order) if weights[p] > 0 for x in (int(p), compact(float(weights[p]), 3))])
         maps.append({"step": step, "q": row.query_position, "layers": layers,
                      "rest": [compact(float(v), 3) for v in fold.rest(step, None)]})
     profile = fold.distance_profile()
     used = int(np.nonzero(profile)[0].max()) + 1 if profile.any() else 0
     quality = fold.quality
     return {
-        "layers": started.layers, "heads": started.heads, "top": started.top,
+        "layers": started.layers, "heads": started.heads, "top": started.top, "keep": TOP_POSITIONS,
         "texts": [visible_token_text(t) for t in fold.texts], "maps": maps,
         "sink": [SINK_POSITIONS, compact(fold.sink_share(), 4)], "steps": fold.steps,
         "distance": [[_bucket_label(DISTANCE_EDGES[i], DISTANCE_EDGES[i + 1]), compact(100 * float(profile[i]), 4)]
@@ -72,12 +73,14 @@ const mix=(a,b,f)=>{const p=x=>[1,3,5].map(k=>parseInt(x.substr(k,2),16));const 
 const col=v=>{const C=S.stops,f=Math.min(1,v)*(C.length-1),k=Math.min(C.length-2,Math.floor(f));
  return mix(C[k],C[k+1],f-k);};
 const word=p=>p<T.length?esc(T[p]):'';
-function draw(i){const m=M[i],n=m.q+1;let top=0;m.layers.forEach(l=>l.forEach(([p,w])=>{if(w>top)top=w;}));
+function draw(i){const m=M[i],n=m.q+1;let top=0;
+ m.layers.forEach(l=>{for(let j=1;j<l.length;j+=2)if(l[j]>top)top=l[j];});
  document.getElementById('att-head').textContent='token '+m.step+' (its query at position '+m.q+'), mean over '+
  S.heads+' heads; '+m.layers.length+' layers; recorded: '+(S.top?'the top '+S.top+' positions per layer and head':
- 'every position')+' · brightest = '+top;
+ 'every position')+'; the page keeps each layer\\'s '+S.keep+' heaviest · brightest = '+top;
  let h='<table class="attmap">';for(let l=m.layers.length-1;l>=0;l--){const row=new Array(n).fill(null);
-  m.layers[l].forEach(([p,w])=>{row[p]=w;});h+='<tr><th title="rest: '+m.rest[l]+'">L'+(l+1)+'</th>';
+  for(let j=0;j<m.layers[l].length;j+=2)row[m.layers[l][j]]=m.layers[l][j+1];h+='<tr><th title="layer '+(l+1)+
+  ' · weight not recorded: '+m.rest[l]+'">L'+(l+1)+'</th>';
   row.forEach((w,p)=>{h+=w==null?'<td></td>':'<td style="background:'+col(w/(top||1))+'" title="token '+m.step+
   ' · layer '+(l+1)+' · position '+p+' '+word(p)+' · weight '+w+'"></td>';});h+='</tr>';}
  h+='<tr><th></th>';for(let p=0;p<n;p++)h+='<th class="pos">'+(p%5===0?p:'')+'</th>';
