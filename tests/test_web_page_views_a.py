@@ -105,6 +105,15 @@ def test_quant_page_shows_kl_per_token_layer_errors_and_the_methods(pages, open_
     for error in ready.layer_errors:
         layer, kind = re.fullmatch(r"layers\.(\d+)\.(?:\w+\.)*(\w+)", error.name).groups()
         assert f"layer {int(layer) + 1} · {kind} · ‖W_q − W‖ / ‖W‖ = {g4(error.relative_error)}" in titles
+    channels = page.locator("#quant-channels tr.chan")
+    assert channels.count() == len(ready.channels) > 0
+    for k, c in enumerate(ready.channels):
+        cells = channels.nth(k).locator("td").all_inner_texts()
+        ordered = sorted(c.act_max_before)
+        middle = len(ordered) // 2
+        median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        assert cells[0] == c.name and math.isclose(float(cells[1].rstrip("×")), max(ordered) / median, rel_tol=5e-3)
+        assert cells[3] == (str(len(c.scales)) if c.scales else "none: plain round-to-nearest")
     rows = page.locator("#quant-table tr.method")
     assert [rows.nth(k).locator("td").nth(0).inner_text() for k in range(rows.count())] == \
         [r.method for r in table.rows]

@@ -49,6 +49,16 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def _outlier_ratio(values: tuple[float, ...]) -> float | None:
+    """The largest channel over the median channel (as the quantization view's note gives it)."""
+    import numpy as np
+
+    if not values:
+        return None
+    v = np.asarray(values, dtype=float)
+    return compact(float(v.max() / max(float(np.median(v)), 1e-12)), 3)
+
+
 def quant_data(events: list[Any]) -> dict[str, Any] | None:
     from playground.state.quant import QuantState
 
@@ -87,6 +97,10 @@ def quant_data(events: list[Any]) -> dict[str, Any] | None:
         # per decoder layer (1 first), per kind: ‖W_q − W‖ / ‖W‖ (None: the layer has no such kind)
         "errors": [[None if series[k][i] != series[k][i] else compact(float(series[k][i]), 4) for k in kinds]
                    for i in range(layers)],
+        # per representative layer: its name, the largest channel's max |x| over the median channel's, before and
+        # after the method's scaling, and how many scales it has (none: plain round-to-nearest)
+        "channels": [[c.name, _outlier_ratio(c.act_max_before), _outlier_ratio(c.act_max_after), len(c.scales)]
+                     for c in ready.channels],
         "table": [[r.method, r.stored, _mb(r.weight_bytes), "" if r.perplexity is None else f"{r.perplexity:.2f}",
                    f"{r.tokens_per_s:.1f}", f"{r.kl_mean:.4f}", r.top1_agreement,
                    "—" if r.method == "reference" else "never" if r.first_divergence < 0
@@ -115,6 +129,12 @@ if(S.errors.length){let h='<table class="vtab"><tr><th>layer</th>'+S.kinds.map(k
  (i+1)+' · '+esc(S.kinds[k])+' · ‖W_q − W‖ / ‖W‖ = '+v+'" style="background:rgba(204,51,17,'+
  (0.08+0.6*v/top).toFixed(2)+
  ')">'+v.toFixed(3)+'</td>').join('')+'</tr>';});document.getElementById('quant-errors').innerHTML=h+'</table>';}
+if(S.channels.length){let h='<table class="vtab"><tr><th>input of</th><th>largest / median channel, before '+
+ 'scaling</th><th>after</th><th>scales</th></tr>';S.channels.forEach(c=>{h+='<tr class="chan"><td class="t">'+
+ esc(c[0])+'</td><td>'+(c[1]==null?'—':c[1]+'×')+'</td><td>'+(c[2]==null?'—':c[2]+'×')+'</td><td>'+(c[3]||
+ 'none: plain round-to-nearest')+'</td></tr>';});document.getElementById('quant-channels').innerHTML=
+ '<div class="note">Outlier channels on the calibration text: max |x| of the largest input channel over the '+
+ 'median one</div>'+h+'</table>';}
 if(S.table.length){let h='<table class="vtab"><tr>'+['method','stored','weights','perplexity','tokens/s','mean KL',
  'top-1 agreement','first divergence'].map(c=>'<th>'+c+'</th>').join('')+'</tr>';
  S.table.forEach(r=>{h+='<tr class="method">'+r.map((c,k)=>'<td'+(k<2?' class="t"':'')+'>'+esc(k===6?pct(c):String(c))+
@@ -131,5 +151,6 @@ SECTION = Section(
          '<b style="color:#CC3311">×</b> red: the quantized model\'s top token differs; dashed: the free-running '
          'outputs diverge. Hover a bar for its numbers.</div><div class="wide" id="quant-kl"></div>'
          '<div class="note">Each layer\'s relative weight error ‖W_q − W‖ / ‖W‖, by kind</div>'
-         '<div class="wide" id="quant-errors"></div><div class="wide" id="quant-table"></div>',
+         '<div class="wide" id="quant-errors"></div><div class="wide" id="quant-channels"></div>'
+         '<div class="wide" id="quant-table"></div>',
     script=SCRIPT, data=quant_data, style=STYLE)
