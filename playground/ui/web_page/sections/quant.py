@@ -40,7 +40,8 @@ const bars=(V,o)=>{const n=V.length,bw=o.bw||12,w=Math.max(240,bw*n),h=o.h||90,L
  return g+'</svg>';};
 """
 
-STYLE = (".vtab{border-collapse:collapse;font-size:12px}.vtab td,.vtab th{padding:1px 6px;text-align:right}"
+STYLE = (".vtab{border-collapse:collapse;font-size:12px;margin-bottom:6px}"
+         ".vtab td,.vtab th{padding:1px 6px;text-align:right}"
          ".vtab th{font-weight:normal;color:#555}.vtab td.t{text-align:left;font-family:monospace}"
          ".note{color:#555;font-size:.9em;margin:4px 0}")
 
@@ -124,10 +125,11 @@ if(St.length){const kl=St.map(s=>s[2]),mean=kl.reduce((a,b)=>a+b,0)/kl.length,ag
   title:k=>{const s=St[k];return 'step '+s[0]+' '+s[1]+' · KL '+s[2]+' nats · reference p '+pct(s[3])+
   ' · quantized p '+pct(s[4])+' · quantized top '+s[5]+(s[6]?'':' (differs)');}});}
 if(S.errors.length){let h='<table class="vtab"><tr><th>layer</th>'+S.kinds.map(k=>'<th>'+esc(k.replace(/_proj$/,''))+
- '</th>').join('')+'</tr>';const top=Math.max(1e-12,...S.errors.flat().filter(v=>v!=null));
+ '</th>').join('')+'</tr>';const all=S.errors.flat().filter(v=>v!=null),
+ lo=Math.min(...all),span=Math.max(1e-12,Math.max(...all)-lo);
  S.errors.forEach((r,i)=>{h+='<tr><th>'+(i+1)+'</th>'+r.map((v,k)=>v==null?'<td></td>':'<td class="err" title="layer '+
  (i+1)+' · '+esc(S.kinds[k])+' · ‖W_q − W‖ / ‖W‖ = '+v+'" style="background:rgba(204,51,17,'+
- (0.08+0.6*v/top).toFixed(2)+
+ (0.08+0.6*(v-lo)/span).toFixed(2)+
  ')">'+v.toFixed(3)+'</td>').join('')+'</tr>';});document.getElementById('quant-errors').innerHTML=h+'</table>';}
 if(S.channels.length){let h='<table class="vtab"><tr><th>input of</th><th>largest / median channel, before '+
  'scaling</th><th>after</th><th>scales</th></tr>';S.channels.forEach(c=>{h+='<tr class="chan"><td class="t">'+
@@ -150,7 +152,8 @@ SECTION = Section(
          'distribution); '
          '<b style="color:#CC3311">×</b> red: the quantized model\'s top token differs; dashed: the free-running '
          'outputs diverge. Hover a bar for its numbers.</div><div class="wide" id="quant-kl"></div>'
-         '<div class="note">Each layer\'s relative weight error ‖W_q − W‖ / ‖W‖, by kind</div>'
+         '<div class="note">Each layer\'s relative weight error ‖W_q − W‖ / ‖W‖, by kind (darker: larger, '
+         'from the least to the largest)</div>'
          '<div class="wide" id="quant-errors"></div><div class="wide" id="quant-channels"></div>'
          '<div class="wide" id="quant-table"></div>',
     script=SCRIPT, data=quant_data, style=STYLE)
