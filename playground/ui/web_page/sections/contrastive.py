@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from playground.events import RunFinished, TokenStep
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.state.text import visible_token_text
 from playground.ui.web_page.common import compact
@@ -20,33 +19,17 @@ KEPT_COLOR = "#BBBBBB"
 
 
 def contrastive_data(events: list[Any]) -> dict[str, Any] | None:
-    from playground.state.contrastive import DOLA_DIVERGENCE, dola_variant
+    from playground.state.contrastive import DOLA_DIVERGENCE, ContrastiveState, dola_variant
+    from playground.ui.views.contrastive.figures import figures_html
 
     started = next((e for e in events if isinstance(e, ContrastiveStarted)), None)
     steps = [e for e in events if isinstance(e, ContrastStep)]
     if started is None or not steps:
         return None
     variant = dola_variant(started)
-    token_ms = sum(e.step_ms for e in events if isinstance(e, TokenStep))
-    finished = next((e for e in events if isinstance(e, RunFinished)), None)
-    figures = dict(finished.figures) if finished is not None else {}
-    n = len(steps)
-    forced = sum(s.forced for s in steps)
-    changed = sum(s.changed for s in steps)
-    chosen = n - forced
-    rows = [f"This run: the contrast changed the expert's choice at {changed} of {chosen} steps"
-            f"{f' ({100 * changed / chosen:.1f}%)' if chosen else ''} · plausible set: "
-            f"{sum(s.plausible_count for s in steps) / n:.1f} tokens on average · per step: amateur "
-            f"{sum(s.amateur_ms for s in steps) / n:.2f} ms, contrast maths {sum(s.contrast_ms for s in steps) / n:.2f}"
-            f" ms, whole step {token_ms / n:.1f} ms"]
-    if "step_cost" in figures:
-        divergence = figures.get("first_divergence")
-        where = "" if divergence is None else (" · identical to greedy" if divergence < 0 else
-                                               f" · first differs from greedy at token {int(divergence)}")
-        rows.append(f"Against plain greedy (measured after the run, same prompt): a contrastive step costs "
-                    f"{figures['step_cost']:.2f}× a greedy step ({figures['greedy_tokens_per_s']:.1f} tokens/s for "
-                    f"greedy){where}")
-
+    state = ContrastiveState()
+    for e in events:
+        state.apply(e)
     def number(v: float) -> float | None:
         return compact(v, 4) if math.isfinite(v) else None
 
@@ -66,13 +49,13 @@ def contrastive_data(events: list[Any]) -> dict[str, Any] | None:
                     for c in s.candidates]] for s in steps],
         "dola_layers": list(started.dola_layers) if variant else [],
         "jsd": [[compact(v, 4) for v in s.layer_jsd] for s in steps] if variant else [],
-        "figures": rows, "colors": [CHANGED_COLOR, KEPT_COLOR],
+        "figures": figures_html(state), "colors": [CHANGED_COLOR, KEPT_COLOR],
     }
 
 
 SCRIPT = """
 document.getElementById('con-head').textContent=S.header;
-document.getElementById('con-figures').innerHTML=S.figures.map(esc).join('<br>');
+document.getElementById('con-figures').innerHTML=S.figures;
 const St=S.steps,strip=document.getElementById('con-strip'),cand=document.getElementById('con-cand');
 let h='';St.forEach((s,k)=>{h+='<span class="cstep'+(s[2]?' changed':'')+'" data-k="'+k+'" style="background:'+
  (s[2]?S.colors[0]:S.colors[1])+'" title="step '+k+': chose '+esc(s[0])+(s[2]?' over the expert\\'s top '+esc(s[1]):
