@@ -53,6 +53,19 @@ def test_the_masks_apply_returns_are_the_tokens_transformers_raises(scheme):
     assert torch.equal(short_out, logits) and short_masks == [None, None]
 
 
+@pytest.mark.parametrize("scheme", ["lefthash", "selfhash"])
+def test_a_bias_float32_cannot_hold_is_added_in_float64(scheme):
+    """Kills: the bias vector or the selfhash mask left without the logits' dtype (a float32 0.1 added to float64
+    logits is not transformers' 0.1)."""
+    theirs = WatermarkLogitsProcessor(vocab_size=VOCAB, device="cpu", greenlist_ratio=0.25, bias=0.1,
+                                      hashing_key=15485863, seeding_scheme=scheme, context_width=1)
+    ours = GreenLists(KirchenbauerKey(vocab_size=VOCAB, bias=0.1, seeding_scheme=scheme))
+    ids = torch.tensor([[5, 17]])
+    logits = torch.randn(1, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    got, _ = ours.apply(ids, logits)
+    assert got.dtype == torch.float64 and torch.equal(got, theirs(ids, logits.clone()))
+
+
 # --- SynthID -----------------------------------------------------------------------------------------------------
 
 def test_synthid_key_takes_every_setting():
@@ -280,6 +293,21 @@ def test_detect_text_uses_entropies_only_for_sweet(tiny_lm):
     assert sweet.scored == sum(1 for e in entropies[1:] if e >= cut)
 
 
+@pytest.mark.parametrize(("threshold", "passes"), [(0.0, 0), (0.5, 1), (2.0, 1)])
+def test_detect_text_runs_the_entropy_pass_only_for_sweet(tiny_lm, threshold, passes):
+    """Kills: the teacher-forced pass run without SWEET (its entropies unused, a forward pass wasted on every
+    keystroke) or skipped for a threshold at or below 1 bit. Counted with a forward hook on the real model."""
+    from playground.engine.watermark.score import detect_text
+
+    calls = []
+    handle = tiny_lm.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        detect_text(tiny_lm, WatermarkSettings(watermark="kirchenbauer", entropy_threshold=threshold), TEXT)
+    finally:
+        handle.remove()
+    assert len(calls) == passes
+
+
 def test_replace_every_changes_exactly_every_kth_word():
     """Kills: the stride, its start, the empty-word check, the count, the seed and a replacement equal to the
     word it replaces (checked word by word, not by redoing the draw)."""
@@ -323,6 +351,7 @@ def test_edit_rows_and_their_dict():
                              "share_changed": round(4 / 12, 4), "z_score": 1.2346, "p_value": 0.01, "scored": 9,
                              "detected": False}
     assert EditRow("x", 0, 0, 0.0, 1.0, 0, False).as_dict()["share_changed"] == 0.0
+    assert EditRow("x", 1, 1, 0.0, 1.0, 0, False).as_dict()["share_changed"] == 1.0  # one word, changed
 
 
 def test_edit_budget_scores_each_edit(tiny_lm):
@@ -344,5 +373,10 @@ def test_edit_budget_scores_each_edit(tiny_lm):
         d = detect_kirchenbauer(lists, tiny_lm.tokenizer(text, add_special_tokens=False)["input_ids"], threshold=0.0)
         assert (row.words_changed, row.words, row.scored) == (changed, words, d.scored)
         assert (row.z_score, row.p_value, row.detected) == (d.z_score, d.p_value, d.prediction)
+    by_default = [(r.words_changed, r.z_score) for r in edit_budget(tiny_lm, g, TEXT)]  # seed 0
+    assert by_default[:9] == [(c, detect_kirchenbauer(lists, tiny_lm.tokenizer(t, add_special_tokens=False)
+                                                      ["input_ids"]).z_score)
+                              for t, c in (replace_every(TEXT, k, 0) for k in (0, 12, 8, 6, 5, 4, 3, 2, 1))]
+    assert by_default != [(r.words_changed, r.z_score) for r in rows]  # precondition: the seed matters
     assert len(tiny_lm.tokenizer("a", add_special_tokens=False)["input_ids"]) == 1  # too short to score
     assert [r.edit for r in edit_budget(tiny_lm, g, "a")] == ["replace 1 word in 1"]  # only the replaced word scores
