@@ -66,6 +66,17 @@ def test_a_bias_float32_cannot_hold_is_added_in_float64(scheme):
     assert got.dtype == torch.float64 and torch.equal(got, theirs(ids, logits.clone()))
 
 
+def test_green_ids_are_transformers_in_its_order():
+    """Kills: ``ids`` (no caller in the package yet, so no other test reaches it) drawn without the seed's generator,
+    over another vocabulary, or cut at another size. Against transformers' ``_get_greenlist_ids``."""
+    theirs = WatermarkLogitsProcessor(vocab_size=VOCAB, device="cpu", greenlist_ratio=0.25, bias=2.0,
+                                      hashing_key=15485863, seeding_scheme="lefthash", context_width=1)
+    ours = GreenLists(KirchenbauerKey(vocab_size=VOCAB))
+    for window in ([5], [17, 200], [3]):
+        expected = theirs._get_greenlist_ids(torch.tensor(window))
+        assert torch.equal(ours.ids(ours.seed(window)), expected)
+
+
 # --- SynthID -----------------------------------------------------------------------------------------------------
 
 def test_synthid_key_takes_every_setting():
