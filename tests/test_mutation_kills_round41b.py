@@ -391,3 +391,74 @@ def test_edit_budget_scores_each_edit(tiny_lm):
     assert by_default != [(r.words_changed, r.z_score) for r in rows]  # precondition: the seed matters
     assert len(tiny_lm.tokenizer("a", add_special_tokens=False)["input_ids"]) == 1  # too short to score
     assert [r.edit for r in edit_budget(tiny_lm, g, "a")] == ["replace 1 word in 1"]  # only the replaced word scores
+
+
+# --- Direct logit attribution's run wrapper (engine/dla/run.py) -------------------------------------------------
+
+def _dla_run(tiny_lm, **values):
+    from playground.config import RunSettings
+    from playground.engine.strategies import run_strategy
+    from playground.events import RunStarted, TokenStep
+
+    events = list(run_strategy(tiny_lm, RunSettings.from_flat(prompt="Hello there, tell me", strategy="greedy",
+                                                              max_new_tokens=3, **values)))
+    prompt = next(e for e in events if isinstance(e, RunStarted)).prompt_token_ids
+    return events, list(prompt), [e.token_id for e in events if isinstance(e, TokenStep)]
+
+
+def test_attribution_against_a_named_token_is_its_logit_difference(tiny_lm):
+    """Kills: ``--attribute-against`` dropped anywhere on its way (the wrapper, the run, each request) or kept for
+    a step whose own token it is. Against the model's logits by hand."""
+    from playground.events.dla import LogitAttribution
+
+    tok = tiny_lm.tokenizer
+    word = tok.decode([tok.encode(" Paris", add_special_tokens=False)[0]])
+    (against,) = tok.encode(word, add_special_tokens=False)
+    events, prompt, tokens = _dla_run(tiny_lm, attribute_steps="all", attribute_against=word)
+    found = [e for e in events if isinstance(e, LogitAttribution)]
+    assert [a.step for a in found] == [0, 1, 2] and against not in tokens
+    with torch.no_grad():
+        logits = tiny_lm.model(input_ids=torch.tensor([prompt + tokens])).logits[0].double()
+    for a in found:
+        row = logits[len(prompt) + a.step - 1]
+        assert a.against_id == against
+        assert a.difference == pytest.approx(float(row[a.token_id] - row[against]), abs=1e-4)
+    # the step's own token as the alternative: its runner-up instead
+    own = tok.decode([tokens[0]])
+    if tok.encode(own, add_special_tokens=False) == [tokens[0]]:
+        events, _, again = _dla_run(tiny_lm, attribute_steps="0", attribute_against=own)
+        (a,) = [e for e in events if isinstance(e, LogitAttribution)]
+        assert again == tokens and a.against_id != tokens[0]
+        assert a.against_id == int(logits[len(prompt) - 1].topk(2).indices[1])
+
+
+def test_steps_past_the_run_are_reported_not_attributed(tiny_lm):
+    """Kills: a step equal to the run's length taken as one of its steps (``<=``) or not reported (``>``), the
+    report's text, and an empty choice attributed anyway (``and`` for ``or``)."""
+    from playground.events.dla import AttributionMissing, LogitAttribution
+
+    events, _, tokens = _dla_run(tiny_lm, attribute_steps="0, 3")
+    assert len(tokens) == 3
+    assert [a.step for a in events if isinstance(a, LogitAttribution)] == [0]
+    assert [m.what for m in events if isinstance(m, AttributionMissing)] == [
+        "nothing to attribute for step 3 (the run has 3 steps)"]
+    events, _, _ = _dla_run(tiny_lm, attribute_steps="7")
+    assert not [a for a in events if isinstance(a, LogitAttribution)]
+    assert [m.what for m in events if isinstance(m, AttributionMissing)] == [
+        "nothing to attribute for step 7 (the run has 3 steps)"]
+
+
+def test_a_word_of_several_tokens_is_refused_with_its_pieces(tiny_lm):
+    """Kills: the refusal's pieces and its hint."""
+    from playground.config.errors import ConfigError
+    from playground.engine.dla.run import single_token
+
+    tok = tiny_lm.tokenizer
+    word = " Shanghai coffee"
+    pieces = [tok.decode([i]) for i in tok.encode(word, add_special_tokens=False)]
+    assert len(pieces) > 1
+    message = (f"--attribute-against {word!r} is {len(pieces)} tokens for this model ({pieces}): give a single "
+               "token, e.g. with its leading space (' Lyon')")
+    with pytest.raises(ConfigError) as refused:
+        single_token(tiny_lm, word, "--attribute-against")
+    assert str(refused.value) == message
