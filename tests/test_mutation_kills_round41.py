@@ -1,0 +1,182 @@
+"""Round 41 of mutation testing (issue 28, point 4): the survivors of `make mutate` on the phrase bans' guard
+(``engine/bans.py``), the run context, the sampler chain's compact run, the step-event checks and the sampling
+runner. Each test names the behaviour it pins down and fails on the mutants listed with it; the references are
+written here (the families' own configs read by hand, texts and sets spelled out)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from playground.config import ConfigError, RunSettings
+from playground.engine.bans import BanGuard, check_croppable
+from playground.engine.processors import SamplerRun, build_pipeline
+from playground.engine.samplers.ban import Ban
+from playground.engine.samplers.mirostat import Mirostat
+from playground.engine.samplers.xtc import Xtc
+from playground.engine.sampling import run_sampling
+from playground.engine.token_text import TokenTextCache
+from playground.events import RunFinished, TokenStep
+from playground.events.bans import Rollback
+from playground.models.loaded import LoadedModel
+
+PROMPT = "The capital of France is"
+
+
+def _settings(**values) -> RunSettings:
+    base = dict(strategy="greedy", prompt=PROMPT, chat=False, max_new_tokens=6)
+    return RunSettings.from_flat(**{**base, **values})
+
+
+# ---- phrase bans: which models may roll back (check_croppable) ----------------------------------------------------
+
+def _tiny(config_class, model_class, name: str, **extra) -> LoadedModel:
+    from support.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id, **extra)
+    torch.manual_seed(0)
+    return LoadedModel(model=model_class(config).eval(), tokenizer=tokenizer, name=name, path="<memory>",
+                       device=torch.device("cpu"), dtype=torch.float32)
+
+
+def _refusal(name: str) -> str:
+    return (f"phrase bans (--ban, --ban-regex) roll the KV cache back, and {name}'s sliding-window layers cannot go "
+            "back past their window: not available on this model")
+
+
+def test_a_qwen2_whose_window_starts_past_its_last_layer_takes_bans_and_one_with_a_sliding_layer_does_not():
+    """The model anatomy's layer types decide, not the config's ``sliding_window`` alone: Qwen2 slides only the layers
+    from ``max_window_layers`` on, so with it at the layer count no layer slides (kills x_check_croppable 2: the
+    anatomy skipped for the config's window)."""
+    full = _tiny(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, "qwen2-full", use_sliding_window=True,
+                 sliding_window=12, max_window_layers=2)
+    assert full.model.config.sliding_window == 12 and full.model.config.use_sliding_window, \
+        "precondition: the config names a window and turns it on"
+    assert full.model.config.layer_types == ["full_attention", "full_attention"]
+    check_croppable(full)
+    hybrid = _tiny(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, "qwen2-hybrid", use_sliding_window=True,
+                   sliding_window=12, max_window_layers=1)
+    assert hybrid.model.config.layer_types == ["full_attention", "sliding_attention"]
+    with pytest.raises(ConfigError) as refused:
+        check_croppable(hybrid)
+    assert str(refused.value) == _refusal("qwen2-hybrid")
+
+
+def test_a_family_outside_the_anatomy_table_is_judged_by_its_configs_window():
+    """Starcoder2 and OPT are not in the model-anatomy table: their config decides. A window (and no
+    ``use_sliding_window``, which Starcoder2's config does not have) is refused with the message naming the model; no
+    window, a window turned off by ``use_sliding_window=False``, or a config with no window field at all (OPT) is
+    accepted (kills x_check_croppable 3-32 but 8: the config or its fields not read, read without their defaults,
+    ``and`` as ``or``, the defaults changed, the message changed)."""
+    from playground.models.anatomy import anatomy_of
+
+    sliding = _tiny(transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, "tiny-starcoder2",
+                    sliding_window=12)
+    with pytest.raises(ConfigError, match="not in the model-anatomy table"):
+        anatomy_of(sliding.model)  # precondition: the fallback is what runs
+    assert not hasattr(sliding.model.config, "use_sliding_window"), "precondition: the default True is what counts"
+    with pytest.raises(ConfigError) as refused:
+        check_croppable(sliding)
+    assert str(refused.value) == _refusal("tiny-starcoder2")
+    check_croppable(_tiny(transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, "no-window",
+                          sliding_window=None))
+    check_croppable(_tiny(transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, "window-off",
+                          sliding_window=12, use_sliding_window=False))
+    # OPT's config has no ``sliding_window`` at all (kills x_check_croppable 18: the attribute read without a default).
+    from support.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    opt = transformers.OPTConfig(vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                 num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32)
+    assert not hasattr(opt, "sliding_window"), "precondition"
+    check_croppable(LoadedModel(model=transformers.OPTForCausalLM(opt).eval(), tokenizer=tokenizer, name="tiny-opt",
+                                path="<memory>", device=torch.device("cpu"), dtype=torch.float32))
+
+
+# ---- phrase bans: what a rollback restores, where it stops, why a run ends ----------------------------------------
+
+def test_a_rollback_restores_every_sampler_but_the_ban_and_those_whose_state_is_the_runs_generator(tiny_lm):
+    """XTC's state is the run's generator: restoring it would repeat the draws a rollback must go on from (the module
+    says a draw is never repeated); the ban's forbidden sets are not restored either. Mirostat's mu is (kills
+    xǁBanGuardǁ__init__ 3, 5, 10, 11: every sampler kept, or the generator looked up on no sampler or by another
+    name)."""
+    settings = _settings(strategy="sample", samplers="xtc;mirostat;ban", xtc_probability=0.5, xtc_threshold=0.1,
+                         mirostat=2, ban=("the",))
+    generator = torch.Generator().manual_seed(0)
+    run = SamplerRun.of(settings, generator, sampling=True)
+    build_pipeline(settings, sampling=True, tokenizer=tiny_lm.tokenizer, vocab_size=tiny_lm.model.config.vocab_size,
+                   run=run, eos_ids=tiny_lm.eos_token_ids)
+    by_kind = {type(s): s for s in run.samplers}
+    assert set(by_kind) == {Xtc, Mirostat, Ban} and by_kind[Xtc].generator is generator, "precondition"
+    ban = by_kind[Ban]
+    guard = BanGuard(ban, run.samplers, TokenTextCache(tiny_lm.tokenizer), generator)
+    assert guard.samplers == [by_kind[Mirostat]]
+    # A sampler with a generator of its own (not the run's) is rolled back like any other.
+    own = Xtc(0.5, 0.1, torch.Generator().manual_seed(1))
+    assert BanGuard(ban, [own, *run.samplers], TokenTextCache(tiny_lm.tokenizer), generator).samplers == [
+        own, by_kind[Mirostat]]
+
+
+def test_a_rollback_never_reaches_into_a_forced_token_that_only_began_the_banned_character(tiny_lm):
+    """Forced by hand: " the" and the first byte of "é" (no text of its own); a bias makes the second byte the next
+    token, and "é" is banned. The match begins where the first generated token begins: the rollback goes back to
+    it and stops there, as the forced byte is the user's (kills xǁBanGuardǁ_roll_back 11: ``position >= forced``
+    walks into the forced tokens and rolls the user's byte back)."""
+    tokenizer = tiny_lm.tokenizer
+    lead, tail = tokenizer.convert_tokens_to_ids("Ã"), tokenizer.convert_tokens_to_ids("©")  # bytes 0xC3, 0xA9
+    the = tokenizer(" the")["input_ids"]
+    assert len(the) == 1 and tokenizer.decode([lead, tail]) == "é", "precondition: the two bytes of é"
+    forced = (the[0], lead)
+    events = list(run_sampling(tiny_lm, _settings(forced_token_ids=forced, logit_bias=(f"{tail}=+100",),
+                                                  ban=("é",))))
+    steps = [e for e in events if isinstance(e, TokenStep)]
+    assert [(s.step, s.token_id, s.forced) for s in steps[:3]] == [(0, the[0], True), (1, lead, True), (2, tail, False)]
+    rollbacks = [e for e in events if isinstance(e, Rollback)]
+    assert [(r.position, r.token_ids, r.forbidden) for r in rollbacks] == [(2, (tail,), tail)]
+    assert events[-1].token_ids[:2] == forced and events[-1].token_ids[2] != tail
+    assert events[-1].stop_reason == "max_new_tokens"
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_note_of_a_blocked_step_counts_its_forbidden_tokens_in_words(tiny_lm, top_k):
+    """top-k before the ban leaves k tokens, and a ban on any character forbids them in turn: "1 token", "2 tokens"
+    (kills x_blocked_note 3, 7, 8: the plural always, at 2 instead of 1, or another singular)."""
+    events = list(run_sampling(tiny_lm, _settings(strategy="sample", samplers="top_k;ban", top_k=top_k,
+                                                  ban_regex=(r"[\s\S]",))))
+    done = events[-1]
+    assert isinstance(done, RunFinished) and done.stop_reason == "ban_blocked"
+    words = "1 token" if top_k == 1 else "2 tokens"
+    assert done.stop_note == (f"no token is left at output token 0: the bans' rollbacks forbade {words} there and "
+                              "the other samplers removed the rest")
+
+
+# ---- the run context ------------------------------------------------------------------------------------------------
+
+def test_a_context_given_a_progress_keeps_everything_else_and_reports_through_the_new_one():
+    """``RunContext.of(context, progress)`` replaces the progress and nothing else; without ``progress`` it is the
+    context handed in, unchanged (kills xǁRunContextǁof 6-12: the context returned with its old progress, a copy made
+    when none was given, or the replacement made without the progress or of no context)."""
+    from playground.engine.run_context import NO_CONTEXT, RunContext
+
+    first: list[tuple[str, float]] = []
+    second: list[tuple[str, float]] = []
+    observers = (object(),)
+    context = RunContext(should_stop=lambda: True, progress=lambda m, f: first.append((m, f)), observers=observers)
+    assert RunContext.of(context) is context and RunContext.of(context, None) is context
+    replaced = RunContext.of(context, lambda m, f: second.append((m, f)))
+    assert replaced is not context and replaced.stopped() and replaced.observers is observers
+    assert replaced.chooser is None and replaced.history is None and replaced.steering is None
+    replaced.report("building", 0.5)
+    assert second == [("building", 0.5)] and first == []
+    context.report("loading", 0.25)
+    assert first == [("loading", 0.25)], "the context handed in keeps its own progress"
+    # Around a plain stop check, or none: never stops unless the check says so, and takes the progress.
+    around = RunContext.of(None, lambda m, f: second.append((m, f)))
+    assert not around.stopped() and not NO_CONTEXT.stopped() and RunContext.of(lambda: True).stopped()
+    around.report("x", 1.0)
+    assert second[-1] == ("x", 1.0)
