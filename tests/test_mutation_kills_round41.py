@@ -5,6 +5,8 @@ written here (the families' own configs read by hand, texts and sets spelled out
 
 from __future__ import annotations
 
+from typing import ClassVar  # module-level: dataclasses made in a test read their ClassVars by this name
+
 import pytest
 import torch
 import transformers
@@ -180,3 +182,134 @@ def test_a_context_given_a_progress_keeps_everything_else_and_reports_through_th
     assert not around.stopped() and not NO_CONTEXT.stopped() and RunContext.of(lambda: True).stopped()
     around.report("x", 1.0)
     assert second[-1] == ("x", 1.0)
+
+
+# ---- the sampler chain's compact candidate set ---------------------------------------------------------------------
+
+def test_the_compact_sets_positions_index_its_ids_and_mark_every_other_token_minus_one():
+    """``Kept.position`` as its docstring has it, written out here: index into ``ids`` for a kept token, -1 for every
+    other (kills xǁKeptǁof 11: -2 outside, which ``at`` alone does not notice)."""
+    from playground.engine.samplers.chain import CompactLogits, Kept
+
+    kept = Kept.of(torch.tensor([2, 5, 7]), 10)
+    assert kept.position.dtype == torch.long
+    assert kept.position.tolist() == [-1, -1, 0, -1, -1, 1, -1, 2, -1, -1]
+    logits = CompactLogits(kept, torch.tensor([[0.5, -1.0, 2.0]]))
+    assert logits.at(torch.tensor([7, 3, 2])).tolist() == [2.0, float("-inf"), 0.5]
+    assert logits.full().tolist() == [[float("-inf")] * 2 + [0.5] + [float("-inf")] * 2 + [-1.0, float("-inf"), 2.0]
+                                      + [float("-inf")] * 2]
+
+
+def test_a_stages_own_flags_win_over_its_names_declaration_and_a_stage_without_them_falls_back_to_it():
+    """``flags``: a stage object that says whether it is value-only and truncating is taken at its word; one that
+    does not say is judged by the declaration its name belongs to, and an unknown name is neither (kills x_flags 2,
+    6-9: the object's own flags not read, read without a default, or looked up by another name). run_chain follows:
+    a truncating stage that cuts to a quarter of the vocabulary or less compacts what comes after it."""
+    from dataclasses import dataclass
+
+    from playground.config.samplers import spec_of_stage
+    from playground.engine.samplers.chain import CompactLogits, flags, run_chain
+
+    spec = spec_of_stage("top_k")
+    assert spec is not None and spec.value_only and spec.truncating, "precondition: top-k's declaration"
+
+    def keep_two(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        out = torch.full_like(logits, float("-inf"))
+        out[0, :2] = logits[0, :2]
+        return out
+
+    @dataclass(frozen=True)
+    class Plain:  # name and apply only
+        name: str
+        apply: object
+
+    @dataclass(frozen=True)
+    class Flagged(Plain):
+        value_only: bool
+        truncating: bool
+
+    assert flags(Plain("top_k", keep_two)) == (True, True)
+    assert flags(Plain("no such stage", keep_two)) == (False, False)
+    assert flags(Flagged("top_k", keep_two, False, False)) == (False, False)
+    assert flags(Flagged("top_k", keep_two, True, False)) == (True, False)
+    assert flags(Flagged("top_k", keep_two, False, True)) == (False, True)
+    assert flags(Flagged("no such stage", keep_two, True, True)) == (True, True)
+    logits = torch.arange(16, dtype=torch.float32)[None]
+    ids = torch.tensor([[1, 2]])
+    assert isinstance(run_chain([Plain("top_k", keep_two)], ids, logits)[0][1], CompactLogits)
+    assert isinstance(run_chain([Flagged("top_k", keep_two, True, False)], ids, logits)[0][1], torch.Tensor)
+
+
+# ---- the step-event checks ---------------------------------------------------------------------------------------
+
+def test_the_step_protocols_ask_for_the_members_their_docstrings_name():
+    """A step event: ``type`` and ``step``; a unit step adds ``unit``, ``step_ms`` and ``kv_cache_bytes`` (its own
+    and its base's annotations and properties, written out here; kills x__members 1-6, 8-12, 15-19: the bases
+    skipped the wrong way, their annotations or properties not read)."""
+    from playground.events import steps
+
+    assert steps._members(steps.StepEvent) == frozenset({"type", "step"})
+    assert steps._members(steps.UnitStep) == frozenset({"type", "step", "unit", "step_ms", "kv_cache_bytes"})
+    assert frozenset({"type", "step"}) == steps.STEP_MEMBERS
+    assert frozenset({"type", "step", "unit", "step_ms", "kv_cache_bytes"}) == steps.UNIT_STEP_MEMBERS
+
+
+def test_an_event_class_is_a_step_or_unit_step_by_its_fields_or_its_class_attributes():
+    """Classes made here (none seen before, so no answer is cached): a dataclass whose ``step`` is a field without a
+    default (not a class attribute), a plain class whose members are properties, and classes missing one member
+    (kills x_class_has 1-12, x_is_step_event 5-10, x_is_unit_step_type 3-8: the fields not read or read of no
+    class, ``or`` as ``and``, no answer or another class's computed)."""
+    from dataclasses import dataclass
+
+    from playground.events import is_step_event, is_unit_step, is_unit_step_type
+    from playground.events.steps import class_has
+
+    @dataclass(frozen=True)
+    class Probe:
+        type: ClassVar[str] = "probe"
+        step: int
+
+    @dataclass(frozen=True)
+    class UnitProbe:
+        type: ClassVar[str] = "unit_probe"
+        unit: ClassVar[str] = "token"
+        step: int
+        step_ms: float
+        kv_cache_bytes: int
+
+    @dataclass(frozen=True)
+    class NoCacheSize:  # a unit step but for kv_cache_bytes
+        type: ClassVar[str] = "no_cache_size"
+        unit: ClassVar[str] = "token"
+        step: int
+        step_ms: float
+
+    class Plain:  # not a dataclass: its members are properties
+        type = "plain"
+        unit = "step"
+
+        @property
+        def step(self) -> int:
+            return 3
+
+        @property
+        def step_ms(self) -> float:
+            return 1.0
+
+        @property
+        def kv_cache_bytes(self) -> int:
+            return 0
+
+    class NoStep:
+        type = "no_step"
+
+    assert not hasattr(Probe, "step"), "precondition: a field without a default is no class attribute"
+    assert class_has(Probe, frozenset({"type", "step"})) is True
+    assert class_has(Plain, frozenset({"type", "step"})) is True
+    assert class_has(NoStep, frozenset({"type", "step"})) is False
+    for _ in range(2):  # the first answer and the cached one
+        assert is_step_event(Probe(0)) is True and is_step_event(Plain()) is True
+        assert is_step_event(NoStep()) is False and is_step_event(NoCacheSize(0, 1.0)) is True
+        assert is_unit_step(UnitProbe(0, 1.0, 8)) is True and is_unit_step(Plain()) is True
+        assert is_unit_step(Probe(0)) is False and is_unit_step(NoCacheSize(0, 1.0)) is False
+        assert is_unit_step_type(UnitProbe) is True and is_unit_step_type(NoStep) is False
