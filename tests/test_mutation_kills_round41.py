@@ -5,6 +5,7 @@ written here (the families' own configs read by hand, texts and sets spelled out
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar  # module-level: dataclasses made in a test read their ClassVars by this name
 
 import pytest
@@ -33,10 +34,15 @@ def _settings(**values) -> RunSettings:
 
 # ---- phrase bans: which models may roll back (check_croppable) ----------------------------------------------------
 
-def _tiny(config_class, model_class, name: str, **extra) -> LoadedModel:
+@functools.cache
+def _tokenizer():
     from support.tiny_models import build_tokenizer
 
-    tokenizer = build_tokenizer()
+    return build_tokenizer()
+
+
+def _tiny(config_class, model_class, name: str, **extra) -> LoadedModel:
+    tokenizer = _tokenizer()
     config = config_class(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                           bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -90,9 +96,7 @@ def test_a_family_outside_the_anatomy_table_is_judged_by_its_configs_window():
     check_croppable(_tiny(transformers.Starcoder2Config, transformers.Starcoder2ForCausalLM, "window-off",
                           sliding_window=12, use_sliding_window=False))
     # OPT's config has no ``sliding_window`` at all (kills x_check_croppable 18: the attribute read without a default).
-    from support.tiny_models import build_tokenizer
-
-    tokenizer = build_tokenizer()
+    tokenizer = _tokenizer()
     opt = transformers.OPTConfig(vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64, num_hidden_layers=2,
                                  num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32)
     assert not hasattr(opt, "sliding_window"), "precondition"
