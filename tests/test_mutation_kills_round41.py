@@ -317,3 +317,33 @@ def test_an_event_class_is_a_step_or_unit_step_by_its_fields_or_its_class_attrib
         assert is_unit_step(UnitProbe(0, 1.0, 8)) is True and is_unit_step(Plain()) is True
         assert is_unit_step(Probe(0)) is False and is_unit_step(NoCacheSize(0, 1.0)) is False
         assert is_unit_step_type(UnitProbe) is True and is_unit_step_type(NoStep) is False
+
+
+# ---- the sampling runner --------------------------------------------------------------------------------------------
+
+def test_a_draw_comes_from_the_generator_it_is_given():
+    """``sample_next_token`` draws with the run's generator: the same seed gives the same tokens as
+    ``torch.multinomial`` with a generator seeded the same here, whatever the global seed (kills
+    x_sample_next_token 4, 7: the global generator used)."""
+    from playground.engine.sampling import sample_next_token
+
+    probs = torch.full((1, 1000), 1e-3)
+    mine, reference = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    torch.manual_seed(12345)
+    draws = [sample_next_token(probs, mine) for _ in range(20)]
+    assert draws == [int(torch.multinomial(probs, 1, generator=reference).item()) for _ in range(20)]
+
+
+def test_a_negative_prompt_that_fits_with_the_new_tokens_is_taken_and_one_token_more_is_refused(tiny_lm):
+    """The negative context must hold its prompt and every new token: n + max_new_tokens == the context is taken,
+    one more is refused with the sizes named (kills x__negative_context 14-16: the tokens subtracted, ``>=`` for
+    ``>``, the message lost)."""
+    negative = " the" * 100
+    n = len(tiny_lm.tokenizer(negative)["input_ids"])
+    assert n == 100 and tiny_lm.context_length == 256, "precondition: one token per word, the tiny model's context"
+    fits = _settings(strategy="sample", guidance_scale=1.5, negative_prompt=negative, max_new_tokens=256 - n)
+    assert iter(run_sampling(tiny_lm, fits)) is not None  # no ConfigError: the settings are checked on the call
+    with pytest.raises(ConfigError) as refused:
+        run_sampling(tiny_lm, fits.replace(max_new_tokens=257 - n))
+    assert str(refused.value) == (f"the negative prompt is 100 tokens: with {257 - n} new tokens it does not fit "
+                                  f"{tiny_lm.name}'s 256; shorten it")
