@@ -208,7 +208,8 @@ def test_a_stages_own_flags_win_over_its_names_declaration_and_a_stage_without_t
     """``flags``: a stage object that says whether it is value-only and truncating is taken at its word; one that
     does not say is judged by the declaration its name belongs to, and an unknown name is neither (kills x_flags 2,
     6-9: the object's own flags not read, read without a default, or looked up by another name). run_chain follows:
-    a truncating stage that cuts to a quarter of the vocabulary or less compacts what comes after it."""
+    a truncating stage that cuts to a quarter of the vocabulary or less compacts what comes after it, a quarter
+    exactly included (kills x_run_chain 51: ``<`` for ``<=``)."""
     from dataclasses import dataclass
 
     from playground.config.samplers import spec_of_stage
@@ -217,9 +218,9 @@ def test_a_stages_own_flags_win_over_its_names_declaration_and_a_stage_without_t
     spec = spec_of_stage("top_k")
     assert spec is not None and spec.value_only and spec.truncating, "precondition: top-k's declaration"
 
-    def keep_two(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def keep_four(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         out = torch.full_like(logits, float("-inf"))
-        out[0, :2] = logits[0, :2]
+        out[0, :4] = logits[0, :4]
         return out
 
     @dataclass(frozen=True)
@@ -232,16 +233,16 @@ def test_a_stages_own_flags_win_over_its_names_declaration_and_a_stage_without_t
         value_only: bool
         truncating: bool
 
-    assert flags(Plain("top_k", keep_two)) == (True, True)
-    assert flags(Plain("no such stage", keep_two)) == (False, False)
-    assert flags(Flagged("top_k", keep_two, False, False)) == (False, False)
-    assert flags(Flagged("top_k", keep_two, True, False)) == (True, False)
-    assert flags(Flagged("top_k", keep_two, False, True)) == (False, True)
-    assert flags(Flagged("no such stage", keep_two, True, True)) == (True, True)
+    assert flags(Plain("top_k", keep_four)) == (True, True)
+    assert flags(Plain("no such stage", keep_four)) == (False, False)
+    assert flags(Flagged("top_k", keep_four, False, False)) == (False, False)
+    assert flags(Flagged("top_k", keep_four, True, False)) == (True, False)
+    assert flags(Flagged("top_k", keep_four, False, True)) == (False, True)
+    assert flags(Flagged("no such stage", keep_four, True, True)) == (True, True)
     logits = torch.arange(16, dtype=torch.float32)[None]
     ids = torch.tensor([[1, 2]])
-    assert isinstance(run_chain([Plain("top_k", keep_two)], ids, logits)[0][1], CompactLogits)
-    assert isinstance(run_chain([Flagged("top_k", keep_two, True, False)], ids, logits)[0][1], torch.Tensor)
+    assert isinstance(run_chain([Plain("top_k", keep_four)], ids, logits)[0][1], CompactLogits)
+    assert isinstance(run_chain([Flagged("top_k", keep_four, True, False)], ids, logits)[0][1], torch.Tensor)
 
 
 # ---- the step-event checks ---------------------------------------------------------------------------------------
