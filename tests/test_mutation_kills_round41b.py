@@ -247,7 +247,8 @@ def test_text_entropies_with_and_without_bos(tiny_lm):
     import copy
     import dataclasses
 
-    from playground.engine.watermark.score import encode, text_entropies
+    from playground.engine.watermark.score import text_entropies
+    from playground.watermarking.text import encode
 
     ids = encode(tiny_lm.tokenizer, TEXT)
     assert ids == tiny_lm.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
@@ -265,7 +266,7 @@ def test_text_entropies_with_and_without_bos(tiny_lm):
 def test_detect_ids_passes_every_setting_to_its_scheme():
     """Kills: the threshold, EOS, entropies, SWEET threshold or ``ignore_repeated_ngrams`` not passed on, the
     scheme's test inverted, and the refusal's message. Against the detectors called with keys built by hand."""
-    from playground.engine.watermark.score import detect_ids
+    from playground.watermarking.text import detect_ids
 
     ids = [7, 8, 9] * 6 + [2, 30, 31, 32, 33]
     entropies = [0.25 * (i % 5) for i in range(len(ids))]
@@ -322,7 +323,7 @@ def test_detect_text_runs_the_entropy_pass_only_for_sweet(tiny_lm, threshold, pa
 def test_replace_every_changes_exactly_every_kth_word():
     """Kills: the stride, its start, the empty-word check, the count, the seed and a replacement equal to the
     word it replaces (checked word by word, not by redoing the draw)."""
-    from playground.engine.watermark.score import REPLACEMENTS, replace_every
+    from playground.watermarking.text import REPLACEMENTS, replace_every
 
     words = TEXT.split(" ")
     assert replace_every(TEXT, 0) == (TEXT, 0) and replace_every(TEXT, -1) == (TEXT, 0)
@@ -344,7 +345,7 @@ def test_replace_every_changes_exactly_every_kth_word():
 
 def test_delete_span_deletes_the_middle_share():
     """Kills: the share's rounding, the span's start and the words kept after it."""
-    from playground.engine.watermark.score import delete_span
+    from playground.watermarking.text import delete_span
 
     text = " ".join(f"w{i}" for i in range(10))
     assert delete_span(text, 0.3) == ("w0 w1 w2 w6 w7 w8 w9", 3)
@@ -368,7 +369,8 @@ def test_edit_rows_and_their_dict():
 def test_edit_budget_scores_each_edit(tiny_lm):
     """Kills: the edits' names and order, the counts and scores a row carries, and a text too short kept as a row.
     Against the detector on each edited text's own ids."""
-    from playground.engine.watermark.score import delete_span, edit_budget, replace_every
+    from playground.engine.watermark.score import edit_budget
+    from playground.watermarking.text import delete_span, replace_every
 
     g = WatermarkSettings(watermark="kirchenbauer", greenlist_ratio=0.5, z_threshold=0.0)
     vocab = tiny_lm.model.config.vocab_size
