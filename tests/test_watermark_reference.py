@@ -147,6 +147,26 @@ def test_synthid_logits_are_the_processors_step_by_step(skip):
         probe = torch.cat([probe, out.argmax(-1, keepdim=True)], dim=1)
 
 
+def test_synthid_probability_rounded_below_zero_is_removed_as_transformers_removes_it():
+    """A peaked distribution after a truncating sampler (40 tokens in play, as top-k 40 leaves): in float32 a
+    layer's ``1 + g − Σ p g`` rounds below zero for some g = 0 tokens, whose log is NaN; transformers writes
+    finfo.min there (probability 0), and the run's draw must not meet a NaN (issue 33's benchmark hit it)."""
+    theirs, ours = _synthid_pair(skip=False)
+    ids = torch.tensor([[11, 12, 13, 14]])
+    logits = torch.full((1, VOCAB), float("-inf"))
+    logits[0, :40] = torch.randn(40, generator=torch.Generator().manual_seed(10)) * 12
+    expected = theirs(ids, logits.clone())
+    removed = expected[0, :40] == torch.finfo(torch.float32).min
+    assert removed.any()  # precondition: the tournament rounded some of the 40 tokens in play to probability 0
+    got, acted = ours.apply(ids, logits.clone(), start=4)
+    assert acted and not torch.isnan(got).any()
+    finite = torch.isfinite(got)
+    assert torch.equal(finite, expected > torch.finfo(torch.float32).min)
+    torch.testing.assert_close(got[finite], expected[finite], rtol=1e-5, atol=1e-6)
+    probs = got.softmax(-1)
+    assert torch.isfinite(probs).all() and probs[0, :40][removed].eq(0).all()
+
+
 def test_synthid_g_values_and_masks_are_the_processors_own():
     theirs, ours = _synthid_pair(False, ngram_len=4, history=6)
     ids = torch.tensor([[3, 4, 5, 6, 3, 4, 5, 9, 10, 11, 3, 4, 5, 6, 200, 201, 17, 18, 19, 20, 21]])

@@ -7,7 +7,9 @@ transformers keeps its context in a state that starts at zeros and takes each ge
 never enters it); here the same context is read off the ids (the generated tokens, padded with zeros), so a step
 asked twice (a rollback, step mode) gets the same answer. The g-values are computed only for the tokens still in play
 (a token of probability 0 keeps it whatever its g); removed tokens stay ``-inf`` where transformers writes
-``finfo.min`` (both are probability 0). The table is drawn on the CPU (transformers draws it on the model's device).
+``finfo.min`` (both are probability 0), and so does a token whose tournament factor rounded below zero in float
+(its log is NaN; transformers writes ``finfo.min`` there too). The table is drawn on the CPU (transformers draws
+it on the model's device).
 """
 
 from __future__ import annotations
@@ -154,5 +156,6 @@ class SynthID:
         for g_layer in g:
             probs = probs * (1 + g_layer - (g_layer * probs).sum())
         out = torch.full_like(logits, float("-inf"))
-        out[0, kept] = probs.log()
+        log_probs = probs.log()  # a g = 0 factor that rounded below zero gives NaN: probability 0, as transformers
+        out[0, kept] = torch.where(torch.isfinite(log_probs), log_probs, float("-inf"))  # writes finfo.min there
         return out
