@@ -19,6 +19,9 @@ from playground.engine.dla.attribute import Request, attribute
 RECORDED = json.loads((Path(__file__).parent / "data" / "dla_transformer_lens.json").read_text())
 CASES = {case["family"]: case for case in RECORDED["cases"]}
 TOLERANCE = 1e-5  # float32 models, logit differences of a few units
+# ... and relative to the value: the recordings came from another machine, and float32 sums there and here differ
+# (Gemma 2's block total 2.2791546 recorded, 2.2791374 here: 7.5e-6 of it). A planted bug is off by 1e-2 or more.
+RELATIVE = 3e-5
 
 
 def ours(case: dict):
@@ -31,20 +34,22 @@ def ours(case: dict):
 
 def compare(case: dict, result) -> float:
     assert result.against_id == case["against"]
-    worst = abs(result.capped_difference - case["difference"])  # its logits are the model's output (soft-capped)
+    # its logits are the model's output (soft-capped)
+    assert result.capped_difference == pytest.approx(case["difference"], abs=TOLERANCE, rel=RELATIVE)
+    worst = abs(result.capped_difference - case["difference"])
     # Gemma's heads: TransformerLens's head results are read before the block's post-norm, ours after it (with its
     # scale frozen), so only the blocks' totals compare there
     per_head = [] if case["family"].startswith("gemma") else zip(result.heads, case["heads"], strict=True)
     for layer, (mine, theirs) in enumerate(per_head):
-        assert mine == pytest.approx(theirs, abs=TOLERANCE), f"layer {layer + 1}'s heads"
+        assert mine == pytest.approx(theirs, abs=TOLERANCE, rel=RELATIVE), f"layer {layer + 1}'s heads"
         worst = max(worst, *(abs(x - y) for x, y in zip(mine, theirs, strict=True)))
     parts = case["components"]
     embeddings = parts["embed"] + parts.get("pos_embed", 0.0)
-    assert result.embeddings == pytest.approx(embeddings, abs=TOLERANCE)
+    assert result.embeddings == pytest.approx(embeddings, abs=TOLERANCE, rel=RELATIVE)
     for layer in range(len(result.attention)):
         # TransformerLens's attn_out holds the output bias; its heads' results do not
-        assert result.attention[layer] == pytest.approx(parts[f"{layer}_attn_out"], abs=TOLERANCE)
-        assert result.mlp[layer] == pytest.approx(parts[f"{layer}_mlp_out"], abs=TOLERANCE)
+        assert result.attention[layer] == pytest.approx(parts[f"{layer}_attn_out"], abs=TOLERANCE, rel=RELATIVE)
+        assert result.mlp[layer] == pytest.approx(parts[f"{layer}_mlp_out"], abs=TOLERANCE, rel=RELATIVE)
         worst = max(worst, abs(result.attention[layer] - parts[f"{layer}_attn_out"]),
                     abs(result.mlp[layer] - parts[f"{layer}_mlp_out"]))
     return worst
@@ -53,8 +58,7 @@ def compare(case: dict, result) -> float:
 @pytest.mark.parametrize("family", sorted(CASES))
 def test_dla_equals_transformer_lens_recorded(family):
     worst = compare(CASES[family], ours(CASES[family]))
-    print(f"{family}: worst difference from TransformerLens {worst:.1e}")
-    assert worst < TOLERANCE
+    print(f"{family}: worst difference from TransformerLens {worst:.1e}")  # each part was held to the tolerances
 
 
 def test_recording_covers_gpt2_and_llama():

@@ -281,8 +281,9 @@ def test_stop_during_a_small_models_load_ends_the_run_stopped(tiny_lm, model_fol
 
     reports.clear()
     events = list(run_strategy(tiny_lm, settings, None, lambda message, fraction: reports.append(message)))
-    assert isinstance(events[-1], RunFinished) and events[-1].stop_reason != "stopped"
-    assert events[-1].cut_short == () and len(events[-1].token_ids) == 4
+    assert isinstance(events[-1], RunFinished) and events[-1].stop_reason in ("max_new_tokens", "eos")
+    # Its 4 tokens, or fewer where the random tiny model's contrast picked EOS (it does on some CPUs' float sums).
+    assert events[-1].cut_short == () and (len(events[-1].token_ids) == 4 or events[-1].stop_reason == "eos")
     assert len(variants.held(kind=SmallModel)) == 1 and len(reports) > stop_at
 
 
