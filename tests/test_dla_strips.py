@@ -108,6 +108,16 @@ def test_attributions_are_kept_with_the_saved_run_and_drawn(qtbot, events):
     assert heights == list(attributed[1].attention)
     assert f"{attributed[1].difference:+.3f}" in view.summary.text()
     assert "flowing" in view.quadrant_note.text() and "H &lt; 0.1" in view.quadrant_note.text()
+    # Each step's dot in its quadrant's colour, at its entropy (the quadrant from the thresholds, here).
+    from playground.ui.views.dla.view import QUADRANT_COLORS
+
+    steps = [e for e in reopened if isinstance(e, TokenStep)]
+    for name, dots in view.quadrant_dots.items():
+        x, y = dots.getData()
+        mine = [k for k, st in enumerate(steps) if st.varentropy is not None
+                and (quadrant(st.entropy, st.varentropy) or MIDDLE) == name]
+        assert list(x) == mine and list(y) == pytest.approx([steps[k].entropy for k in mine])
+        assert dots.opts["brush"].color().name().upper() == QUADRANT_COLORS[name].upper()
     view.step_choice.setCurrentIndex(0)
     assert list(view.bars.mlp_bars.opts["width"]) == list(attributed[0].mlp)
     asked = []

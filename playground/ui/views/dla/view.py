@@ -81,8 +81,13 @@ class DlaView(View):
         self.entropy_curve = self.uncertainty.plot([], [], pen=pg.mkPen(RAW_COLOR, width=2), name="entropy H")
         dashed = pg.mkPen("#444444", width=1, style=Qt.PenStyle.DashLine)
         self.varentropy_curve = self.uncertainty.plot([], [], pen=dashed, name="varentropy V")
-        self.quadrant_dots = pg.ScatterPlotItem(size=9, pen=None)
-        self.uncertainty.addItem(self.quadrant_dots)
+        # One scatter per quadrant, each with one brush: pyqtgraph draws a uniform scatter from one cached symbol,
+        # where a brush per point rendered every symbol again on each redraw (most of the GUI thread's time by the
+        # end of a long run).
+        self.quadrant_dots = {q: pg.ScatterPlotItem(size=9, pen=None, brush=pg.mkBrush(colour))
+                              for q, colour in QUADRANT_COLORS.items()}
+        for dots in self.quadrant_dots.values():
+            self.uncertainty.addItem(dots)
         swatches = "; ".join(f"<span style='color:{QUADRANT_COLORS[q]}'>&#9679;</span> {html.escape(text)}"
                              for q, text in QUADRANTS.items())
         self.quadrant_note = QLabel(f"Dots: entropix's quadrants (H bits, V bits²): {swatches}")
@@ -284,8 +289,9 @@ class DlaView(View):
         self.entropy_curve.setData(x, [s.entropy for s in steps])
         known = [(i, s) for i, s in enumerate(steps) if s.varentropy is not None]
         self.varentropy_curve.setData([float(i) for i, _ in known], [s.varentropy or 0.0 for _, s in known])
-        self.quadrant_dots.setData([float(i) for i, _ in known], [s.entropy for _, s in known],
-                                   brush=[pg.mkBrush(QUADRANT_COLORS[s.quadrant or "middle"]) for _, s in known])
+        for q, dots in self.quadrant_dots.items():
+            mine = [(i, s) for i, s in known if (s.quadrant or "middle") == q]
+            dots.setData([float(i) for i, _ in mine], [s.entropy for _, s in mine])
         self.uncertainty.setXRange(-0.5, max(len(steps), 1) - 0.5, padding=0.02)
         ticks = _token_ticks([s.text for s in steps])
         self.uncertainty.getAxis("bottom").setTicks(ticks)
