@@ -134,4 +134,6 @@ def test_our_control_vector_steers_llama_server_as_it_steers_us(default_lm, llam
     print(said)
     assert unsteered_agree >= 0.8 * steps, said  # the engines' rounding leaves a few near ties apart
     assert len(gaps) >= 0.7 * unsteered_agree and np.mean(gaps) < MEAN_TOL and np.max(gaps) < STEP_TOL, said
-    assert not apart, said
+    # At most a tenth of the agreeing steps apart: on some CPUs a near tie outside TIE flips (2 of 21 here); the
+    # planted off-by-ones leave 7 to 14 of 22-23 apart.
+    assert len(apart) <= 0.1 * unsteered_agree, said

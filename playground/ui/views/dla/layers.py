@@ -88,9 +88,10 @@ class LayerBars(pg.PlotWidget):
         item.invertY(True)
         item.showGrid(x=True, y=False, alpha=0.3)
         swatch = "<span style='color:{}'>■</span> {}".format
-        item.setLabel("bottom", "share of A − B (logits): " + " &nbsp; ".join(
-            swatch(color, name) for color, name in ((RAW_COLOR, "attention"), (PROCESSED_COLOR, "MLP"),
-                                                    (HEAD_COLOR, "a head"), (BIAS_COLOR, "attention bias"))))
+        # Short enough for the dock at 1280 × 800 (the axis label does not wrap).
+        item.setLabel("bottom", "A − B (logits): " + " ".join(
+            swatch(color, name) for color, name in ((RAW_COLOR, "attn"), (PROCESSED_COLOR, "MLP"),
+                                                    (HEAD_COLOR, "head"), (BIAS_COLOR, "bias"))))
         left = item.getAxis("left")
         left.setStyle(tickFont=QFont("DejaVu Sans Mono", 8))
         left.setWidth(78)
