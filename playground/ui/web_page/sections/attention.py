@@ -15,9 +15,9 @@ import numpy as np
 
 from playground.events.attention import AttentionRow, AttentionStarted
 from playground.state.text import visible_token_text
+from playground.ui.web_page.charts import BARS, TABLE_STYLE
 from playground.ui.web_page.common import compact
 from playground.ui.web_page.sections import Section
-from playground.ui.web_page.sections.quant import BARS, STYLE
 
 TOP_POSITIONS = 12  # 48 tokens of a 30-layer model: about 170 KB of page
 MAX_STEPS = 100
@@ -113,7 +113,7 @@ SECTION = Section(
          '</div><div class="note" id="att-summary"></div><div class="note">Attention against distance (% of the '
          'run mean, by query − key distance)</div><div class="wide" id="att-distance"></div>',
     script=SCRIPT, data=attention_data,
-    style=STYLE + ".attmap{border-collapse:collapse;font-size:10px}.attmap td{width:10px;height:12px;padding:0;"
+    style=TABLE_STYLE + ".attmap{border-collapse:collapse;font-size:10px}.attmap td{width:10px;height:12px;padding:0;"
                   "background:#000004}.attmap th{font-weight:normal;color:#555;padding:0 3px;text-align:right}"
                   ".attmap th.pos{text-align:left;padding:0}.att-sel{background:#ffe066}"
                   ".att-gone{color:#999;text-decoration:line-through}#att-step{vertical-align:middle}")

@@ -9,9 +9,9 @@ from typing import Any
 from playground.events import RunFinished
 from playground.events.cascade import CHEAP, FORCED, FULL, CascadeResponse, CascadeStarted, CascadeStep
 from playground.state.text import flowing_token_text
+from playground.ui.web_page.charts import BARS, TABLE_STYLE
 from playground.ui.web_page.common import compact
 from playground.ui.web_page.sections import Section
-from playground.ui.web_page.sections.quant import BARS, STYLE
 
 # As the cascade view's (Paul Tol's vibrant set): the cheap model teal, the full model blue, forced grey.
 COLORS = {CHEAP: "#009988", FULL: "#0077BB", FORCED: "#777777", "discarded": "#CC3311"}
@@ -110,4 +110,4 @@ SECTION = Section(
          '<div id="cas-text"></div><div class="note">The cheap model\'s p for its own choice per token (dashed: '
          'the threshold; under it the full model decides)</div><div class="wide" id="cas-strip"></div>'
          '<div class="note" id="cas-figures"></div>',
-    script=SCRIPT, data=cascade_data, style=STYLE)
+    script=SCRIPT, data=cascade_data, style=TABLE_STYLE)

@@ -10,9 +10,9 @@ from typing import Any
 
 from playground.events.contrastive import ContrastiveStarted, ContrastStep
 from playground.state.text import visible_token_text
+from playground.ui.web_page.charts import TABLE_STYLE
 from playground.ui.web_page.common import compact
 from playground.ui.web_page.sections import Section
-from playground.ui.web_page.sections.quant import STYLE
 
 CHANGED_COLOR = "#EE3377"  # the contrast chose another token than the expert's top (the view's magenta)
 KEPT_COLOR = "#BBBBBB"
@@ -92,7 +92,7 @@ SECTION = Section(
          '<div class="out" id="con-strip"></div><div class="wide" id="con-cand"></div>'
          '<div class="wide" id="con-dola"></div>',
     script=SCRIPT, data=contrastive_data,
-    style=STYLE + ".cstep{cursor:pointer;margin-right:1px;border-radius:2px}.cstep.changed{color:#fff}"
+    style=TABLE_STYLE + ".cstep{cursor:pointer;margin-right:1px;border-radius:2px}.cstep.changed{color:#fff}"
                   ".cstep.sel{outline:2px solid #FFD84D}.ccand.cut{color:#999}"
                   ".dola{border-collapse:collapse;font-size:10px;margin-top:6px}.dola td{width:14px;height:12px;"
                   "text-align:center;color:#fff;padding:0}.dola th{font-weight:normal;color:#555;padding:0 3px}")

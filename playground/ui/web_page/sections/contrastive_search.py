@@ -8,9 +8,9 @@ from typing import Any
 
 from playground.events.contrastive_search import SearchStarted, SearchStep
 from playground.state.text import visible_token_text
+from playground.ui.web_page.charts import TABLE_STYLE
 from playground.ui.web_page.common import compact
 from playground.ui.web_page.sections import Section
-from playground.ui.web_page.sections.quant import STYLE
 
 OVERTURNED_COLOR = "#CC3311"
 KEPT_COLOR = "#BBBBBB"
@@ -68,5 +68,5 @@ SECTION = Section(
          '(green row) · hover or tap a step for its candidates</div><div class="out" id="cs-strip"></div>'
          '<div class="wide" id="cs-cand"></div>',
     script=SCRIPT, data=search_data,
-    style=STYLE + ".sstep{cursor:pointer;margin-right:1px;border-radius:2px}.sstep.over{color:#fff}"
+    style=TABLE_STYLE + ".sstep{cursor:pointer;margin-right:1px;border-radius:2px}.sstep.over{color:#fff}"
                   ".sstep.sel{outline:2px solid #FFD84D}.scand.win{background:#DFF0D8}")

@@ -3,7 +3,6 @@ teacher forcing as bars (× where the quantized model's top token differs, a das
 outputs diverge), each layer's relative weight error, and the methods table. The two panes themselves are the
 side-by-side section's.
 
-``BARS`` is the JavaScript bar chart the other view sections share (``bars(values, options)`` -> an SVG string).
 """
 
 from __future__ import annotations
@@ -12,38 +11,9 @@ from typing import Any
 
 from playground.events.quant import QuantReady, QuantStep, QuantSummary, QuantTable
 from playground.state.text import visible_token_text
+from playground.ui.web_page.charts import BARS, TABLE_STYLE
 from playground.ui.web_page.common import compact
 from playground.ui.web_page.sections import Section
-
-# bars(V, o): one bar per value (null: none), bars o.bw px wide (at least 240 px in all), o.h px high, on a scale
-# from 0 to o.max (default: the largest value); o.fill(k) and o.title(k) colour and name bar k, o.cls its class;
-# o.line {v, color, title}: a dashed horizontal line at v; o.marks: the bars to mark with × above; o.vline: the bar
-# to draw a dashed vertical line through; o.fmt: how the top of the scale is written.
-BARS = """
-const bars=(V,o)=>{const n=V.length,bw=o.bw||12,w=Math.max(240,bw*n),h=o.h||90,L=44,T=8;
- const top=o.max||Math.max(1e-12,...V.filter(v=>v!=null));const y=v=>T+h-h*Math.max(0,Math.min(v,top))/top;
- const f=o.fmt||(v=>String(+v.toPrecision(3)));
- let g='<svg xmlns="http://www.w3.org/2000/svg" class="bars" width="'+(L+w+6)+'" height="'+(T+h+18)+'">'+
- '<text x="'+(L-4)+'" y="'+(T+8)+'" font-size="10" text-anchor="end">'+f(top)+'</text><text x="'+(L-4)+'" y="'+
- (T+h)+'" font-size="10" text-anchor="end">0</text><line x1="'+L+'" y1="'+(T+h)+'" x2="'+(L+w)+'" y2="'+(T+h)+
- '" stroke="#888"/>';
- V.forEach((v,k)=>{if(v==null)return;const x=L+k*w/n;g+='<rect class="'+(o.cls||'bar')+'" data-k="'+k+'" x="'+
- (x+0.1*w/n).toFixed(1)+'" y="'+y(v).toFixed(1)+'" width="'+(0.8*w/n).toFixed(1)+'" height="'+
- Math.max(0.5,T+h-y(v)).toFixed(1)+'" fill="'+(o.fill?o.fill(k):'#0077BB')+'"><title>'+(o.title?o.title(k):v)+
- '</title></rect>';});
- (o.marks||[]).forEach(k=>{g+='<text class="mark" x="'+(L+(k+0.5)*w/n)+'" y="'+(T+7)+
- '" font-size="11" font-weight="bold" text-anchor="middle" fill="#CC3311">×</text>';});
- if(o.vline!=null){const x=L+(o.vline+0.5)*w/n;g+='<line class="vline" x1="'+x+'" y1="'+T+'" x2="'+x+'" y2="'+(T+h)+
- '" stroke="#CC3311" stroke-width="2" stroke-dasharray="4 3"><title>'+esc(o.vtitle||'')+'</title></line>';}
- if(o.line){g+='<line class="hline" x1="'+L+'" y1="'+y(o.line.v)+'" x2="'+(L+w)+'" y2="'+y(o.line.v)+'" stroke="'+
- (o.line.color||'#333')+'" stroke-dasharray="5 3"><title>'+esc(o.line.title||'')+'</title></line>';}
- return g+'</svg>';};
-"""
-
-STYLE = (".vtab{border-collapse:collapse;font-size:12px;margin-bottom:6px}"
-         ".vtab td,.vtab th{padding:1px 6px;text-align:right}"
-         ".vtab th{font-weight:normal;color:#555}.vtab td.t{text-align:left;font-family:monospace}"
-         ".note{color:#555;font-size:.9em;margin:4px 0}")
 
 
 def _mb(n: int) -> str:
@@ -156,4 +126,4 @@ SECTION = Section(
          'from the least to the largest)</div>'
          '<div class="wide" id="quant-errors"></div><div class="wide" id="quant-channels"></div>'
          '<div class="wide" id="quant-table"></div>',
-    script=SCRIPT, data=quant_data, style=STYLE)
+    script=SCRIPT, data=quant_data, style=TABLE_STYLE)
