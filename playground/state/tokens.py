@@ -49,25 +49,35 @@ def _rest(shown: float) -> float:
     return rest if rest > 1e-6 else 0.0
 
 
-def chart_rows(step: TokenStep, limit: int | None = None) -> list[ChartRow]:
-    """The step's candidates by raw probability (chosen one always included), then the rest of the vocabulary.
-
-    The rest row's raw share is what the shown candidates leave uncovered; its processed share is what the
-    sampler pipeline left to tokens not shown.
-    """
+def chart_candidates(step: TokenStep, limit: int | None = None) -> list[Candidate]:
+    """The candidates ``chart_rows`` shows, by raw probability (the chosen one always among them)."""
     candidates: list[Candidate] = sorted(step.candidates, key=lambda c: c.raw_rank)
     if limit is not None and len(candidates) > limit:
         kept = candidates[:limit]
         if all(c.token_id != step.token_id for c in kept):
             kept[-1] = next(c for c in candidates if c.token_id == step.token_id)
         candidates = kept
+    return candidates
+
+
+def rest_shares(candidates: list[Candidate]) -> tuple[float, float]:
+    """What ``candidates`` leave of the raw and of the processed distribution (the chart's rest row)."""
+    return _rest(sum(c.raw_prob for c in candidates)), _rest(sum(c.processed_prob for c in candidates))
+
+
+def chart_rows(step: TokenStep, limit: int | None = None) -> list[ChartRow]:
+    """The step's candidates by raw probability (chosen one always included), then the rest of the vocabulary.
+
+    The rest row's raw share is what the shown candidates leave uncovered; its processed share is what the
+    sampler pipeline left to tokens not shown.
+    """
+    candidates = chart_candidates(step, limit)
     rows = [
         ChartRow(visible_token_text(c.text), c.token_id, c.raw_prob, c.processed_prob,
                  c.token_id == step.token_id, c.cut_by)
         for c in candidates
     ]
-    raw_rest = _rest(sum(c.raw_prob for c in candidates))
-    processed_rest = _rest(sum(c.processed_prob for c in candidates))
+    raw_rest, processed_rest = rest_shares(candidates)
     rows.append(ChartRow(REST_OF_VOCAB, None, raw_rest, processed_rest, False, None))
     return rows
 

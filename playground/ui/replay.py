@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QWidget
 from playground.events import PrefillDone, RunStarted, is_step_event, is_unit_step
 from playground.state import Run
 from playground.ui.run_views import RunViews
+from playground.ui.views.base import View
 
 HOLD_LAST_MS = 2000.0  # how long an animation's last frame stays before it loops
 
@@ -62,8 +63,11 @@ def cut_frames(events: Sequence[Any]) -> list[Frame]:
 
 def settle(widget: QWidget) -> None:
     """Draw now what the views hold back while a run streams (their throttles wait on timers): a frame must show
-    every event folded into it."""
+    every event folded into it, also in a view whose tab is behind another's."""
     QCoreApplication.processEvents()
+    for view in [widget, *widget.findChildren(View)]:
+        if isinstance(view, View):
+            view.catch_up()
     for _ in range(4):
         active = [timer for timer in widget.findChildren(QTimer) if timer.isActive() and timer.isSingleShot()]
         if not active:

@@ -44,6 +44,9 @@ class ViewDock(QDockWidget):
         self.pages.addWidget(self.empty)
         self.pages.setCurrentWidget(view)  # before any run: the view, empty
         self.setWidget(self.pages)
+        # Qt says so when the dock's tab goes behind another or comes to the front (a tabbed-behind dock's widgets
+        # keep isVisible() true): the view holds its streaming draws meanwhile.
+        self.visibilityChanged.connect(lambda visible: view.set_behind(not visible))
 
     def show_view(self, shown: bool, run: Run | None) -> None:
         if not shown:

@@ -26,11 +26,12 @@ from playground.ui import gui_gc, switch_interval
 # A job's body: gets a stop check and a progress callback, returns an iterator of items for the GUI.
 JobBody = Callable[[StopCheck, Progress], Iterator[Any]]
 
-# How often the GUI takes what the job yielded: 12.5 batches a second, so streamed tokens still appear smoothly.
+# How often the GUI takes what the job yielded: 10 batches a second, so streamed tokens still appear smoothly.
 # Each batch costs the GUI thread a few milliseconds (views, runs list, status bar, repaints) whatever its size, and
 # on a 2-core CPU those are taken from the model: at 33 ms (~20 tokens/s, one token a batch) the window cost about
-# 0.4 ms more GUI time per token than at 80 ms (benchmarks/bench_window.py measures the decode side by side).
-FRAME_MS = 80
+# 0.4 ms more GUI time per token than at 80 ms, and at 80 ms (the default model at ~15 tokens/s: most batches one
+# token) the GUI thread took 9.7 % of a core against 6.4 % at 100 ms (benchmarks/bench_window.py, 300 tokens).
+FRAME_MS = 100
 # After Stop the job runs to its own end: an engine strategy polls ``should_stop`` before each step and ends with its
 # final event (the figures so far), however many events the step in flight still yields (a speculative round, two
 # panes side by side). A job still yielding this long after Stop ignores it: the worker then closes it (a safety

@@ -61,6 +61,7 @@ class View(QWidget):
     # Step mode: the view lets the user pick a waiting step's token (it has ``ask_choice(step)`` and the signals
     # ``choice_made(token_id)`` and ``run_on_requested()``).
     picks_tokens: ClassVar[bool] = False
+    behind = False  # its dock is a tab behind another (``set_behind``): streaming draws may wait
     # Live steering: the view has a strength slider (the signal ``strength_requested(float)``); the window sets the
     # running run's live strength from it (``playground.config.steering.LiveStrength``).
     sets_strength: ClassVar[bool] = False
@@ -115,6 +116,18 @@ class View(QWidget):
     def flush(self) -> None:
         """Draw what ``apply`` collected (called once per batch, at most ~30 times a second)."""
 
+    def set_behind(self, behind: bool) -> None:
+        """Its dock became a tab behind another (``behind``) or came to the front. A view may hold its streaming
+        draws while behind (nobody sees them, and on a 2-core CPU each is taken from the model); coming to the
+        front, it draws what it held (``catch_up``)."""
+        self.behind = behind
+        if not behind:
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Draw now what was held while the view was behind (before a picture of it is taken, or as it comes to
+        the front)."""
+
     def end(self, run: Run) -> None:
         """``run`` ended (finished, failed, stopped or truncated): it must not look like it is still running."""
 
@@ -142,6 +155,7 @@ class View(QWidget):
         if suffix in self.data_formats:
             self.export_data(path)
         elif suffix in IMAGE_FORMATS:
+            self.catch_up()
             save_widget_picture(self, path)
         else:
             formats = ", ".join(f".{f}" for f in (*IMAGE_FORMATS, *self.data_formats))
@@ -249,8 +263,13 @@ class FoldView(View):
 
     def flush(self) -> None:
         self._follow()
-        if self._changed():
+        if self._changed() and not self.behind:  # behind a tab: drawn when it comes to the front
             self._redraw.request(streaming=self._streaming())
+
+    def catch_up(self) -> None:
+        if self._changed():
+            self._redraw.cancel()
+            self._draw_changed()
 
     def end(self, run: Run) -> None:
         self._redraw.cancel()

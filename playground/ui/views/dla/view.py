@@ -231,16 +231,21 @@ class DlaView(View):
 
     def flush(self) -> None:
         """What changed, drawn: at most every LIVE_DRAW_MS while a run streams, and not at all while the view is
-        hidden (a tab behind another view; it draws when shown): it applies to every run that decodes tokens, and
-        redrawing its strips on each batch took ~30 ms of the GUI thread per token by the end of a long run."""
+        hidden or a tab behind another (it draws when it comes to the front): it applies to every run that decodes
+        tokens, and redrawing its strips on each batch took ~30 ms of the GUI thread per token by the end of a long
+        run."""
         self._pending |= self.state.take_dirty()
-        if self._pending and self.isVisible():
+        if self._pending and self.isVisible() and not self.behind:
             self._live.request(streaming=self.run is not None and self.run.running)
 
     def _draw_pending(self) -> None:
         parts, self._pending = self._pending, set()
         if parts:
             self._draw(parts)
+
+    def catch_up(self) -> None:
+        self._live.cancel()
+        self._draw_pending()
 
     def showEvent(self, event) -> None:
         super().showEvent(event)

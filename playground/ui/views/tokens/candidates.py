@@ -19,7 +19,15 @@ from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPen
 from PySide6.QtWidgets import QApplication, QLabel, QMenu, QSizePolicy, QVBoxLayout, QWidget
 
 from playground.events import TokenStep
-from playground.state import ChartRow, chart_rows, chosen_text, cut_summary, visible_token_text
+from playground.state import (
+    ChartRow,
+    chart_candidates,
+    chart_rows,
+    chosen_text,
+    cut_summary,
+    rest_shares,
+    visible_token_text,
+)
 from playground.state.grammar import forbidden_ids, forbidden_reason
 from playground.ui.style import (
     CHOSEN_COLOR,
@@ -211,7 +219,13 @@ def step_extent(step: TokenStep) -> float:
     remote = not step.two_distributions
     if remote and not step.has_probs:
         return 0.0
-    return _extent_of(chart_rows(step, MAX_ROWS), remote)
+    # The rows' bars without their labels (reading each token's visible text was most of this, once a step).
+    candidates = chart_candidates(step, MAX_ROWS)
+    raw_rest, processed_rest = rest_shares(candidates)
+    bars = [c.raw_prob * 100 for c in candidates] + [raw_rest * 100]
+    if not remote:
+        bars += [0.0 if c.cut_by else c.processed_prob * 100 for c in candidates] + [processed_rest * 100]
+    return _x_extent(max(8.0, max(bars) * 1.18 + 6))
 
 
 
