@@ -145,7 +145,7 @@ def produced(window, monkeypatch) -> Produced:
     seen = Produced()
     start_job = window._start_job
 
-    def recording_start_job(body, kind):
+    def recording_start_job(body, kind, **given):
         def recorded(should_stop, progress):
             events = iter(body(should_stop, progress))
             try:
@@ -159,7 +159,7 @@ def produced(window, monkeypatch) -> Produced:
             finally:
                 getattr(events, "close", lambda: None)()
 
-        start_job(recorded if kind == "run" else body, kind)
+        start_job(recorded if kind == "run" else body, kind, **given)
 
     monkeypatch.setattr(window, "_start_job", recording_start_job)
     return seen

@@ -85,7 +85,7 @@ def seen(window, monkeypatch) -> Seen:
     record = Seen()
     start_job = window._start_job
 
-    def recording_start_job(body, kind):
+    def recording_start_job(body, kind, **given):
         def recorded(should_stop, progress):
             def reporting(message, fraction):
                 record.add(window, ("progress", message))
@@ -99,7 +99,7 @@ def seen(window, monkeypatch) -> Seen:
             finally:
                 getattr(events, "close", lambda: None)()
 
-        start_job(recorded if kind == "run" else body, kind)
+        start_job(recorded if kind == "run" else body, kind, **given)
 
     monkeypatch.setattr(window, "_start_job", recording_start_job)
     return record

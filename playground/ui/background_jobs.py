@@ -4,9 +4,10 @@ taking its items, progress, failure and end, whether the window is busy, and wha
 A part of ``MainWindow``. A job's ``kind`` (``playground.ui.job_kinds.JobKind``) says whose its items are (a run's
 events go to the window's runs, a model job's items to ``ModelChoice``), what its failure says and whether Stop may
 end it; a job that takes its items itself says so when it starts (``take``: a salience job's maps go into the run
-they explain), and so does a job a dialog follows (``follower``: the steering dialog shows its build's progress,
-failure and end), so nothing here names those jobs. Closing the window lets a job that will not end at once finish
-detached.
+they explain), and so does a job something follows (``follower``: the steering dialog shows its build's progress,
+failure and end; a run's failure goes into the session and its end to the views) or that leads to another
+(``then``: a fetched model is loaded), so nothing here names those jobs. Closing the window lets a job that will
+not end at once finish detached.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def running_orphans() -> list[GeneratorJob]:
 
 
 class JobFollower(Protocol):
-    """What follows a job besides the window (the "Build a steering vector" dialog follows its build)."""
+    """What follows a job besides the window (the "Build a steering vector" dialog follows its build, the run's
+    follower its run)."""
 
     def show_progress(self, message: str, fraction: float) -> None: ...
     def show_error(self, message: str) -> None: ...
@@ -47,8 +49,7 @@ class JobFollower(Protocol):
 
 class BackgroundJobs:
     """The jobs part of ``MainWindow``: the attributes below are the window's (set in its ``__init__``); a run's
-    items go to its ``_apply_events`` and its end to ``_run_ended``, a model job's items to ``_take_model_items``,
-    a finished fetch to ``_load_fetched_model``."""
+    items go to its ``_apply_events``, a model job's items to ``_take_model_items``."""
 
     job: GeneratorJob | None
     job_kind: JobKind | None  # None: no job
@@ -60,14 +61,15 @@ class BackgroundJobs:
     generate_button: QPushButton
     stop_button: QPushButton
     _pending: list[tuple[RunSettings, Branch | None, Any]]  # a branch asked for while a run was live
+    _then: Callable[[], None] | None = None  # what the job in hand leads to, once it has ended well
+    # The job in hand's follower, held: a signal connected to a plain object's method holds it only weakly.
+    _follower: JobFollower | None = None
 
     if TYPE_CHECKING:  # the window's (MainWindow) and ModelChoice's; declared for the type checker only
         @property
         def has_model(self) -> bool: ...
         def _take_model_items(self, batch: list[Any]) -> None: ...
         def _apply_events(self, batch: list[Any]) -> None: ...
-        def _run_ended(self, job: GeneratorJob | None) -> None: ...
-        def _load_fetched_model(self) -> None: ...
         def start_run(self, settings: RunSettings, branch: Branch | None = None, plan: Any = None) -> Run: ...
 
     @property
@@ -75,10 +77,12 @@ class BackgroundJobs:
         return self.job is not None and self.job.is_running()
 
     def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
-                   follower: JobFollower | None = None) -> None:
+                   follower: JobFollower | None = None, then: Callable[[], None] | None = None) -> None:
         """Start ``body`` as a job of ``kind``; ``take``: where its items go, for a job that takes them itself
         (otherwise its kind says: a model job's to ``ModelChoice``, the others' are a run's events); ``follower``:
-        told of its progress, failure and end too (connected before it starts, so it misses nothing)."""
+        told of its progress, failure and end too (connected before it starts, so it misses nothing; it hears of
+        the end while the window still holds the job); ``then``: called once the job has ended without an error
+        and the window is free for the next (a fetch's model is loaded; a branch waiting for the job waits on)."""
         job = GeneratorJob(body, kind.value, cast(QObject, self))  # the window
         if follower is not None:  # first: it hears of the end before the window starts a pending run
             job.progress.connect(follower.show_progress)
@@ -88,7 +92,7 @@ class BackgroundJobs:
         job.progress.connect(self._on_progress)
         job.failed.connect(self._on_failed)
         job.finished.connect(self._on_finished)
-        self.job, self.job_kind = job, kind
+        self.job, self.job_kind, self._then, self._follower = job, kind, then, follower
         self._update_buttons()
         job.start()
 
@@ -109,24 +113,18 @@ class BackgroundJobs:
                 self.picker.server_dialog.show_error(message)
             return
         what = kind.failure if kind is not None else "Failed"
-        run = self.session.fail(message) if kind is JobKind.RUN else None
-        if run is not None:
-            self.runs_list.update_run(run)
         self.banner.show_error(f"{what}: {message}")
         self.status.showMessage(f"{what}: {message}", 10000)
 
     def _on_finished(self) -> None:
-        kind = self.job_kind
-        job = self.job
-        if kind is JobKind.RUN:
-            self._run_ended(job)
-        self.job, self.job_kind = None, None
+        job, then = self.job, self._then
+        self.job, self.job_kind, self._then, self._follower = None, None, None, None
         if job is not None:
             job.deleteLater()
         self.picker.set_busy(False)
         self._update_buttons()
-        if kind is JobKind.FETCH and job is not None and job.error is None:
-            self._load_fetched_model()
+        if then is not None and job is not None and job.error is None:
+            then()
         elif self._pending and self.has_model:
             settings, branch, plan = self._pending.pop()
             self.start_run(settings, branch, plan)
@@ -153,4 +151,4 @@ class BackgroundJobs:
                 job.setParent(None)
                 ORPHAN_JOBS.append(job)
                 job.finished.connect(lambda j=job: ORPHAN_JOBS.remove(j) if j in ORPHAN_JOBS else None)
-            self.job, self.job_kind = None, None
+            self.job, self.job_kind, self._then, self._follower = None, None, None, None

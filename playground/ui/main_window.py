@@ -58,6 +58,25 @@ if TYPE_CHECKING:
 __all__ = ["MainWindow", "ViewDock", "running_orphans"]
 
 
+class _RunFollower:
+    """What a run's job means besides its events: a failure is the running run's (the session marks it failed),
+    and its end, however it came, is drawn by the run's views (``MainWindow._run_ended``)."""
+
+    def __init__(self, window: MainWindow) -> None:
+        self.window = window
+
+    def show_progress(self, message: str, fraction: float) -> None:
+        """The window's status bar shows it already."""
+
+    def show_error(self, message: str) -> None:
+        run = self.window.session.fail(message)
+        if run is not None:
+            self.window.runs_list.update_run(run)
+
+    def job_ended(self) -> None:
+        self.window._run_ended(self.window.job)
+
+
 class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMainWindow):
     closed = Signal()  # the window really closed
 
@@ -227,7 +246,7 @@ class MainWindow(ModelChoice, BackgroundJobs, AttributionJobs, SalienceJobs, QMa
             return source.run(settings, should_stop, progress, plan, chooser=chooser, steering=live)
 
         self.status.showMessage("Generating…")
-        self._start_job(body, JobKind.RUN)
+        self._start_job(body, JobKind.RUN, follower=_RunFollower(self))
         return run
 
     def stop(self) -> None:

@@ -51,7 +51,7 @@ class ModelChoice:
 
     if TYPE_CHECKING:  # BackgroundJobs'; declared for the type checker only
         def _start_job(self, body: JobBody, kind: JobKind, take: Callable[[list[Any]], None] | None = None,
-                       follower: Any = None) -> None: ...
+                       follower: Any = None, then: Callable[[], None] | None = None) -> None: ...
         def _update_buttons(self) -> None: ...
 
     @property
@@ -178,7 +178,7 @@ class ModelChoice:
             yield bundled.fetch(progress, should_stop=should_stop)
 
         self.status.showMessage(f"Fetching {key or 'the default model'}…")
-        self._start_job(body, JobKind.FETCH)
+        self._start_job(body, JobKind.FETCH, then=self._load_fetched_model)
 
     def train_tuned_lens(self) -> None:
         """Tools → Train tuned lens: a job for the loaded local model (progress in the picker, Stop ends it and
