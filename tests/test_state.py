@@ -13,6 +13,7 @@ from playground.engine.strategies import run_strategy
 from playground.events import Candidate, RunFinished, TokenStep
 from playground.state import (
     REST_OF_VOCAB,
+    ChartRow,
     Session,
     chart_rows,
     chosen_text,
@@ -108,6 +109,18 @@ def test_chart_rows_cover_the_whole_distribution():
     assert math.isclose(sum(r.processed_prob for r in rows), 1.0)
     assert rows[3].chosen and rows[3].cut_by == "top_k" and rows[3].label == "␣far"
     assert cut_summary(step) == {"top_p": 3, "top_k": 1}
+
+
+def test_the_rest_row_is_what_the_shown_candidates_leave_and_nothing_below_round_off():
+    # Shown candidates covering all but 4e-7 of each distribution: round-off, so the rest row is exactly 0.
+    whole = (Candidate(1, "a", 0.6, 0.7, 1), Candidate(2, "b", 0.4 - 4e-7, 0.3 - 4e-7, 2))
+    assert chart_rows(_step(token_id=1, candidates=whole))[-1] == ChartRow(REST_OF_VOCAB, None, 0.0, 0.0, False,
+                                                                            None)
+    # Two shown of three, limit 2 (as many as there are: nothing replaced); the rest is 1 - their sum, exactly.
+    part = (Candidate(1, "a", 0.5, 0.6, 1), Candidate(2, "b", 0.25, 0.125, 2))
+    rows = chart_rows(_step(token_id=2, candidates=part), limit=2)
+    assert [r.token_id for r in rows] == [1, 2, None]
+    assert rows[-1] == ChartRow(REST_OF_VOCAB, None, 1 - 0.75, 1 - 0.725, False, None)
 
 
 def test_chart_rows_from_a_sampled_step_match_the_event(tiny_lm):
