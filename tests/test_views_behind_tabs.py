@@ -44,10 +44,16 @@ def test_a_tab_behind_holds_its_draws_until_it_comes_to_the_front(qtbot, tmp_pat
     w._running_run = run = w.session.start_run(settings)  # as Generate does, with the batches fed by hand
     w._list_and_show(run)
     w._apply_events(first)
-    dla, layers = w.views["dla"], w.views["layers"]
+    dla, layers, tokens = w.views["dla"], w.views["layers"], w.views["tokens"]
     qtbot.waitUntil(lambda: layers.image.image is not None and layers.image.image.shape[1] == NEW // 2)
     assert w.docks["dla"].visibleRegion().isEmpty() and dla.isVisible()  # behind, though Qt calls it visible
     assert dla.entropy_curve.getData()[0] is None or len(dla.entropy_curve.getData()[0]) == 0
+    # The lens run brought the layers view to the front: the tokens view's text waits too.
+    assert tokens.behind and tokens.token_view.steps == [] and tokens.token_view.text.toPlainText() == settings.prompt
+    fed = [e.token_id for e in first if isinstance(e, TokenStep)]
+    w.docks["tokens"].raise_()
+    qtbot.waitUntil(lambda: [s.token_id for s in tokens.token_view.steps] == fed)
+    assert tokens.token_view.text.toPlainText() != settings.prompt
 
     w.docks["dla"].raise_()  # its tab to the front: the layers view's goes behind
     qtbot.waitUntil(lambda: dla.entropy_curve.getData()[0] is not None

@@ -351,13 +351,20 @@ class TokensView(View):
             if isinstance(event, TokenStep):
                 self._new_steps.append(event)
             elif isinstance(event, Rollback):  # a phrase ban undid the steps from its position on
-                self.flush()
+                self._draw_new_steps()
                 self.token_view.undo_steps(event)
                 self._show_constraint()
             elif hasattr(event, "token_numbers"):  # a start event: which distribution the numbers are
                 self._show_numbers(event.token_numbers)
 
     def flush(self) -> None:
+        if not self.behind:  # behind another view's tab (a lens run shows the layers first): drawn in catch_up
+            self._draw_new_steps()
+
+    def catch_up(self) -> None:
+        self._draw_new_steps()
+
+    def _draw_new_steps(self) -> None:
         if not self._new_steps:
             return
         self.token_view.append_steps(self._new_steps)
@@ -368,7 +375,7 @@ class TokensView(View):
 
     def end(self, run: Run) -> None:
         self.step_bar.cancel()
-        self.flush()
+        self._draw_new_steps()
         if self.follow_live and run.steps:
             # Done: show the most telling step rather than the trailing EOS.
             target = most_interesting_step(run.steps)
@@ -386,7 +393,7 @@ class TokensView(View):
     def ask_choice(self, step: TokenStep) -> None:
         """The run waits for the user to pick step ``step.step``'s token (``step``: as the strategy would record
         it with its own choice): the chart shows its candidates, the bar takes the keys."""
-        self.flush()
+        self._draw_new_steps()
         self.follow_live = False
         self.step_bar.ask(step)
 
