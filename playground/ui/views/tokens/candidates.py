@@ -208,10 +208,15 @@ def _x_extent(needed: float) -> float:
     return float(next((x for x in X_EXTENTS if x >= needed), needed))
 
 
-def _extent_of(rows: list[ChartRow], remote: bool) -> float:
-    """The axis a step's rows need: its widest bar, with room for the value label beside it."""
-    bars = [r.raw_prob * 100 for r in rows] + [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows]
+def _extent_for(bars: list[float]) -> float:
+    """The axis that ``bars`` (percent) need: the widest, with room for the value label beside it."""
     return _x_extent(max(8.0, max(bars, default=0.0) * 1.18 + 6))
+
+
+def _extent_of(rows: list[ChartRow], remote: bool) -> float:
+    """The axis a step's rows need."""
+    return _extent_for([r.raw_prob * 100 for r in rows]
+                       + [0.0 if r.cut_by or remote else r.processed_prob * 100 for r in rows])
 
 
 def step_extent(step: TokenStep) -> float:
@@ -225,7 +230,7 @@ def step_extent(step: TokenStep) -> float:
     bars = [c.raw_prob * 100 for c in candidates] + [raw_rest * 100]
     if not remote:
         bars += [0.0 if c.cut_by else c.processed_prob * 100 for c in candidates] + [processed_rest * 100]
-    return _x_extent(max(8.0, max(bars) * 1.18 + 6))
+    return _extent_for(bars)
 
 
 
