@@ -49,7 +49,7 @@ class BanGuard:
     ``generator``: the run's own (a sampler whose state is that generator, as XTC, is not rolled back: the draws go
     on)."""
 
-    def __init__(self, ban: Ban, samplers: Sequence[Sampler], token_text: Any, generator: Any = None) -> None:
+    def __init__(self, ban: Ban, samplers: Sequence[Sampler], token_text: Any, generator: Any) -> None:
         self.ban = ban
         self.samplers = [s for s in samplers if s is not ban and getattr(s, "generator", None) is not generator]
         self.token_text = token_text  # id -> its display text
