@@ -56,14 +56,12 @@ class Patcher:
         self.lm = lm
         self.model = lm.model
         self.anatomy: Anatomy = anatomy_of(lm.model)
-        self.passes = 0
 
     @property
     def layers(self) -> int:
         return self.anatomy.count
 
     def _forward(self, **inputs: object) -> torch.Tensor:
-        self.passes += 1
         out = self.model(**inputs, use_cache=False, logits_to_keep=1)
         return out.logits[:, -1]  # [B, vocab]
 
