@@ -71,12 +71,11 @@ class BanGuard:
                    ) -> tuple[list[Event], tuple[StopReason, str] | None] | None:
         """After a step kept ``texts`` (its tokens' texts; ``events``: what it yielded): None when no ban matches,
         else (the rollback's events, the run's end when the rollbacks reached their limit)."""
-        keep = len(loop.generated) - len(texts)
-        del self.texts[keep:], self.probs[keep:]
+        # ``texts`` mirrors the loop's generated tokens (a rollback trims both alike), and a sampling step's events
+        # hold one TokenStep per token it kept.
         self.texts.extend(texts)
         steps = [e for e in events if isinstance(e, TokenStep)]
-        self.probs.extend((s.prob, s.raw_prob) for s in steps[: len(texts)])
-        self.probs.extend((float("nan"), float("nan")) for _ in range(len(self.texts) - len(self.probs)))
+        self.probs.extend((s.prob, s.raw_prob) for s, _ in zip(steps, texts, strict=True))
         forced = min(len(loop.forced), len(self.texts))
         starts = self._starts()
         match = self.ban.find("".join(self.texts), starts[forced])
@@ -109,8 +108,7 @@ class BanGuard:
         token = ids[0]
         count = self.ban.forbid(position, token)
         for sampler, state in zip(self.samplers, self.snapshots[position], strict=True):
-            sampler.restore(state)
-        del self.snapshots[position + 1:]
+            sampler.restore(state)  # (the next step's before_step drops the snapshots after ``position``)
         # The cache as it was before ``position`` was decoded: the step feeds the last kept token (the prefill's
         # own logits serve position 0, after the prompt tokens it left to the first step).
         roll_back(loop.cache, len(loop.prompt_ids) + position - 1 if position else len(loop.prompt_ids) - loop.deferred)
