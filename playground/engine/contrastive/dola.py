@@ -48,7 +48,7 @@ def candidate_layers(spec: str, count: int, tied: bool) -> tuple[int, ...]:
             found = tuple(range(start, stop, 2))
         else:
             found = tuple(range(half if count <= PAPER_MAX_LAYERS else count - 20, count, 2))
-        return found or (min(start, count - 1),)
+        return found or (start,)  # 4.46: [start_layer] where the low bucket is that layer alone
     try:
         found = tuple(sorted({int(part) for part in spec.split(",")}))
     except ValueError:
