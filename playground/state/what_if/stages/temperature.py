@@ -34,8 +34,7 @@ def _dynamic_temperature(c: _Chain, s: RunSettings) -> None:
     top = np.argmax(c.x, axis=1)
     argmax_only = np.full(c.x.shape, NEG_INF)
     argmax_only[np.arange(c.x.shape[0]), top] = c.x[np.arange(c.x.shape[0]), top]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        scaled = np.where(temp > 0, c.x / np.maximum(temp, 1e-30), argmax_only)
+    scaled = np.where(temp > 0, c.x / np.maximum(temp, 1e-30), argmax_only)  # the divisor is never 0
     c.x = np.where(single, c.x, scaled)
     a = np.where(single[:, 0] | (temp[:, 0] <= 0), 1.0, 1.0 / np.maximum(temp[:, 0], 1e-30))
     c.scale = c.scale * a
