@@ -91,7 +91,6 @@ class JsonPathScanner:
     escape: str = ""  # the escape being read: "\\" after a backslash, "\\uXX" inside a \u escape
     in_scalar: bool = False  # a number, true, false or null being written
     key_chars: list[str] = field(default_factory=list)
-    started: bool = False  # the top-level value has begun
     complete: bool = False  # the top-level value is done
     valid: bool = True
 
@@ -181,11 +180,8 @@ class JsonPathScanner:
                 self.valid = False
 
     def _begin_value(self, char: str) -> None:
-        """A value starts with ``char`` where one is expected (the top level, after a colon, in an array)."""
-        if (self.stack and self.stack[-1].state != "value") or (not self.stack and self.started):
-            self.valid = False
-            return
-        self.started = True
+        """A value starts with ``char`` where one is expected: the callers call it only there (the top level before
+        the document is complete, an object's "value", an array's "first" or "value")."""
         if char == "{":
             self.stack.append(_Frame("object", "key?"))
         elif char == "[":
