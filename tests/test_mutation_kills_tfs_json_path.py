@@ -20,6 +20,7 @@ import torch
 
 from playground.config import RunSettings
 from playground.engine.samplers.tfs import keep_tail_free
+from playground.state.json_path import JsonPathScanner, json_place, json_places
 from playground.state.what_if.bounds import _ROUNDING, _SPREAD, _WHOLE, _Chain
 from playground.state.what_if.stages.tfs import _tfs, tail_free_removed
 from tests.test_mutation_kills_what_if import _recorded
@@ -238,3 +239,70 @@ def test_tied_candidates_at_the_cut_keep_their_recorded_order():
 
 
 # --- the JSON path ----------------------------------------------------------------------------------------------
+
+# (text, the path by hand, in_key): each stops being JSON at its last character
+NOT_JSON = [
+    ('{"a": 1} x', "$", False),  # a second value after the document
+    ("{1", "$", False),  # an object's key must be a string
+    ('{"a" 1', "$.a", False),  # the colon missing
+    ('{"a": 1 2', "$.a", False),  # a comma or } missing after a member
+    ("[1 2", "$[0]", False),  # a comma or ] missing after an element
+    ('{"a": x', "$.a", False),  # no value starts with x
+    ('{"a": X', "$.a", False),
+    ('{"a": "x\\q', "$.a", False),  # \q is no JSON escape, in a value
+    ('{"a\\q', "$", True),  # nor in a key
+    ('{"a": "\\u00z', "$.a", False),  # a \u escape takes four hex digits, in a value
+    ('{"\\u00z', "$", True),  # and in a key
+    ('{"\\u+', "$", True),  # a sign is no hex digit
+]
+
+
+@pytest.mark.parametrize(("text", "path", "in_key"), NOT_JSON)
+def test_a_text_that_stops_being_json_says_so_with_the_path_before_it(text, path, in_key):
+    """``valid`` is False (the bool, as the field says), the path is the one before the text stopped being JSON,
+    and more text after it changes nothing (feeding goes on returning a place)."""
+    place = json_place(text)
+    assert place.valid is False, text
+    assert (place.path, place.in_key) == (path, in_key), text
+    longer = json_place(text + ' 3, "b": [')
+    assert longer == place, text
+
+
+def test_the_text_before_an_invalid_character_was_still_json():
+    """Each text above less its last character is JSON so far: the scan is valid there."""
+    for text, _, _ in NOT_JSON:
+        assert json_place(text[:-1]).valid is True, text
+
+
+def test_a_key_is_empty_outside_a_key_and_empty_containers_close():
+    """``key`` is the key being written, "" everywhere else; {} and [] are complete values, at the top level and
+    as a member's value (named until the comma after it)."""
+    assert json_place('{"a": 1').key == "" and json_place('{"ab": "c').key == ""
+    assert json_place('{"ab').key == "ab"
+    for text in ("{}", "[]", " {} ", '{"a": {}}', "[{}, []]"):
+        place = json_place(text)
+        assert place.complete and place.valid and place.path == "$", text
+    assert json_place('{"a": {}').path == "$.a"
+    assert json_place('{"a": {},').path == "$"
+    assert json_place("[{}, {}").path == "$[1]"
+
+
+def test_a_top_level_string_is_a_whole_document():
+    """A string at the top level: its path is $ while it is written (escapes included) and it completes at its
+    closing quote; anything after it is not JSON."""
+    assert json_place('"a\\"b').path == "$" and not json_place('"a\\"b').complete
+    assert json_place('"ab"').complete and json_place('"ab"').valid
+    assert json_place('"ab" "c"').valid is False
+
+
+def test_after_a_whole_document_the_scanner_is_at_rest():
+    """Fed a whole document, the scanner is a fresh one with the document complete: no string, escape, scalar or
+    key left half read. The first ends on a key's \\u escape and a number, the second on a value's two-character
+    escape and a string."""
+    for text in ('{"x": "\\n", "k\\u00e9": 12}', '{"k\\u00e9": [1, "a\\tb"], "n": "\\""}'):
+        scanner = JsonPathScanner()
+        scanner.feed(text)
+        assert scanner == JsonPathScanner(complete=True), text
+    places = json_places(['{"k\\u00', 'e9": 1', "}"])
+    assert [p.in_key for p in places] == [False, True, False]
+    assert places[1].key == "k"  # the \u escape cut short: nothing of it read yet

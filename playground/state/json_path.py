@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_HEX = frozenset("0123456789abcdefABCDEF")
 _WHITESPACE = " \t\n\r"
 _SCALAR_CHARS = frozenset("0123456789+-.eEtruefalsn")
 
@@ -199,16 +200,18 @@ class JsonPathScanner:
         if self.escape:
             self.escape += char
             if self.escape[:2] == "\\u":
-                if len(self.escape) == 6:
+                if len(self.escape) > 2 and char not in _HEX:
+                    self.valid = False  # a \u escape takes four hex digits
+                elif len(self.escape) == 6:
                     if keying:
-                        try:
-                            self.key_chars.append(chr(int(self.escape[2:], 16)))
-                        except ValueError:
-                            self.valid = False
+                        self.key_chars.append(chr(int(self.escape[2:], 16)))
                     self.escape = ""
                 return
+            if char not in _ESCAPES:
+                self.valid = False  # not one of JSON's escapes
+                return
             if keying:
-                self.key_chars.append(_ESCAPES.get(char, char))
+                self.key_chars.append(_ESCAPES[char])
             self.escape = ""
             return
         if char == "\\":
