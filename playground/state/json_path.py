@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_HEX = frozenset("0123456789abcdefABCDEF")
 _WHITESPACE = " \t\n\r"
 _SCALAR_CHARS = frozenset("0123456789+-.eEtruefalsn")
 
@@ -91,7 +92,6 @@ class JsonPathScanner:
     escape: str = ""  # the escape being read: "\\" after a backslash, "\\uXX" inside a \u escape
     in_scalar: bool = False  # a number, true, false or null being written
     key_chars: list[str] = field(default_factory=list)
-    started: bool = False  # the top-level value has begun
     complete: bool = False  # the top-level value is done
     valid: bool = True
 
@@ -181,11 +181,8 @@ class JsonPathScanner:
                 self.valid = False
 
     def _begin_value(self, char: str) -> None:
-        """A value starts with ``char`` where one is expected (the top level, after a colon, in an array)."""
-        if (self.stack and self.stack[-1].state != "value") or (not self.stack and self.started):
-            self.valid = False
-            return
-        self.started = True
+        """A value starts with ``char`` where one is expected: the callers call it only there (the top level before
+        the document is complete, an object's "value", an array's "first" or "value")."""
         if char == "{":
             self.stack.append(_Frame("object", "key?"))
         elif char == "[":
@@ -203,16 +200,18 @@ class JsonPathScanner:
         if self.escape:
             self.escape += char
             if self.escape[:2] == "\\u":
-                if len(self.escape) == 6:
+                if len(self.escape) > 2 and char not in _HEX:
+                    self.valid = False  # a \u escape takes four hex digits
+                elif len(self.escape) == 6:
                     if keying:
-                        try:
-                            self.key_chars.append(chr(int(self.escape[2:], 16)))
-                        except ValueError:
-                            self.valid = False
+                        self.key_chars.append(chr(int(self.escape[2:], 16)))
                     self.escape = ""
                 return
+            if char not in _ESCAPES:
+                self.valid = False  # not one of JSON's escapes
+                return
             if keying:
-                self.key_chars.append(_ESCAPES.get(char, char))
+                self.key_chars.append(_ESCAPES[char])
             self.escape = ""
             return
         if char == "\\":
