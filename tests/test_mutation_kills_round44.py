@@ -4,6 +4,7 @@ it catches; the references are written out here (4.46's float32 filter, the weig
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -12,6 +13,7 @@ import torch
 from playground.engine.contrastive.dola import DolaAmateur
 from playground.engine.layers.lens import LayerStack
 from playground.engine.speculative.suffix import MAX_PATTERN, SuffixDrafter
+from playground.state.json_path import JsonPathScanner, format_path
 
 # --- dola.py: which contrast each variant runs ----------------------------------------------------------------
 
@@ -113,7 +115,7 @@ def test_the_suffix_tree_is_the_weighted_trie_taken_best_first_on_random_texts()
     one built by hand, node for node (the index's ends, the match lengths and their limits, the half-length floor,
     the walk's order, the weights summed, the best-first order with its ties, the width and the budget)."""
     rng = random.Random(44)
-    trees = nonempty = 0
+    nonempty = 0
     for _ in range(400):
         earlier, ids = random_case(rng)
         depth, width, budget, pattern = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 9), rng.randint(2, 6)
@@ -122,7 +124,6 @@ def test_the_suffix_tree_is_the_weighted_trie_taken_best_first_on_random_texts()
         tree = drafter.propose_tree(ids, depth, width, budget)
         expected = likeliest_by_hand(earlier, ids, depth, width, budget, pattern)
         assert (tree.tokens, tree.parents) == expected, (earlier, ids, depth, width, budget, pattern)
-        trees += 1
         nonempty += len(tree) > 1
     assert nonempty > 250, "precondition: most trees have more than one node"
 
@@ -193,3 +194,64 @@ def test_after_a_round_the_target_choices_stand_in_for_a_missing_path():
         drafter.propose_tree([8, 9], depth=4, width=2, budget=16)
         drafter.after_round(kept=3, target_choices=[1, 4], accepted=1, path_tokens=path)
         assert drafter.propose_tree([8, 9, 1, 42], depth=2, width=2, budget=16).tokens == resumed, path
+
+
+# --- json_path.py: the scanner says "not JSON" where json.loads does ---------------------------------------------
+
+
+def random_value(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.randrange(7 if depth < 3 else 4)
+    if kind == 0:
+        return rng.choice([0, -1, 12, 3.5, -0.25, 1e21, 2.5e-8])
+    if kind == 1:
+        return rng.choice([True, False, None])
+    if kind in (2, 3):
+        return "".join(rng.choice('ab "\\/\n\té\u2028😀') for _ in range(rng.randint(0, 4)))
+    if kind in (4, 5):
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["a", "b c", 'q"', ""]): random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def loads(text: str) -> bool:
+    """Whether ``text`` is one JSON document (NaN and Infinity, which Python's json reads, are not JSON)."""
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
+def test_a_whole_text_reads_as_json_exactly_when_json_loads_reads_it():
+    """3,000 documents written by json.dumps, each also with one character changed, dropped or doubled, and each
+    followed by a space (so a number at the end completes): the scanner's ``valid and complete`` equals json.loads's
+    verdict. A scanner that takes ``{"a": 1,}``, ``tfalse``, ``1.2.3``, ``01``, a raw control character in a
+    string or an escape JSON lacks fails it (each is met among the edits)."""
+    rng = random.Random(44)
+    refused = 0
+    for _ in range(3000):
+        text = json.dumps(random_value(rng), ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1]))
+        at = rng.randrange(len(text))
+        edits = [text, text[:at] + rng.choice('{}[],:"\\x01tfe.-+ \x01\n') + text[at + 1:],
+                 text[:at] + text[at + 1:], text[:at] + text[at] + text[at:]]
+        for candidate in edits:
+            scanner = JsonPathScanner()
+            place = scanner.feed(candidate + " ")
+            assert (place.valid and place.complete) == loads(candidate), repr(candidate)
+            refused += not loads(candidate)
+    assert refused > 1500, "precondition: many edits are not JSON"
+
+
+def test_the_kinds_of_not_json_the_scanner_used_to_take():
+    for text in ('{"a": 1,}', '[tfalse]', '[1.2.3]', '[01]', '["a\x01b"]', '{"a\x1f": 0}', '[tru]', '[-]'):
+        assert not JsonPathScanner().feed(text + " ").valid, repr(text)
+    for text in ('{"a": 1, "b": [true, null, -0.5e+3]}', '[]', '{}', '"\\u00e9"', '0'):
+        place = JsonPathScanner().feed(text + " ")
+        assert place.valid and place.complete, text
+    # a character that begins no value, just after [: the path is still the array's own
+    place = JsonPathScanner().feed('{"k": [X')
+    assert not place.valid and format_path(place.segments) == "$.k"
+    # a text cut inside a scalar is not judged yet
+    assert JsonPathScanner().feed('[tru').valid and JsonPathScanner().feed('{"a": 1.').valid

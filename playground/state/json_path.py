@@ -15,7 +15,8 @@ What the path names, for the text so far:
 
 Keys that are identifiers read ``.name``; any other key reads ``["..."]`` with the key JSON-escaped
 (``$["a b"]``, ``$["say \\"hi\\""]``). Text that is not JSON stops the scan: the path is the one before it, and
-``valid`` is False.
+``valid`` is False (a number, ``true``, ``false`` or ``null`` is checked once it ends, so a text cut inside one is not
+judged yet).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r"
 _HEX = frozenset("0123456789abcdefABCDEF")
 _WHITESPACE = " \t\n\r"
 _SCALAR_CHARS = frozenset("0123456789+-.eEtruefalsn")
+_SCALAR = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
 
 
 def format_path(segments: tuple[str | int, ...]) -> str:
@@ -74,8 +76,8 @@ class JsonPlace:
 @dataclass
 class _Frame:
     kind: str  # "object" or "array"
-    # object: "key?" (after { or ,: a key or } next), "key" (in the key's string), "colon" (key done, : next),
-    # "value" (after :, the value begun or to come), "after" (the value done: , or } next).
+    # object: "key?" (after {: a key or } next), "key!" (after a comma: a key next), "key" (in the key's string),
+    # "colon" (key done, : next), "value" (after :, the value begun or to come), "after" (the value done: , or }).
     # array: "first" (after [: a value or ] next), "value", "after".
     state: str
     key: str | None = None  # object: the member's key, once its closing quote is written
@@ -91,6 +93,7 @@ class JsonPathScanner:
     in_string: bool = False
     escape: str = ""  # the escape being read: "\\" after a backslash, "\\uXX" inside a \u escape
     in_scalar: bool = False  # a number, true, false or null being written
+    scalar: str = ""  # its characters so far (checked against JSON's spelling once it ends)
     key_chars: list[str] = field(default_factory=list)
     complete: bool = False  # the top-level value is done
     valid: bool = True
@@ -122,8 +125,12 @@ class JsonPathScanner:
             return
         if self.in_scalar:
             if char in _SCALAR_CHARS:
+                self.scalar += char
                 return
-            self.in_scalar = False
+            self.in_scalar, scalar, self.scalar = False, self.scalar, ""
+            if not _SCALAR.fullmatch(scalar):
+                self.valid = False  # not a number, true, false or null ("tfalse", "1.2.3", "01")
+                return
             self._value_done()
         if char in _WHITESPACE:
             return
@@ -140,11 +147,11 @@ class JsonPathScanner:
             self._array_char(top, char)
 
     def _object_char(self, top: _Frame, char: str) -> None:
-        if top.state == "key?":
+        if top.state in ("key?", "key!"):
             if char == '"':
                 top.state, top.key, self.in_string = "key", None, True
                 self.key_chars = []
-            elif char == "}":
+            elif char == "}" and top.state == "key?":  # (not after a comma: {"a": 1,} is not JSON)
                 self._close()
             else:
                 self.valid = False
@@ -157,7 +164,7 @@ class JsonPathScanner:
             self._begin_value(char)
         elif top.state == "after":
             if char == ",":
-                top.state, top.key = "key?", None
+                top.state, top.key = "key!", None
             elif char == "}":
                 self._close()
             else:
@@ -168,8 +175,9 @@ class JsonPathScanner:
             if char == "]":
                 self._close()
                 return
-            top.state = "value"
             self._begin_value(char)
+            if self.valid:  # (a character that begins no value leaves the path the array's own)
+                top.state = "value"
         elif top.state == "value":
             self._begin_value(char)
         elif top.state == "after":
@@ -190,7 +198,7 @@ class JsonPathScanner:
         elif char == '"':
             self.in_string = True
         elif char in "-0123456789tfn":
-            self.in_scalar = True
+            self.in_scalar, self.scalar = True, char
         else:
             self.valid = False
 
@@ -216,6 +224,8 @@ class JsonPathScanner:
             return
         if char == "\\":
             self.escape = "\\"
+        elif char < " ":
+            self.valid = False  # a control character must be escaped in a JSON string
         elif char == '"':
             self.in_string = False
             if keying and top is not None:
