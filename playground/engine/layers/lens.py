@@ -254,8 +254,8 @@ def layer_kls(stack: LayerStack, outputs: Sequence[torch.Tensor | None], wanted:
     mine: list[float | None] = [None] * n
     for i, value in zip(wanted, kl_to_final(final, logprobs), strict=True):
         mine[i] = value
-    if stack.tuned is None:
-        return (tuple(mine), ()) if stack.kind == "logit" else ((), tuple(mine))
+    if stack.tuned is None:  # the logit lens alone (LayerStack.of refuses a tuned stack without translators)
+        return tuple(mine), ()
     other_kind = "logit" if stack.kind == "tuned" else "tuned"
     rows = [i for i in wanted if outputs[i] is not None and i != n - 1]
     other: list[float | None] = [None] * n
