@@ -239,3 +239,15 @@ def test_of_defaults_to_the_logit_lens_and_refuses_a_tuned_lens_never_trained(ti
         LayerStack.of(tiny_lm.model, kind="tuned")
     assert str(refused.value) == ("no tuned lens trained for this model yet: train it once (`playground tune-lens`), "
                                   "or use --lens-kind logit")
+
+
+def test_kept_rows_of_layers_called_by_keyword_keep_no_input():
+    """rows=1 (the default) with no positional input: the input stays None (not the last row of nothing), the
+    output's last position is kept."""
+    model = _Toy(by_keyword=True, as_tuple=False)
+    outputs = LayerOutputs(_toy_stack(model))
+    with torch.no_grad(), outputs:
+        model(torch.tensor([[[0.5, -1.0], [1.0, 0.25]]]))
+    assert outputs.inputs == [None, None]
+    assert torch.equal(outputs.outputs[0], torch.tensor([[3.0, 1.5]]))  # 2·[1, 0.25] + 1
+    assert torch.equal(outputs.outputs[1], torch.tensor([[7.0, 4.0]]))
