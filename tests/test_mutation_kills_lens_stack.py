@@ -47,10 +47,10 @@ def _relative64(hidden_in: torch.Tensor, hidden_out: torch.Tensor) -> float:
 
 
 def test_whole_pass_hooks_keep_each_layers_input_and_output_as_the_model_computes_them(tiny_lm):
-    """rows=0: layer i's input is hidden_states[i], its output hidden_states[i + 1] (the last one before the final
+    """Layer i's input is hidden_states[i], its output hidden_states[i + 1] (the last one before the final
     norm). Catches a hook that drops the input (``args`` misread, the input never stored, ``kept(None)``)."""
     stack = LayerStack.of(tiny_lm.model)
-    outputs = LayerOutputs(stack, rows=0)
+    outputs = LayerOutputs(stack)
     *hidden, logits = _pass(tiny_lm, PROMPTS, outputs)
     n = stack.count
     assert len(hidden) == n + 1
@@ -71,7 +71,7 @@ def test_step_event_at_reads_the_asked_position_with_its_residual_updates_and_fo
     through (dropped, None), 0.0 when not given; the step and the lens kind. Catches updates never computed (a
     dropped input, a flipped ``is not None``) and a lost forward time."""
     stack = LayerStack.of(tiny_lm.model)
-    outputs = LayerOutputs(stack, rows=0)
+    outputs = LayerOutputs(stack)
     *hidden, logits = _pass(tiny_lm, PROMPTS, outputs)
     n = stack.count
     batch, position = 1, 2
@@ -89,48 +89,6 @@ def test_step_event_at_reads_the_asked_position_with_its_residual_updates_and_fo
     assert [c.text for c in event.layer_top[n - 1]] == [_text(c.token_id) for c in event.layer_top[n - 1]]
     untimed = outputs.step_event_at(batch, position, 7, 3, _text, logits[batch, position])
     assert untimed.forward_ms == 0.0
-
-
-def test_kept_rows_are_the_first_batch_rows_last_positions(tiny_lm):
-    """rows=2: batch row 0's last two positions (not row 1's, not from position 2 on)."""
-    stack = LayerStack.of(tiny_lm.model)
-    outputs = LayerOutputs(stack, rows=2)
-    *hidden, _ = _pass(tiny_lm, PROMPTS, outputs)
-    for i in range(stack.count):
-        assert torch.equal(outputs.inputs[i], hidden[i][0, -2:])
-    for i in range(stack.count - 1):
-        assert torch.equal(outputs.outputs[i], hidden[i + 1][0, -2:])
-
-
-def test_batch_keeps_every_batch_rows_last_position(tiny_lm):
-    """batch=True: [batch, hidden] of the last position (not position 1 or -2, not row 0's rows)."""
-    stack = LayerStack.of(tiny_lm.model)
-    outputs = LayerOutputs(stack, batch=True)
-    *hidden, _ = _pass(tiny_lm, PROMPTS, outputs)
-    for i in range(stack.count):
-        assert torch.equal(outputs.inputs[i], hidden[i][:, -1])
-    for i in range(stack.count - 1):
-        assert torch.equal(outputs.outputs[i], hidden[i + 1][:, -1])
-
-
-def test_step_event_of_a_kept_row(tiny_lm):
-    """step_event(row, ...) with rows=2: row 0 is position -2 of the prompt: its updates, step, top, token texts,
-    the final logits' entropy for the last layer, forward_ms (0.0 by default)."""
-    stack = LayerStack.of(tiny_lm.model)
-    outputs = LayerOutputs(stack, rows=2)
-    *hidden, logits = _pass(tiny_lm, PROMPTS, outputs)
-    n = stack.count
-    final = logits[0, -2]
-    event = outputs.step_event(0, 4, 3, _text, final, 2.25)
-    assert event.step == 4 and event.forward_ms == 2.25
-    assert all(len(top) == 3 for top in event.layer_top)
-    assert [c.text for c in event.layer_top[n - 1]] == [_text(c.token_id) for c in event.layer_top[n - 1]]
-    assert [c.token_id for c in event.layer_top[n - 1]] == final.topk(3).indices.tolist()
-    expected = [_relative64(hidden[i][0, -2], hidden[i + 1][0, -2]) for i in range(n - 1)]
-    assert event.residual_update[: n - 1] == pytest.approx(expected, rel=1e-5)
-    lp = final.double().log_softmax(-1)
-    assert event.layer_entropy[n - 1] == pytest.approx(float(-(lp.exp() * lp).sum()) / math.log(2), rel=1e-5)
-    assert outputs.step_event(0, 4, 3, _text, final).forward_ms == 0.0
 
 
 # --- toy stacks: exact values, no anatomy -------------------------------------------------------------------------
@@ -179,7 +137,7 @@ def test_layers_called_by_keyword_keep_no_input_and_record_no_update():
     computed from a missing input, and ``transform`` asking a missing anatomy."""
     model = _Toy(by_keyword=True, as_tuple=False)
     stack = _toy_stack(model)
-    outputs = LayerOutputs(stack, rows=0)
+    outputs = LayerOutputs(stack)
     x = torch.tensor([[[0.5, -1.0]]])  # [1, 1, 2]
     with torch.no_grad(), outputs:
         logits = model(x)
@@ -199,7 +157,7 @@ def test_layers_returning_tuples_keep_the_hidden_state_not_the_tuple_or_its_seco
     """A layer returning (hidden, extra): the kept output is the hidden state; updates from the positional
     input: ‖(2x + 1) − x‖ / ‖x‖."""
     model = _Toy(by_keyword=False, as_tuple=True)
-    outputs = LayerOutputs(_toy_stack(model), rows=0)
+    outputs = LayerOutputs(_toy_stack(model))
     x = torch.tensor([[[3.0, 4.0]]])
     with torch.no_grad(), outputs:
         logits = model(x)
@@ -213,7 +171,7 @@ def test_layers_returning_tuples_keep_the_hidden_state_not_the_tuple_or_its_seco
 def test_a_layer_that_did_not_run_has_no_lens_and_no_update():
     """An output left None (the layer did not run) stays None in the event instead of being indexed."""
     model = _Toy(by_keyword=False, as_tuple=False)
-    outputs = LayerOutputs(_toy_stack(model), rows=0)
+    outputs = LayerOutputs(_toy_stack(model))
     with torch.no_grad(), outputs:
         logits = model(torch.tensor([[[3.0, 4.0]]]))
     outputs.outputs[0] = None
@@ -241,13 +199,3 @@ def test_of_defaults_to_the_logit_lens_and_refuses_a_tuned_lens_never_trained(ti
                                   "or use --lens-kind logit")
 
 
-def test_kept_rows_of_layers_called_by_keyword_keep_no_input():
-    """rows=1 (the default) with no positional input: the input stays None (not the last row of nothing), the
-    output's last position is kept."""
-    model = _Toy(by_keyword=True, as_tuple=False)
-    outputs = LayerOutputs(_toy_stack(model))
-    with torch.no_grad(), outputs:
-        model(torch.tensor([[[0.5, -1.0], [1.0, 0.25]]]))
-    assert outputs.inputs == [None, None]
-    assert torch.equal(outputs.outputs[0], torch.tensor([[3.0, 1.5]]))  # 2·[1, 0.25] + 1
-    assert torch.equal(outputs.outputs[1], torch.tensor([[7.0, 4.0]]))

@@ -114,15 +114,13 @@ def bfloat16_copy(weight: torch.Tensor) -> torch.Tensor:
 
 
 class LayerOutputs:
-    """Forward hooks that keep each decoder layer's input and output at the last ``rows`` positions while active
-    (the model's own forward runs unchanged); ``rows=0``: the whole pass ([batch, positions, hidden], no copy), its
-    tokens picked afterwards (``step_event_at``)."""
+    """Forward hooks that keep each decoder layer's input and output of the whole pass while active ([batch,
+    positions, hidden], no copy; the model's own forward runs unchanged), its tokens picked afterwards
+    (``step_event_at``)."""
 
-    def __init__(self, stack: LayerStack, rows: int = 1, batch: bool = False) -> None:
+    def __init__(self, stack: LayerStack) -> None:
         self.stack = stack
-        self.rows = rows
-        self.batch = batch  # keep every batch row's last position instead ([batch, hidden]: beam search)
-        self.inputs: list[torch.Tensor | None] = [None] * stack.count  # [rows, hidden] each
+        self.inputs: list[torch.Tensor | None] = [None] * stack.count  # [batch, positions, hidden] each
         self.outputs: list[torch.Tensor | None] = [None] * stack.count
         self._handles: list = []
 
@@ -140,26 +138,15 @@ class LayerOutputs:
         def keep(_module: nn.Module, args: tuple, output: Any) -> None:
             hidden_in = args[0] if args else None
             hidden_out = output[0] if isinstance(output, tuple) else output
-            def kept(hidden: torch.Tensor) -> torch.Tensor:
-                if self.rows == 0:
-                    return hidden
-                return hidden[:, -1] if self.batch else hidden[0, -self.rows :]
-
-            self.inputs[index] = kept(hidden_in) if isinstance(hidden_in, torch.Tensor) else None
-            self.outputs[index] = kept(hidden_out)
+            self.inputs[index] = hidden_in if isinstance(hidden_in, torch.Tensor) else None
+            self.outputs[index] = hidden_out
 
         return keep
 
-    def step_event(self, row: int, step: int, top: int, token_text: Callable[[int], str], final: torch.Tensor,
-                   forward_ms: float = 0.0) -> LayerStep:
-        """The ``LayerStep`` of the token predicted at row ``row`` of the captured positions (of the batch rows,
-        with ``batch``); ``final`` [vocab]: the model's own logits there (the last layer's lens, exactly)."""
-        return self._event(lambda h: h[row], step, top, token_text, final, forward_ms)
-
     def step_event_at(self, batch: int, position: int, step: int, top: int, token_text: Callable[[int], str],
                       final: torch.Tensor, forward_ms: float = 0.0) -> LayerStep:
-        """As ``step_event``, for a whole pass kept (``rows=0``): the token predicted at ``position`` of batch row
-        ``batch``."""
+        """The ``LayerStep`` of the token predicted at ``position`` of batch row ``batch``; ``final`` [vocab]: the
+        model's own logits there (the last layer's lens, exactly)."""
         return self._event(lambda h: h[batch, position], step, top, token_text, final, forward_ms)
 
     def _event(self, at: Callable[[torch.Tensor], torch.Tensor], step: int, top: int,

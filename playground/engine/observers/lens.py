@@ -31,7 +31,7 @@ class LensObserver(Observer):
         self.lens = lens
         self.stack = LayerStack.of(lm.model, lens.lens_precision, lens.lens_kind)
         self.token_text = TokenTextCache(lm.tokenizer)
-        self.captured = LayerOutputs(self.stack, rows=0)
+        self.captured = LayerOutputs(self.stack)
         self.forward_ms = 0.0
         self.steps: list[LayerStep] = []
 
