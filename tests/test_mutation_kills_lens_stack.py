@@ -85,6 +85,12 @@ def test_step_event_at_reads_the_asked_position_with_its_residual_updates_and_fo
     # the last layer's distribution is the model's own logits at (batch, position), in bits
     lp = logits[batch, position].double().log_softmax(-1)
     assert event.layer_entropy[n - 1] == pytest.approx(float(-(lp.exp() * lp).sum()) / math.log(2), rel=1e-5)
+    # every other layer's lens at (batch, position): the final norm and head by hand on its output there
+    for i in range(n - 1):
+        with torch.no_grad():
+            lens = _rms_norm64(hidden[i + 1][batch, position], stack.norm) @ stack.lm_head.weight.double().T
+        lp = lens.log_softmax(-1)
+        assert event.layer_entropy[i] == pytest.approx(float(-(lp.exp() * lp).sum()) / math.log(2), rel=1e-5), i
     assert len(event.kl_logit) == n and event.kl_tuned == ()  # the stack's default kind is "logit"
     assert [c.text for c in event.layer_top[n - 1]] == [_text(c.token_id) for c in event.layer_top[n - 1]]
     untimed = outputs.step_event_at(batch, position, 7, 3, _text, logits[batch, position])

@@ -147,12 +147,9 @@ class LayerOutputs:
                       final: torch.Tensor, forward_ms: float = 0.0) -> LayerStep:
         """The ``LayerStep`` of the token predicted at ``position`` of batch row ``batch``; ``final`` [vocab]: the
         model's own logits there (the last layer's lens, exactly)."""
-        return self._event(lambda h: h[batch, position], step, top, token_text, final, forward_ms)
-
-    def _event(self, at: Callable[[torch.Tensor], torch.Tensor], step: int, top: int,
-               token_text: Callable[[int], str], final: torch.Tensor, forward_ms: float) -> LayerStep:
-        outputs = [at(h) if h is not None else None for h in self.outputs]
-        updates = [relative_update(at(h_in), at(h_out)) if h_in is not None and h_out is not None else None
+        outputs = [h[batch, position] if h is not None else None for h in self.outputs]
+        updates = [relative_update(h_in[batch, position], h_out[batch, position])
+                   if h_in is not None and h_out is not None else None
                    for h_in, h_out in zip(self.inputs, self.outputs, strict=True)]
         known = {self.stack.count - 1: final.float().log_softmax(dim=-1)}
         return lens_step(self.stack, step, outputs, updates, top, token_text, forward_ms=forward_ms, known=known)
